@@ -1,0 +1,93 @@
+"""The step-level verifier contract, its output validation and the logits adapter.
+
+A verifier is a callable
+
+    verifier(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k] int64,
+             generator) -> [B, k+1] int64
+
+Row ``b`` of the output holds the accepted draft tokens, then one correction token (after a
+rejection) or bonus token (after k acceptances), then ``-1`` padding: the layout of vLLM's
+rejection sampler. Rows are independent trials; tensors may live on any device, and the
+``torch.Generator`` given lives on that device.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+
+__all__ = ["Verifier", "PADDING", "validate_output", "call_verifier", "from_logits"]
+
+PADDING = -1
+
+
+class Verifier(Protocol):
+    def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                 draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor: ...
+
+
+def validate_output(out: object, draft_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Return ``out`` if it keeps the contract, else raise ``ContractViolation`` naming the
+    first broken rule and the first offending row."""
+    batch, k = draft_tokens.shape
+    if not isinstance(out, torch.Tensor):
+        raise ContractViolation(Violation.NOT_A_TENSOR, f"got {type(out).__name__}")
+    if tuple(out.shape) != (batch, k + 1):
+        raise ContractViolation(Violation.WRONG_SHAPE, f"got {tuple(out.shape)}, expected {(batch, k + 1)}")
+    if out.dtype != torch.int64:
+        raise ContractViolation(Violation.WRONG_DTYPE, f"got {out.dtype}")
+    out = out.to(draft_tokens.device)
+
+    def first_row(bad: torch.Tensor) -> int:
+        return int(bad.reshape(batch, -1).any(1).nonzero()[0, 0])
+
+    bad = (out < PADDING) | (out >= vocab_size)
+    if bad.any():
+        row = first_row(bad)
+        raise ContractViolation(Violation.OUT_OF_VOCABULARY,
+                                f"row {row} is {out[row].tolist()} with V = {vocab_size}", row)
+    pad = out == PADDING
+    bad = pad[:, :-1] & ~pad[:, 1:]
+    if bad.any():
+        row = first_row(bad)
+        raise ContractViolation(Violation.TOKEN_AFTER_PADDING, f"row {row} is {out[row].tolist()}", row)
+    emitted = (~pad).sum(1)
+    if (emitted == 0).any():
+        row = first_row(emitted == 0)
+        raise ContractViolation(Violation.NOTHING_EMITTED, f"row {row} is {out[row].tolist()}", row)
+    accepted = emitted - 1
+    is_draft = torch.arange(k, device=out.device)[None, :] < accepted[:, None]
+    bad = is_draft & (out[:, :k] != draft_tokens)
+    if bad.any():
+        row = first_row(bad)
+        raise ContractViolation(
+            Violation.DRAFT_MISMATCH,
+            f"row {row} emitted {out[row].tolist()} for drafts {draft_tokens[row].tolist()}", row)
+    return out
+
+
+def call_verifier(verifier: Verifier, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Call the subject and validate its output; a crash becomes ``SubjectCrashed``."""
+    try:
+        out = verifier(target_probs, draft_probs, draft_tokens, generator)
+    except Exception as exc:  # the subject is foreign code: any exception is a finding
+        raise SubjectCrashed(exc) from exc
+    return validate_output(out, draft_tokens, target_probs.shape[-1])
+
+
+def from_logits(fn: Callable[..., torch.Tensor]) -> Verifier:
+    """Adapt a verifier that takes logits ``(target_logits, draft_logits, draft_tokens, generator)``.
+
+    The logits given are ``log(probs)`` in the probabilities' dtype, ``-inf`` where a probability
+    is 0, so ``softmax`` of them recovers the rows up to rounding.
+    """
+
+    def verifier(target_probs, draft_probs, draft_tokens, generator):
+        return fn(torch.log(target_probs), torch.log(draft_probs), draft_tokens, generator)
+
+    verifier.__name__ = getattr(fn, "__name__", "logits_verifier")
+    verifier.__doc__ = fn.__doc__
+    return verifier

@@ -1,0 +1,163 @@
+"""The driver: runs a verifier through a world, vectorised over many independent trials.
+
+``drive_steps`` gives every trial of a ``StepWorld`` one verify call with the world's fixed rows
+and draft tokens drawn from its draft rows. ``drive_sequences`` runs the full speculative loop of
+a ``ContextWorld``: draft k tokens from the draft LM, build the target rows along the drafted
+prefix, call the verifier, commit what it emits, repeat until every trial has ``length`` tokens.
+Trials accept different numbers of drafts (ragged acceptance); each keeps its batch row for the
+whole run, so a subject that repeats its random numbers per row is seen repeating them.
+
+All randomness the driver itself uses (draft tokens) comes from its own seeded generator; the
+subject gets a separate seeded generator. Same seed, same samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from exactcheck.contract import PADDING, Verifier, call_verifier
+from exactcheck.sampling import inverse_cdf
+from toy_models import ContextWorld, StepWorld
+
+__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive",
+           "DEFAULT_MAX_ELEMENTS"]
+
+# Largest target_probs tensor (B * (k+1) * V elements) handed to the subject in one call.
+DEFAULT_MAX_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """What a verifier emitted on ``n`` independent one-call trials of a step world."""
+
+    world: StepWorld
+    outputs: torch.Tensor  # [n, k+1] int64, validated
+    draft_tokens: torch.Tensor  # [n, k] int64
+    seed: int
+    calls: int
+
+    @property
+    def size(self) -> int:
+        return self.outputs.shape[0]
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """Number of drafts accepted per trial (emitted tokens - 1)."""
+        return (self.outputs != PADDING).sum(1) - 1
+
+    @property
+    def last_token(self) -> torch.Tensor:
+        """The correction or bonus token of each trial."""
+        return self.outputs.gather(1, self.accepted[:, None])[:, 0]
+
+
+@dataclass(frozen=True)
+class SequenceSamples:
+    """The first ``world.length`` tokens of ``n`` independent speculative generations."""
+
+    world: ContextWorld
+    sequences: torch.Tensor  # [n, L] int64
+    seed: int
+    calls: int
+
+    @property
+    def size(self) -> int:
+        return self.sequences.shape[0]
+
+
+Samples = Union[StepSamples, SequenceSamples]
+
+
+def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    driver = torch.Generator(device=device).manual_seed(seed)
+    subject = torch.Generator(device=device).manual_seed(seed ^ 0x5EC0_DE5E)
+    return driver, subject
+
+
+def _chunks(n: int, per_row: int, max_elements: int):
+    size = max(1, max_elements // per_row)
+    for start in range(0, n, size):
+        yield min(size, n - start)
+
+
+def drive_steps(verifier: Verifier, world: StepWorld, n: int, seed: int,
+                device: torch.device | str = "cpu",
+                max_elements: int = DEFAULT_MAX_ELEMENTS) -> StepSamples:
+    """``n`` trials of one verify call each with the world's rows."""
+    device = torch.device(device)
+    driver_gen, subject_gen = _generators(seed, device)
+    k, vocab = world.draft_length, world.vocab_size
+    target = world.target_rows.to(device)
+    draft = world.draft_rows.to(device)
+    draft_cdf = torch.from_numpy(world.draft_law().cumsum(1)).to(device)
+    outputs, drafts, calls = [], [], 0
+    for batch in _chunks(n, (k + 1) * vocab, max_elements):
+        u = torch.rand(k, batch, dtype=torch.float64, generator=driver_gen, device=device)
+        draft_tokens = torch.stack([inverse_cdf(draft_cdf[i], u[i]) for i in range(k)], 1)
+        out = call_verifier(verifier, target.expand(batch, k + 1, vocab).contiguous(),
+                            draft.expand(batch, k, vocab).contiguous(), draft_tokens, subject_gen)
+        calls += 1
+        outputs.append(out.cpu())
+        drafts.append(draft_tokens.cpu())
+    return StepSamples(world, torch.cat(outputs), torch.cat(drafts), seed, calls)
+
+
+def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
+                    device: torch.device | str = "cpu",
+                    max_elements: int = DEFAULT_MAX_ELEMENTS) -> SequenceSamples:
+    """``n`` speculative generations of ``world.length`` tokens from the world's prompt state."""
+    device = torch.device(device)
+    driver_gen, subject_gen = _generators(seed, device)
+    k, vocab = world.draft_length, world.vocab_size
+    tables = (world.target.table.to(device), world.draft.table.to(device),
+              torch.from_numpy(world.draft.law().cumsum(1)).to(device))
+    sequences, calls = [], 0
+    for batch in _chunks(n, (k + 1) * vocab, max_elements):
+        seq, used = _generate(verifier, world, batch, tables, driver_gen, subject_gen, device)
+        sequences.append(seq.cpu())
+        calls += used
+    return SequenceSamples(world, torch.cat(sequences), seed, calls)
+
+
+def _generate(verifier, world, batch, tables, driver_gen, subject_gen, device):
+    target_table, draft_table, draft_cdf = tables
+    k, length = world.draft_length, world.length
+    rows = torch.arange(batch, device=device)
+    offsets = torch.arange(k + 1, device=device)
+    seq = torch.full((batch, length + k + 1), PADDING, dtype=torch.int64, device=device)
+    state = torch.full((batch,), world.prompt_state, dtype=torch.int64, device=device)
+    filled = torch.zeros(batch, dtype=torch.int64, device=device)
+    calls = 0
+    while bool((filled < length).any()):
+        states, drafted, s = [state], [], state
+        u = torch.rand(k, batch, dtype=torch.float64, generator=driver_gen, device=device)
+        for i in range(k):
+            x = inverse_cdf(draft_cdf.index_select(0, s), u[i])
+            drafted.append(x)
+            s = world.next_state(s, x)
+            states.append(s)
+        draft_tokens = torch.stack(drafted, 1)
+        states = torch.stack(states, 1)
+        target_probs = target_table.index_select(0, states.reshape(-1)).view(batch, k + 1, -1)
+        draft_probs = draft_table.index_select(0, states[:, :k].reshape(-1)).view(batch, k, -1)
+        out = call_verifier(verifier, target_probs, draft_probs, draft_tokens, subject_gen)
+        calls += 1
+        write = (out != PADDING) & (filled < length)[:, None]
+        positions = filled[:, None] + offsets
+        seq[rows[:, None].expand_as(write)[write], positions[write]] = out[write]
+        for j in range(k + 1):
+            state = torch.where(write[:, j], world.next_state(state, out[:, j]), state)
+        filled = filled + write.sum(1)
+    return seq[:, :length], calls
+
+
+def drive(verifier: Verifier, world: StepWorld | ContextWorld, n: int, seed: int,
+          device: torch.device | str = "cpu", max_elements: int = DEFAULT_MAX_ELEMENTS) -> Samples:
+    """Drive ``verifier`` through either kind of world."""
+    if isinstance(world, StepWorld):
+        return drive_steps(verifier, world, n, seed, device, max_elements)
+    if isinstance(world, ContextWorld):
+        return drive_sequences(verifier, world, n, seed, device, max_elements)
+    raise TypeError(f"not a world: {type(world).__name__}")

@@ -1,0 +1,56 @@
+"""exactcheck's exceptions: one root, each subclass for one kind of trouble."""
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ExactcheckError",
+    "UsageError",
+    "SubjectError",
+    "SubjectCrashed",
+    "ContractViolation",
+    "Violation",
+]
+
+
+class ExactcheckError(Exception):
+    """Root of every exception exactcheck raises on purpose."""
+
+
+class UsageError(ExactcheckError, ValueError):
+    """exactcheck was called wrongly: a bad subject path, level, alpha or option."""
+
+
+class SubjectError(ExactcheckError):
+    """The subject under test misbehaved; the audit turns this into a verdict, not a traceback."""
+
+
+class SubjectCrashed(SubjectError):
+    """The subject raised an exception while being driven."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        super().__init__(f"subject raised {type(exc).__name__}: {exc}")
+
+
+class Violation(enum.Enum):
+    """Ways a verifier's output can break the step contract (vLLM's rejection-sampler layout)."""
+
+    NOT_A_TENSOR = "output is not a torch.Tensor"
+    WRONG_SHAPE = "output shape is not [B, k+1]"
+    WRONG_DTYPE = "output dtype is not int64"
+    OUT_OF_VOCABULARY = "an emitted id is outside [0, V) and is not the padding id -1"
+    TOKEN_AFTER_PADDING = "a token follows a -1 padding entry"
+    NOTHING_EMITTED = "a row emits no token (every step must emit a correction or bonus token)"
+    DRAFT_MISMATCH = "an emitted draft position differs from the draft token given"
+    FORBIDDEN_TOKEN = "a token with target probability 0 was emitted"
+
+
+class ContractViolation(SubjectError):
+    """The subject's output broke the contract; ``row`` is the first offending batch row."""
+
+    def __init__(self, violation: Violation, detail: str, row: int | None = None):
+        self.violation = violation
+        self.detail = detail
+        self.row = row
+        super().__init__(f"{violation.value}: {detail}")

@@ -1,0 +1,118 @@
+"""Observed laws next to their exact expected laws, computed in float64 from the world.
+
+Each ``LawComparison`` is one check's data: counts per cell from the samples, the exact law of
+those cells, and how to name a cell. Expected laws come from the world's rows, never from the
+subject. For a step world with target rows p_i and draft rows q_i (i < k) the Leviathan step has
+
+    beta_i = sum_x min(p_i(x), q_i(x))                    (acceptance probability at i)
+    P(N = j) = beta_0 ... beta_{j-1} (1 - beta_j),  j < k;   P(N = k) = beta_0 ... beta_{k-1}
+    correction | N = j  ~  max(0, p_j - q_j) / (1 - beta_j)
+    bonus      | N = k  ~  p_k
+    first emitted token ~  p_0
+
+The accepted-length, correction and bonus laws are those of Leviathan et al.'s rejection
+sampler; a verifier with another valid acceptance scheme would fail them while keeping the
+sequence law, and the verdict says which law differs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from exactcheck.drive import SequenceSamples, StepSamples
+from toy_models import ContextWorld, StepWorld
+
+__all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts",
+           "MIN_CONDITIONAL_SAMPLES"]
+
+# A conditional law (correction, bonus) is checked only when the exact law expects at least this
+# many trials in its condition; the choice depends on the law and n, never on the samples.
+MIN_CONDITIONAL_SAMPLES = 100
+
+
+@dataclass(frozen=True)
+class LawPlan:
+    """One law to check on a world: its name, condition and exact expected law."""
+
+    law: str
+    condition: str
+    expected: np.ndarray
+    label: Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class LawComparison:
+    plan: LawPlan
+    counts: np.ndarray
+
+    @property
+    def law(self) -> str:
+        return self.plan.law
+
+
+def step_law_parts(world: StepWorld) -> tuple[np.ndarray, np.ndarray]:
+    """(P(N = j) for j = 0..k, residual laws [k, V]) of the exact Leviathan step."""
+    p, q = world.target_law(), world.draft_law()
+    beta = np.minimum(p[:-1], q).sum(1)
+    reach = np.concatenate([[1.0], np.cumprod(beta)])
+    accepted = reach * np.concatenate([1 - beta, [1.0]])
+    raw = np.clip(p[:-1] - q, 0, None)
+    mass = raw.sum(1, keepdims=True)
+    residual = np.where(mass > 0, raw / np.where(mass > 0, mass, 1), p[:-1])
+    return np.clip(accepted, 0, 1), residual
+
+
+def _token(i: int) -> str:
+    return f"token {i}"
+
+
+def planned_laws(world: StepWorld | ContextWorld, n: int) -> list[LawPlan]:
+    """The laws checked on ``world`` with ``n`` trials, decided before any sample is drawn."""
+    if isinstance(world, ContextWorld):
+        vocab, length = world.vocab_size, world.length
+
+        def sequence(i: int) -> str:
+            return str([int(d) for d in np.unravel_index(i, (vocab,) * length)])
+
+        return [LawPlan("sequence", f"first {length} tokens", world.sequence_law(), sequence)]
+    p = world.target_law()
+    k, vocab = world.draft_length, world.vocab_size
+    accepted, residual = step_law_parts(world)
+    plans = [
+        LawPlan("first_token", "first emitted token", p[0], _token),
+        LawPlan("accepted_length", "drafts accepted per step", accepted, lambda j: f"N={j}"),
+    ]
+    if n * accepted[k] >= MIN_CONDITIONAL_SAMPLES:
+        plans.append(LawPlan("bonus_token", f"given N={k}", p[k], _token))
+    rejected = accepted[:k].sum()
+    if n * rejected >= MIN_CONDITIONAL_SAMPLES:
+        joint = (accepted[:k, None] * residual / rejected).reshape(-1)
+        plans.append(LawPlan("correction_token", f"(N, token) given N<{k}", joint,
+                             lambda c: f"N={c // vocab}, token {c % vocab}"))
+    return plans
+
+
+def compare(plan: LawPlan, samples: StepSamples | SequenceSamples) -> LawComparison:
+    """Count the samples into the plan's cells."""
+    cells = plan.expected.size
+    if isinstance(samples, SequenceSamples):
+        vocab, length = samples.world.vocab_size, samples.world.length
+        weights = vocab ** np.arange(length - 1, -1, -1, dtype=np.int64)
+        index = samples.sequences.numpy() @ weights
+    else:
+        k, vocab = samples.world.draft_length, samples.world.vocab_size
+        accepted, last = samples.accepted.numpy(), samples.last_token.numpy()
+        if plan.law == "first_token":
+            index = samples.outputs[:, 0].numpy()
+        elif plan.law == "accepted_length":
+            index = accepted
+        elif plan.law == "bonus_token":
+            index = last[accepted == k]
+        elif plan.law == "correction_token":
+            keep = accepted < k
+            index = accepted[keep] * vocab + last[keep]
+        else:
+            raise ValueError(f"unknown step law {plan.law!r}")
+    return LawComparison(plan, np.bincount(index, minlength=cells).astype(np.int64))

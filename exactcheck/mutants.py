@@ -1,0 +1,178 @@
+"""The mutant corpus: verifiers with exactly one deliberate defect each.
+
+Each mutant subclasses ``ReferenceVerifier`` and overrides one step, so the defect is the only
+difference from the exact reference. ``exactcheck selftest`` audits every mutant; a suite that
+misses one has lost power. Each docstring names the real bug class the mutant stands for
+(``../shared/field-notes.md``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.reference import ReferenceVerifier, row_at
+
+__all__ = ["Mutant", "MUTANTS", "mutant"]
+
+
+class TrustDraft(ReferenceVerifier):
+    """Every draft token is accepted: the output follows q, not p."""
+
+    def accept(self, u, p, q):
+        return torch.ones_like(u, dtype=torch.bool)
+
+
+class ResampleFromTarget(ReferenceVerifier):
+    """After a rejection the correction is drawn from the full target row p, not the residual."""
+
+    def final_rows(self, target, draft_probs, n):
+        rows = row_at(target, n).double()
+        return rows / rows.sum(1, keepdim=True)
+
+
+class UnclampedResidual(ReferenceVerifier):
+    """The residual p - q is normalised by its positive mass but its negative entries are kept,
+    so the cumulative sum dips and the inverse-CDF draw lands on the wrong tokens."""
+
+    def final_rows(self, target, draft_probs, n):
+        k = draft_probs.shape[1]
+        p = row_at(target, n).double()
+        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        positive = (p - q).clamp(min=0).sum(1, keepdim=True)
+        return (p - q) / torch.where(positive > 0, positive, 1.0)
+
+
+class WrongNormaliser(ReferenceVerifier):
+    """The residual is divided by sum |p - q| (twice the right constant); the missing half of the
+    cumulative mass falls to the last token."""
+
+    def final_rows(self, target, draft_probs, n):
+        k = draft_probs.shape[1]
+        p = row_at(target, n).double()
+        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        residual = (p - q).clamp(min=0)
+        return residual / (p - q).abs().sum(1, keepdim=True).clamp(min=1e-300)
+
+
+class InvertedRatio(ReferenceVerifier):
+    """Acceptance probability min(1, q/p) instead of min(1, p/q)."""
+
+    def accept(self, u, p, q):
+        return u * p < q
+
+
+class AcceptIfTargetAtLeastDraft(ReferenceVerifier):
+    """Deterministic acceptance: accept iff p(x) >= q(x)."""
+
+    def accept(self, u, p, q):
+        return p >= q
+
+
+class NoStopAtFirstRejection(ReferenceVerifier):
+    """Counts every accepted position instead of stopping at the first rejection."""
+
+    def accepted_length(self, accepted):
+        return accepted.sum(1)
+
+
+class BonusFromDraft(ReferenceVerifier):
+    """After k acceptances the bonus is drawn from the last draft row q_{k-1}, not p_k."""
+
+    def final_rows(self, target, draft_probs, n):
+        rows = super().final_rows(target, draft_probs, n)
+        k = draft_probs.shape[1]
+        bonus = n == k
+        q = draft_probs[bonus, k - 1].double()
+        rows[bonus] = q / q.sum(1, keepdim=True)
+        return rows
+
+
+class BonusArgmax(ReferenceVerifier):
+    """The bonus token is the argmax of p_k instead of a sample from it."""
+
+    def final_rows(self, target, draft_probs, n):
+        rows = super().final_rows(target, draft_probs, n)
+        bonus = n == draft_probs.shape[1]
+        top = rows[bonus].argmax(1)
+        rows[bonus] = torch.nn.functional.one_hot(top, rows.shape[1]).double()
+        return rows
+
+
+class NoBonusToken(ReferenceVerifier):
+    """After k acceptances no bonus token is emitted (the step wastes the target's last row)."""
+
+    def assemble(self, draft_tokens, n, last):
+        out = super().assemble(draft_tokens, n, last)
+        out[n == draft_tokens.shape[1], -1] = -1
+        return out
+
+
+class ShiftedTargetRows(ReferenceVerifier):
+    """The target rows are read one position late: draft i is judged against p_{i+1}."""
+
+    def target_rows(self, target_probs):
+        return torch.cat([target_probs[:, 1:], target_probs[:, -1:]], 1)
+
+
+class AcceptOnEqualUniform(ReferenceVerifier):
+    """``u <= p/q``: a uniform of exactly 0 accepts a token the target forbids (p = 0).
+    A 53-bit uniform is 0 with probability 2^-53, so only boundary randomness can see it."""
+
+    def accept(self, u, p, q):
+        return u <= p / q
+
+
+class ReseededGenerator(ReferenceVerifier):
+    """The generator is reseeded with a constant at every call: each row reuses the same random
+    numbers at every verify step of its sequence."""
+
+    def acceptance_uniforms(self, batch, k, generator, device):
+        generator.manual_seed(1234)
+        return super().acceptance_uniforms(batch, k, generator, device)
+
+
+class SharedUniforms(ReferenceVerifier):
+    """The uniform that decided acceptance at the stop position is reused to draw the
+    correction or bonus token, so that draw is conditioned on the accept/reject outcome."""
+
+    def final_uniforms(self, batch, generator, device, u_accept, n):
+        k = u_accept.shape[1]
+        return u_accept[torch.arange(batch, device=device), n.clamp(max=k - 1)]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    verifier: ReferenceVerifier
+    defect: str
+
+
+_CLASSES = {
+    "trust_draft": TrustDraft,
+    "resample_from_target": ResampleFromTarget,
+    "unclamped_residual": UnclampedResidual,
+    "wrong_normaliser": WrongNormaliser,
+    "inverted_ratio": InvertedRatio,
+    "accept_if_p_ge_q": AcceptIfTargetAtLeastDraft,
+    "no_stop_at_first_rejection": NoStopAtFirstRejection,
+    "bonus_from_draft": BonusFromDraft,
+    "bonus_argmax": BonusArgmax,
+    "no_bonus_token": NoBonusToken,
+    "shifted_target_rows": ShiftedTargetRows,
+    "accept_on_equal_uniform": AcceptOnEqualUniform,
+    "reseeded_generator": ReseededGenerator,
+    "shared_uniforms": SharedUniforms,
+}
+
+MUTANTS: dict[str, Mutant] = {
+    name: Mutant(name, cls(), " ".join(cls.__doc__.split())) for name, cls in _CLASSES.items()
+}
+for _name, _m in MUTANTS.items():
+    _m.verifier.name = _name
+    globals()[_name] = _m.verifier  # importable as exactcheck.mutants:NAME
+
+
+def mutant(name: str) -> ReferenceVerifier:
+    """The mutant verifier called ``name``."""
+    return MUTANTS[name].verifier

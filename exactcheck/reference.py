@@ -1,0 +1,102 @@
+"""The reference verifier: exact, vectorised speculative sampling (Leviathan et al., 2023).
+
+For draft position i with target row p_i and draft row q_i, draft token x is accepted with
+probability min(1, p_i(x) / q_i(x)): a float64 uniform u in [0, 1) accepts when
+``u * q_i(x) < p_i(x)``. The strict inequality means a token with p_i(x) = 0 is never accepted,
+whatever u is (u = 0 included). At the first rejection, at position n, one token is drawn from the
+residual max(0, p_n - q_n), normalised; after k acceptances the bonus token is drawn from p_k.
+
+Zero residual: a rejection at n with max(0, p_n - q_n) summing to 0 can only happen when p_n and
+q_n agree up to rounding (two normalised rows with p <= q everywhere are equal). The reference
+then draws the correction from p_n itself, the limit of the residual law as q_n -> p_n; it never
+returns an out-of-vocabulary id or NaN.
+
+Sampling from a row is by inverse CDF on float64 cumulative sums: token = #{j : cdf_j <= u}. u = 0
+picks the first token of positive mass, and a u beyond the last cumulative value (rounding) is
+clamped to the last token of positive mass, so a zero-mass token is never drawn.
+
+The class is split into one method per step so that each mutant in ``exactcheck.mutants``
+overrides exactly one of them.
+"""
+from __future__ import annotations
+
+import torch
+
+from exactcheck.contract import PADDING
+from exactcheck.sampling import sample_rows
+
+__all__ = ["ReferenceVerifier", "reference_verifier", "row_at"]
+
+
+def row_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """``rows[b, position[b]]`` for ``rows`` [B, P, V]: the row at each trial's position."""
+    index = position[:, None, None].expand(rows.shape[0], 1, rows.shape[2])
+    return rows.gather(1, index)[:, 0]
+
+
+class ReferenceVerifier:
+    """Exact speculative verification step; call it as a ``Verifier``."""
+
+    name = "reference"
+
+    def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                 draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        batch, k = draft_tokens.shape
+        device = draft_tokens.device
+        target = self.target_rows(target_probs)
+        u_accept = self.acceptance_uniforms(batch, k, generator, device)
+        p_draft = target[:, :k].gather(2, draft_tokens[..., None])[..., 0].double()
+        q_draft = draft_probs.gather(2, draft_tokens[..., None])[..., 0].double()
+        accepted = self.accept(u_accept, p_draft, q_draft)
+        n = self.accepted_length(accepted)
+        rows = self.final_rows(target, draft_probs, n)
+        u_final = self.final_uniforms(batch, generator, device, u_accept, n)
+        last = sample_rows(rows, u_final)
+        return self.assemble(draft_tokens, n, last)
+
+    def target_rows(self, target_probs: torch.Tensor) -> torch.Tensor:
+        """The target rows for positions 0..k, as the verifier reads them."""
+        return target_probs
+
+    def acceptance_uniforms(self, batch: int, k: int, generator: torch.Generator,
+                            device: torch.device) -> torch.Tensor:
+        return torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)
+
+    def accept(self, u: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Accept with probability min(1, p/q); never when p = 0."""
+        return u * q < p
+
+    def accepted_length(self, accepted: torch.Tensor) -> torch.Tensor:
+        """Number of drafts accepted before the first rejection."""
+        return accepted.to(torch.int64).cumprod(1).sum(1)
+
+    def final_rows(self, target: torch.Tensor, draft_probs: torch.Tensor,
+                   n: torch.Tensor) -> torch.Tensor:
+        """Normalised float64 law of the token after the accepted drafts: the residual
+        max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
+        k = draft_probs.shape[1]
+        p = row_at(target, n).double()
+        q = row_at(draft_probs, n.clamp(max=k - 1)).double().mul_((n < k)[:, None])
+        residual = (p - q).clamp_(min=0)
+        mass = residual.sum(1, keepdim=True)
+        empty = mass[:, 0] <= 0
+        if empty.any():  # p_n == q_n up to rounding: the residual's limit is p_n
+            residual[empty] = p[empty]
+            mass[empty] = p[empty].sum(1, keepdim=True)
+        return residual / mass
+
+    def final_uniforms(self, batch: int, generator: torch.Generator, device: torch.device,
+                       u_accept: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return torch.rand(batch, dtype=torch.float64, generator=generator, device=device)
+
+    def assemble(self, draft_tokens: torch.Tensor, n: torch.Tensor,
+                 last: torch.Tensor) -> torch.Tensor:
+        """Accepted drafts, then the final token, then -1 padding."""
+        batch, k = draft_tokens.shape
+        positions = torch.arange(k + 1, device=draft_tokens.device)[None, :]
+        out = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), PADDING)], 1)
+        out = torch.where(positions < n[:, None], out, PADDING)
+        return out.scatter_(1, n[:, None], last[:, None])
+
+
+reference_verifier = ReferenceVerifier()

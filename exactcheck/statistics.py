@@ -1,0 +1,145 @@
+"""Goodness of fit of observed counts against an exact law, TV estimates and Holm's method.
+
+The test. Cells whose exact probability is 0 are *impossible*: one sample there is a certain
+defect (p-value 0, no statistics needed). The other cells are pooled before any sample is seen:
+each cell with expected count n*p_i >= 5 stands alone; the smaller ones are sorted by probability
+and merged in runs until each pooled cell expects at least 5 samples (Cochran's rule). Pearson's
+X^2 over the pooled cells is compared with the chi-square law with (cells - 1) degrees of
+freedom. Because the pooling depends only on the exact law and n, never on the data, the
+reference distribution is the usual one; the false-alarm rate this gives is measured on the
+reference verifier and reported in README.
+
+Power. Every alternative at total variation eps from the law on the pooled cells has chi-square
+divergence at least 4 eps^2 (Cauchy-Schwarz), so X^2 has noncentrality at least 4 n eps^2. The
+smallest TV detectable at power 0.9 is the eps whose noncentral chi-square exceeds the critical
+value with probability 0.9.
+
+TV. The plug-in estimate 1/2 sum |N_i/n - p_i| is biased upward by sampling noise. Its
+interval uses the Bretagnolle-Huber-Carol inequality P(TV(p_hat, p) >= t) <= 2^K exp(-2 n t^2):
+the upper end on all K cells, the lower end on the pooled cells (TV on a coarser partition never
+exceeds the true TV), each at half the error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+__all__ = ["GoodnessOfFit", "goodness_of_fit", "pooling", "detectable_tv", "holm",
+           "MIN_EXPECTED", "POWER", "INTERVAL_CONFIDENCE"]
+
+MIN_EXPECTED = 5.0
+POWER = 0.9
+INTERVAL_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class GoodnessOfFit:
+    """Pearson's test of observed counts against an exact law, with the evidence kept."""
+
+    statistic: float
+    df: int
+    pvalue: float
+    samples: int
+    cells: int
+    pooled_cells: int
+    impossible: int  # samples on cells of exact probability 0
+    tv_estimate: float
+    tv_interval: tuple[float, float]
+    detectable_tv: float
+
+
+def pooling(expected: np.ndarray, n: int, min_expected: float = MIN_EXPECTED) -> np.ndarray:
+    """Pooled-cell index for every cell of positive probability (-1 for impossible cells),
+    decided from the law and ``n`` alone."""
+    group = np.full(expected.size, -1, dtype=np.int64)
+    possible = np.flatnonzero(expected > 0)
+    big = possible[expected[possible] * n >= min_expected]
+    group[big] = np.arange(big.size)
+    small = possible[expected[possible] * n < min_expected]
+    small = small[np.argsort(expected[small], kind="stable")]
+    next_group, run = big.size, 0.0
+    members: list[int] = []
+    for cell in small:
+        members.append(cell)
+        run += expected[cell] * n
+        if run >= min_expected:
+            group[members] = next_group
+            next_group, run, members = next_group + 1, 0.0, []
+    if members:  # leftover run below the minimum joins the last pooled cell (or the smallest big one)
+        if next_group > big.size:
+            group[members] = next_group - 1
+        elif big.size:
+            group[members] = group[big[np.argmin(expected[big])]]
+        else:
+            group[members] = 0
+    return group
+
+
+def detectable_tv(n: int, df: int, level: float, power: float = POWER) -> float:
+    """Smallest TV (on the pooled cells) that the level-``level`` test detects with ``power``."""
+    if n <= 0:
+        return 1.0
+    if df <= 0:  # only impossible cells can show a defect: need one hit with prob `power`
+        return float(1 - (1 - power) ** (1 / n))
+    critical = stats.chi2.isf(level, df)
+
+    def shortfall(lam: float) -> float:
+        return stats.ncx2.sf(critical, df, lam) - power
+
+    high = 1.0
+    while shortfall(high) < 0:
+        high *= 2
+    lam = optimize.brentq(shortfall, 0.0, high, xtol=1e-6)
+    return float(min(1.0, math.sqrt(lam / (4 * n))))
+
+
+def _bhc_radius(cells: int, n: int, error: float) -> float:
+    return math.sqrt((cells * math.log(2) + math.log(1 / error)) / (2 * n))
+
+
+def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,
+                    power: float = POWER) -> GoodnessOfFit:
+    """Test ``counts`` (int, [K]) against the exact law ``expected`` (float64, [K], sums to 1).
+    ``level`` is the significance level used for the detectable TV (the check's alpha share)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if counts.shape != expected.shape:
+        raise ValueError(f"counts {counts.shape} and expected {expected.shape} differ in shape")
+    n = int(counts.sum())
+    group = pooling(expected, n)
+    impossible = int(counts[group < 0].sum())
+    groups = int(group.max()) + 1 if n and (group >= 0).any() else 0
+    observed = np.bincount(group[group >= 0], weights=counts[group >= 0], minlength=groups)
+    pooled_p = np.bincount(group[group >= 0], weights=expected[group >= 0], minlength=groups)
+    df = max(groups - 1, 0)
+    if n == 0:
+        return GoodnessOfFit(0.0, df, 1.0, 0, counts.size, groups, 0, 0.0, (0.0, 1.0), 1.0)
+    statistic = float(((observed - n * pooled_p) ** 2 / (n * pooled_p)).sum()) if df else 0.0
+    pvalue = 0.0 if impossible else (float(stats.chi2.sf(statistic, df)) if df else 1.0)
+
+    tv = 0.5 * float(np.abs(counts / n - expected).sum())
+    tv_pooled = 0.5 * (float(np.abs(observed / n - pooled_p).sum()) + impossible / n)
+    half = (1 - INTERVAL_CONFIDENCE) / 2
+    low = max(0.0, tv_pooled - _bhc_radius(groups + 1, n, half))
+    high = min(1.0, tv + _bhc_radius(counts.size, n, half))
+    return GoodnessOfFit(statistic, df, pvalue, n, counts.size, groups, impossible, tv,
+                         (low, high), detectable_tv(n, df, level, power))
+
+
+def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[float], list[float]]:
+    """Holm's step-down method. Returns each hypothesis's adjusted p-value (reject when it is
+    <= alpha; the family-wise error rate is <= alpha under any dependence) and the alpha share
+    it was compared with, alpha / (m - rank)."""
+    m = len(pvalues)
+    order = np.argsort(np.asarray(pvalues, dtype=np.float64), kind="stable")
+    adjusted, shares = [1.0] * m, [alpha] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+        shares[i] = alpha / (m - rank)
+    return adjusted, shares

@@ -1,0 +1,40 @@
+"""What an audit runs: levels (samples per world) and the built-in worlds."""
+from __future__ import annotations
+
+import enum
+import hashlib
+
+from toy_models import ContextWorld, StepWorld, context_worlds, step_worlds
+
+__all__ = ["Level", "default_worlds", "boundary_worlds", "derive_seed", "BOUNDARY_ROWS"]
+
+BOUNDARY_ROWS = 4096
+
+
+class Level(enum.Enum):
+    """Audit depth: the number of independent trials driven through each world."""
+
+    QUICK = "quick"
+    STANDARD = "standard"
+    RELEASE = "release"
+
+    @property
+    def samples_per_world(self) -> int:
+        return {Level.QUICK: 20_000, Level.STANDARD: 200_000, Level.RELEASE: 2_000_000}[self]
+
+
+def default_worlds() -> list[StepWorld | ContextWorld]:
+    """Every built-in world, step worlds first."""
+    return [*step_worlds(), *context_worlds()]
+
+
+def boundary_worlds() -> list[StepWorld]:
+    """Step worlds whose drafts often carry tokens the target forbids."""
+    return [w for w in step_worlds() if w.name in ("draft_mass_where_p_zero", "disjoint_supports")]
+
+
+def derive_seed(root: int, name: str) -> int:
+    """A stable 63-bit seed for ``name`` under ``root``: adding or dropping a check does not
+    shift any other check's random stream."""
+    digest = hashlib.sha256(f"{root}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

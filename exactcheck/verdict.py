@@ -1,0 +1,109 @@
+"""The verdict: one frozen record per check, carried from the statistics to every report."""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Outcome", "Verdict", "CellDeviation"]
+
+
+class Outcome(enum.Enum):
+    EXACT = "exact"
+    DEFECT = "defect"
+    CONTRACT_VIOLATION = "contract-violation"
+    CRASHED = "crashed"
+    INCONCLUSIVE = "inconclusive"
+
+    @property
+    def failed(self) -> bool:
+        """Whether this outcome means the subject is not exact (audit exits 1)."""
+        return self in (Outcome.DEFECT, Outcome.CONTRACT_VIOLATION, Outcome.CRASHED)
+
+    def describe(self) -> str:
+        return {
+            Outcome.EXACT: "no defect found at the stated false-alarm rate",
+            Outcome.DEFECT: "the emitted law differs from the exact law",
+            Outcome.CONTRACT_VIOLATION: "the subject's output broke the verifier contract",
+            Outcome.CRASHED: "the subject raised an exception",
+            Outcome.INCONCLUSIVE: "the check could not be carried out; it neither passes nor fails",
+        }[self]
+
+
+@dataclass(frozen=True)
+class CellDeviation:
+    """One cell of the law with its observed and expected counts."""
+
+    cell: str
+    observed: int
+    expected: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str  # "world/law"
+    world: str
+    law: str
+    condition: str
+    outcome: Outcome
+    summary: str  # one line: what was found
+    samples: int
+    seed: int
+    reproduce: str
+    statistic: float | None = None
+    statistic_name: str | None = None
+    df: int | None = None
+    pvalue: float | None = None
+    adjusted_pvalue: float | None = None  # Holm-adjusted over the whole audit
+    alpha_share: float | None = None  # the Holm threshold this check was compared with
+    tv_estimate: float | None = None
+    tv_interval: tuple[float, float] | None = None
+    detectable_tv: float | None = None
+    evidence: tuple[CellDeviation, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        """Failure message in a fixed shape: a verdict line, a blank line, one fact per line
+        with its bound, then how to reproduce."""
+        head = f"{self.law} law in world {self.world}: {self.outcome.value} — {self.summary}"
+        lines = [head, ""]
+        if self.pvalue is not None:
+            lines.append(f"{self.statistic_name}: {_num(self.statistic)} on {self.df} degrees of freedom")
+            lines.append(f"p-value: {_num(self.pvalue)} (Holm-adjusted {_num(self.adjusted_pvalue)}, "
+                         f"alpha share {_num(self.alpha_share)})")
+        lines.append(f"samples: {self.samples:,} ({self.condition})")
+        if self.tv_estimate is not None:
+            low, high = self.tv_interval
+            lines.append(f"total variation: {self.tv_estimate:.4f} (95% interval {low:.4f} to {high:.4f})")
+            lines.append(f"smallest TV detectable at power 0.9: {self.detectable_tv:.4f}")
+        for dev in self.evidence[:5]:
+            lines.append(f"  {dev.cell}: observed {dev.observed:,}, expected {dev.expected:,.1f}")
+        lines.append(f"reproduce: {self.reproduce}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        data["tv_interval"] = list(self.tv_interval) if self.tv_interval else None
+        for key in ("statistic", "pvalue", "adjusted_pvalue"):
+            if data[key] is not None and not math.isfinite(data[key]):
+                data[key] = str(data[key])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        data = dict(data)
+        data["outcome"] = Outcome(data["outcome"])
+        data["tv_interval"] = tuple(data["tv_interval"]) if data["tv_interval"] else None
+        data["evidence"] = tuple(CellDeviation(**e) for e in data["evidence"])
+        for key in ("statistic", "pvalue", "adjusted_pvalue"):
+            if isinstance(data[key], str):
+                data[key] = float(data[key])
+        return cls(**data)
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0 or (abs(x) >= 1e-3 and abs(x) < 1e5):
+        return f"{x:.4g}"
+    return f"{x:.3e}"
