@@ -34,6 +34,7 @@ __all__ = ["GoodnessOfFit", "goodness_of_fit", "pooling", "detectable_tv", "holm
 MIN_EXPECTED = 5.0
 POWER = 0.9
 INTERVAL_CONFIDENCE = 0.95
+_TINY = float(np.finfo(np.float64).tiny)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,9 @@ def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,
     if n == 0:
         return GoodnessOfFit(0.0, df, 1.0, 0, counts.size, groups, 0, 0.0, (0.0, 1.0), 1.0)
     statistic = float(((observed - n * pooled_p) ** 2 / (n * pooled_p)).sum()) if df else 0.0
-    pvalue = 0.0 if impossible else (float(stats.chi2.sf(statistic, df)) if df else 1.0)
+    # An impossible outcome is certain evidence (p = 0); a chi-square tail that underflows is
+    # reported as the smallest positive double instead of 0.
+    pvalue = 0.0 if impossible else (max(float(stats.chi2.sf(statistic, df)), _TINY) if df else 1.0)
 
     tv = 0.5 * float(np.abs(counts / n - expected).sum())
     tv_pooled = 0.5 * (float(np.abs(observed / n - pooled_p).sum()) + impossible / n)

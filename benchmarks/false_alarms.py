@@ -1,0 +1,78 @@
+"""Measure the audit's false-alarm rate: audit the exact reference verifier under many seeds.
+
+Every audit of the reference that reports a defect is a false alarm. Because Holm-adjusted
+p-values do not depend on alpha, one run per seed gives the false-alarm count at every alpha:
+an audit at level alpha fails exactly when its smallest adjusted p-value is <= alpha.
+
+    python benchmarks/false_alarms.py --seeds 3000 --level quick --workers 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import sys
+import time
+
+ALPHAS = (1e-3, 1e-2, 5e-2, 1e-1)
+
+
+def _audit(args: tuple[int, str]) -> tuple[int, float, list[str]]:
+    import torch
+
+    torch.set_num_threads(1)
+    from exactcheck import reference_verifier, run_audit
+
+    seed, level = args
+    result = run_audit(reference_verifier, level=level, seed=seed, progress=False)
+    tested = [v for v in result.verdicts if v.adjusted_pvalue is not None]
+    smallest = min(v.adjusted_pvalue for v in tested)
+    # failures other than statistical ones (crash, violation) would be bugs in exactcheck itself
+    hard = [v.check for v in result.verdicts if v.outcome.failed and v.pvalue not in (None,)
+            and v.pvalue == 0.0]
+    return seed, smallest, hard
+
+
+def _upper(count: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound on a rate from `count` events in `n` runs."""
+    from scipy import stats
+
+    return 1.0 if count >= n else float(stats.beta.ppf(confidence, count + 1, n - count))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=300)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--level", default="quick")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", help="write the per-seed smallest adjusted p-values here")
+    args = parser.parse_args(argv)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    start = time.perf_counter()
+    results = []
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        for i, row in enumerate(pool.imap_unordered(_audit, [(s, args.level) for s in seeds]), 1):
+            results.append(row)
+            if i % 100 == 0:
+                print(f"false_alarms: {i}/{args.seeds} audits ({time.perf_counter() - start:.0f} s)",
+                      file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - start
+    print(f"reference verifier, level {args.level}, {args.seeds} seeds "
+          f"({args.first_seed}..{args.first_seed + args.seeds - 1}), {elapsed:.0f} s")
+    print(f"{'alpha':>8} {'false alarms':>13} {'rate':>9} {'95% upper':>10}")
+    for alpha in ALPHAS:
+        count = sum(p <= alpha for _, p, _ in results)
+        print(f"{alpha:>8g} {count:>13} {count / args.seeds:>9.4f} {_upper(count, args.seeds):>10.4f}")
+    certain = [(s, h) for s, _, h in results if h]
+    print(f"audits with a certain (p = 0) failure: {len(certain)}" + (f" {certain[:5]}" if certain else ""))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"level": args.level, "seeds": [s for s, _, _ in results],
+                       "min_adjusted_p": [p for _, p, _ in results]}, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

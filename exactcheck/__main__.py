@@ -1,0 +1,5 @@
+import sys
+
+from exactcheck.cli import main
+
+sys.exit(main())

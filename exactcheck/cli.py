@@ -1,0 +1,177 @@
+"""The ``exactcheck`` command.
+
+exit status: 0 every check passed; 1 a defect was found (or, for selftest, the reference failed
+or a mutant went undetected); 2 a usage error or a subject that could not be driven at all.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
+from exactcheck.errors import UsageError
+from exactcheck.mutants import MUTANTS
+from exactcheck.report import (audit_to_json, render_audit_markdown, render_selftest_markdown,
+                               selftest_to_json, write_report, SELFTEST_SCHEMA)
+from exactcheck.selftest import run_selftest
+from exactcheck.suite import Level, default_worlds
+from exactcheck.verdict import Outcome
+
+__all__ = ["main", "load_subject"]
+
+EXIT_PASS, EXIT_DEFECT, EXIT_USAGE = 0, 1, 2
+DETAILED_FAILURES = 3
+
+
+def load_subject(path: str):
+    """Import ``MODULE:CALLABLE`` (the current directory is importable). A class is
+    instantiated with no arguments."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        obj = obj()
+    if not callable(obj):
+        raise UsageError(f"{path} is not callable")
+    return obj
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--level", default="standard", choices=[lv.value for lv in Level],
+                        help="samples per world: quick 20k, standard 200k, release 2M")
+    parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
+    parser.add_argument("--device", default="cpu", help="torch device for the subject's tensors")
+    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exactcheck", description=(
+        "Audit a speculative-decoding verifier for exactness, with a stated false-alarm rate."))
+    sub = parser.add_subparsers(dest="command", required=True)
+    audit = sub.add_parser("audit", help="audit one verifier given as MODULE:CALLABLE")
+    audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.reference:reference_verifier")
+    audit.add_argument("--world", action="append", metavar="NAME",
+                       help="only this world (repeatable); see `exactcheck list`")
+    _common(audit)
+    selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
+    selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
+    _common(selftest)
+    sub.add_parser("list", help="list the worlds and mutants")
+    render = sub.add_parser("render", help="print the Markdown of a JSON report")
+    render.add_argument("report", help="a .json report written by exactcheck")
+    return parser
+
+
+def _print_audit(result: AuditResult) -> None:
+    status = "PASSED" if result.passed else "FAILED"
+    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    print(f"exactcheck audit {result.subject}: {status} ({counts}; level {result.level}, "
+          f"seed {result.seed}, alpha {result.alpha:g}, {result.duration_s:.1f} s)")
+    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
+    for v in notable:
+        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
+    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
+    for v in failed[:DETAILED_FAILURES]:
+        print()
+        print(v.describe())
+    if len(failed) > DETAILED_FAILURES:
+        print(f"\n({len(failed) - DETAILED_FAILURES} more failed checks: see the report)")
+
+
+def _audit(args) -> int:
+    subject = load_subject(args.subject)
+    result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
+                       alpha=args.alpha, device=args.device, worlds=args.world,
+                       progress=not args.quiet)
+    _print_audit(result)
+    if args.report:
+        stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
+        for path in write_report(audit_to_json(result), args.report, stem):
+            print(f"report: {path}")
+    if result.verdicts and all(v.outcome is Outcome.CRASHED for v in result.failed) and \
+            len(result.failed) == len(result.verdicts):
+        print("exactcheck: the subject crashed on every world; it could not be driven",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _selftest(args) -> int:
+    header = f"{'subject':<28} {'result':<9} {'caught by':<42} {'TV':>7} {'adj. p':>8} {'time':>6}"
+    print(header)
+    print("-" * len(header))
+    start = time.perf_counter()
+
+    def show(name: str, audit: AuditResult) -> None:
+        short = name.split(":")[-1]
+        if short == "reference_verifier":
+            result = "passes" if audit.passed else "FAILS"
+            caught = f"{len(audit.verdicts) - len(audit.failed)}/{len(audit.verdicts)} checks exact"
+            tv = p = "-"
+        else:
+            best = audit.strongest_failure()
+            result = "detected" if best else "MISSED"
+            caught = best.check if best else "-"
+            tv = "-" if not best or best.tv_estimate is None else f"{best.tv_estimate:.4f}"
+            p = "-" if not best else f"{best.adjusted_pvalue:.1e}"
+        print(f"{short:<28} {result:<9} {caught:<42} {tv:>7} {p:>8} {audit.duration_s:5.1f}s",
+              flush=True)
+
+    result = run_selftest(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
+                          mutants=args.mutant, on_audit=show)
+    print()
+    detected = len(result.mutants) - len(result.undetected)
+    print(f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "
+          f"{len(result.mutants)} mutants detected; {time.perf_counter() - start:.1f} s in all")
+    if args.report:
+        for path in write_report(selftest_to_json(result), args.report, f"selftest-{args.level}"):
+            print(f"report: {path}")
+    return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _list(_args) -> int:
+    print("worlds:")
+    for w in default_worlds():
+        print(f"  {w.name:<26} {w.description}")
+    print("mutants:")
+    for m in MUTANTS.values():
+        print(f"  {m.name:<26} {m.defect}")
+    return EXIT_PASS
+
+
+def _render(args) -> int:
+    data = json.loads(Path(args.report).read_text())
+    schema = data.get("schema")
+    print(render_selftest_markdown(data) if schema == SELFTEST_SCHEMA else render_audit_markdown(data))
+    return EXIT_PASS
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render}[args.command](args)
+    except UsageError as exc:
+        print(f"exactcheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Reports: a versioned JSON envelope built from the verdicts, and Markdown rendered from that
+JSON (so a report can be re-rendered without re-running the audit)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from exactcheck.audit import AuditResult
+from exactcheck.selftest import SelftestResult
+from exactcheck.verdict import Outcome, Verdict
+
+__all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "audit_to_json", "audit_from_json",
+           "render_audit_markdown", "selftest_to_json",
+           "render_selftest_markdown", "write_report"]
+
+AUDIT_SCHEMA = "exactcheck.audit/1"
+SELFTEST_SCHEMA = "exactcheck.selftest/1"
+
+
+def audit_to_json(result: AuditResult) -> dict:
+    return {
+        "schema": AUDIT_SCHEMA,
+        "subject": result.subject,
+        "level": result.level,
+        "seed": result.seed,
+        "alpha": result.alpha,
+        "device": result.device,
+        "started": result.started,
+        "duration_s": round(result.duration_s, 3),
+        "environment": result.environment,
+        "summary": {
+            "passed": result.passed,
+            "checks": len(result.verdicts),
+            **{o.value: result.count(o) for o in Outcome},
+        },
+        "verdicts": [v.to_dict() for v in result.verdicts],
+    }
+
+
+def audit_from_json(data: dict) -> AuditResult:
+    if data.get("schema") != AUDIT_SCHEMA:
+        raise ValueError(f"not an exactcheck audit report (schema {data.get('schema')!r})")
+    return AuditResult(
+        subject=data["subject"], level=data["level"], seed=data["seed"], alpha=data["alpha"],
+        device=data["device"], verdicts=tuple(Verdict.from_dict(v) for v in data["verdicts"]),
+        started=data["started"], duration_s=data["duration_s"], environment=data["environment"])
+
+
+def _fmt(x, spec: str = ".4f") -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, str):
+        return x
+    return format(x, spec)
+
+
+def _p(x) -> str:
+    if x is None:
+        return "–"
+    x = float(x)
+    return "0" if x == 0 else (f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}")
+
+
+def render_audit_markdown(data: dict) -> str:
+    result = audit_from_json(data)
+    status = "PASSED" if result.passed else "FAILED"
+    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    lines = [
+        f"# exactcheck audit of `{result.subject}`: {status}",
+        "",
+        f"Level **{result.level}**, seed {result.seed}, false-alarm budget α = {result.alpha:g} "
+        f"shared by Holm's method over {len(result.verdicts)} checks; {counts}. "
+        f"Device {result.device}, {result.duration_s:.1f} s, exactcheck "
+        f"{result.environment.get('exactcheck')}, torch {result.environment.get('torch')}.",
+        "",
+        "| check | outcome | samples | TV (95% interval) | detectable TV | p | Holm-adjusted p |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for v in result.verdicts:
+        tv = "–" if v.tv_estimate is None else (
+            f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
+        outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
+        lines.append(f"| {v.check} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
+                     f"{_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
+    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
+    if notable:
+        lines += ["", "## Findings", ""]
+        for v in notable:
+            lines += [f"### {v.check}", "", "```", v.describe(), "```", ""]
+    lines += ["", "TV is the plug-in estimate ½Σ|p̂ − p| (biased upward by sampling noise); "
+              "'detectable TV' is the smallest total variation the check finds with power 0.9 at "
+              "its α share."]
+    return "\n".join(lines) + "\n"
+
+
+def selftest_to_json(result: SelftestResult) -> dict:
+    rows = []
+    for name, defect, audit in result.mutants:
+        caught = audit.strongest_failure()
+        rows.append({
+            "mutant": name, "defect": defect, "detected": not audit.passed,
+            "failed_checks": len(audit.failed), "checks": len(audit.verdicts),
+            "caught_by": caught.check if caught else None,
+            "outcome": caught.outcome.value if caught else None,
+            "tv_estimate": caught.tv_estimate if caught else None,
+            "adjusted_pvalue": caught.adjusted_pvalue if caught else None,
+            "summary": caught.summary if caught else None,
+            "duration_s": round(audit.duration_s, 3),
+        })
+    return {
+        "schema": SELFTEST_SCHEMA, "level": result.level, "seed": result.seed,
+        "alpha": result.alpha, "passed": result.passed, "undetected": result.undetected,
+        "reference": audit_to_json(result.reference), "mutants": rows,
+    }
+
+
+def render_selftest_markdown(data: dict) -> str:
+    ref = data["reference"]
+    ref_status = "passes" if ref["summary"]["passed"] else "FAILS"
+    lines = [
+        f"# exactcheck selftest ({data['level']}, seed {data['seed']}, α = {data['alpha']:g})",
+        "",
+        f"The reference verifier {ref_status} all {ref['summary']['checks']} checks "
+        f"({ref['duration_s']:.1f} s). "
+        f"{sum(r['detected'] for r in data['mutants'])} of {len(data['mutants'])} mutants detected.",
+        "",
+        "| mutant | detected | caught by | TV | Holm-adjusted p | failed checks | time |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in data["mutants"]:
+        lines.append(
+            f"| {r['mutant']} | {'yes' if r['detected'] else '**NO**'} | {r['caught_by'] or '–'} | "
+            f"{_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
+            f"{r['failed_checks']}/{r['checks']} | {r['duration_s']:.1f} s |")
+    lines += ["", "## Mutants", ""]
+    lines += [f"- **{r['mutant']}**: {r['defect']} — {r['summary'] or 'not detected'}"
+              for r in data["mutants"]]
+    lines += ["", "## Reference audit", "", render_audit_markdown(ref).split("\n", 2)[2]]
+    return "\n".join(lines)
+
+
+def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, Path]:
+    """Write ``STEM.json`` and ``STEM.md`` under ``directory``; return both paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    render = render_selftest_markdown if data["schema"] == SELFTEST_SCHEMA else render_audit_markdown
+    md_path.write_text(render(data))
+    return json_path, md_path

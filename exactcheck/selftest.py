@@ -1,0 +1,55 @@
+"""The selftest: audit the reference and every mutant; the suite's power, measured."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
+from exactcheck.errors import UsageError
+from exactcheck.mutants import MUTANTS
+from exactcheck.reference import reference_verifier
+
+__all__ = ["SelftestResult", "run_selftest"]
+
+
+@dataclass(frozen=True)
+class SelftestResult:
+    """The reference audit and one audit per mutant, at one level and seed."""
+
+    level: str
+    seed: int
+    alpha: float
+    reference: AuditResult
+    mutants: tuple[tuple[str, str, AuditResult], ...]  # (name, defect, audit)
+
+    @property
+    def undetected(self) -> list[str]:
+        return [name for name, _, audit in self.mutants if audit.passed]
+
+    @property
+    def passed(self) -> bool:
+        return self.reference.passed and not self.undetected
+
+
+def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_ALPHA,
+                 device: str = "cpu", mutants: list[str] | None = None,
+                 on_audit: Callable[[str, AuditResult], None] | None = None) -> SelftestResult:
+    """Audit ``reference_verifier`` and each mutant (all, or those named)."""
+    names = list(MUTANTS) if mutants is None else mutants
+    unknown = [m for m in names if m not in MUTANTS]
+    if unknown:
+        raise UsageError(f"unknown mutant(s) {unknown}; known: {list(MUTANTS)}")
+    progress = on_audit is None and sys.stderr.isatty()
+
+    def audit(verifier, name):
+        result = run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
+                           device=device, progress=progress)
+        if on_audit:
+            on_audit(name, result)
+        return result
+
+    reference = audit(reference_verifier, "exactcheck.reference:reference_verifier")
+    rows = tuple((m, MUTANTS[m].defect, audit(MUTANTS[m].verifier, f"exactcheck.mutants:{m}"))
+                 for m in names)
+    return SelftestResult(level, seed, alpha, reference, rows)
