@@ -19,7 +19,7 @@ import torch
 
 from exactcheck.contract import PADDING, Verifier, call_verifier
 from exactcheck.errors import ContractViolation, Violation
-from exactcheck.sampling import inverse_cdf
+from exactcheck.drive import step_inputs
 from toy_models import StepWorld
 
 __all__ = ["forced_uniforms", "BOUNDARY_VALUES", "BoundaryResult", "check_forbidden_tokens",
@@ -81,18 +81,11 @@ def check_forbidden_tokens(verifier: Verifier, world: StepWorld, value: str, row
     and ``ContractViolation`` for the caller to turn into verdicts."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    k, vocab = world.draft_length, world.vocab_size
-    target = world.target_rows.to(device)
-    cdf = torch.from_numpy(world.draft_law().cumsum(1)).to(device)
-    u = torch.rand(k, rows, dtype=torch.float64, generator=gen, device=device)
-    drafts = torch.stack([inverse_cdf(cdf[i], u[i]) for i in range(k)], 1)
+    target, draft, drafts = step_inputs(world, rows, gen, device)
     with forced_uniforms(value) as draws:
-        out = call_verifier(verifier, target.expand(rows, k + 1, vocab).contiguous(),
-                            world.draft_rows.to(device).expand(rows, k, vocab).contiguous(),
-                            drafts, gen)
+        out = call_verifier(verifier, target, draft, drafts, gen)
     emitted = out != PADDING
-    positions = torch.arange(k + 1, device=device).expand(rows, k + 1)
-    prob = target[positions, out.clamp(min=0)]
+    prob = target.gather(2, out.clamp(min=0)[..., None])[..., 0]
     bad = emitted & (prob == 0)
     violation = None
     if bad.any():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
+from exactcheck.memory import keep_freed_memory
 from exactcheck.mutants import MUTANTS
 from exactcheck.report import (audit_to_json, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
@@ -166,6 +167,7 @@ def _render(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    keep_freed_memory()
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render}[args.command](args)
     except UsageError as exc:

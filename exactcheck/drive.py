@@ -12,16 +12,18 @@ subject gets a separate seeded generator. Same seed, same samples.
 """
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 
 from exactcheck.contract import PADDING, Verifier, call_verifier
-from exactcheck.sampling import inverse_cdf
-from toy_models import ContextWorld, StepWorld
+from exactcheck.sampling import AliasTable, inverse_cdf
+from toy_models import ContextWorld, StepWorld, ToyLM
 
-__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive",
+__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
            "DEFAULT_MAX_ELEMENTS"]
 
 # Largest target_probs tensor (B * (k+1) * V elements) handed to the subject in one call.
@@ -61,6 +63,7 @@ class SequenceSamples:
     sequences: torch.Tensor  # [n, L] int64
     seed: int
     calls: int
+    steps: int  # verify steps done for trials still short of `length` (the useful work)
 
     @property
     def size(self) -> int:
@@ -82,26 +85,38 @@ def _chunks(n: int, per_row: int, max_elements: int):
         yield min(size, n - start)
 
 
+def step_inputs(world: StepWorld, batch: int, generator: torch.Generator,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target_probs, draft_probs, draft_tokens) for ``batch`` trials of a step world, the draft
+    tokens drawn exactly from the world's draft law with ``generator``."""
+    k, vocab = world.draft_length, world.vocab_size
+    draft_cdf = torch.from_numpy(world.draft_law().cumsum(1)).to(device)
+    u = torch.rand(k, batch, dtype=torch.float64, generator=generator, device=device)
+    draft_tokens = torch.stack([inverse_cdf(draft_cdf[i], u[i]) for i in range(k)], 1)
+    target = world.target_rows.to(device).expand(batch, k + 1, vocab).contiguous()
+    draft = world.draft_rows.to(device).expand(batch, k, vocab).contiguous()
+    return target, draft, draft_tokens
+
+
 def drive_steps(verifier: Verifier, world: StepWorld, n: int, seed: int,
                 device: torch.device | str = "cpu",
                 max_elements: int = DEFAULT_MAX_ELEMENTS) -> StepSamples:
     """``n`` trials of one verify call each with the world's rows."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
-    k, vocab = world.draft_length, world.vocab_size
-    target = world.target_rows.to(device)
-    draft = world.draft_rows.to(device)
-    draft_cdf = torch.from_numpy(world.draft_law().cumsum(1)).to(device)
     outputs, drafts, calls = [], [], 0
-    for batch in _chunks(n, (k + 1) * vocab, max_elements):
-        u = torch.rand(k, batch, dtype=torch.float64, generator=driver_gen, device=device)
-        draft_tokens = torch.stack([inverse_cdf(draft_cdf[i], u[i]) for i in range(k)], 1)
-        out = call_verifier(verifier, target.expand(batch, k + 1, vocab).contiguous(),
-                            draft.expand(batch, k, vocab).contiguous(), draft_tokens, subject_gen)
+    for batch in _chunks(n, (world.draft_length + 1) * world.vocab_size, max_elements):
+        target, draft, draft_tokens = step_inputs(world, batch, driver_gen, device)
+        out = call_verifier(verifier, target, draft, draft_tokens, subject_gen)
         calls += 1
         outputs.append(out.cpu())
         drafts.append(draft_tokens.cpu())
     return StepSamples(world, torch.cat(outputs), torch.cat(drafts), seed, calls)
+
+
+@functools.lru_cache(maxsize=32)
+def _alias_table(model: ToyLM) -> AliasTable:
+    return AliasTable(torch.from_numpy(model.law()))
 
 
 def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
@@ -111,46 +126,65 @@ def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
     k, vocab = world.draft_length, world.vocab_size
-    tables = (world.target.table.to(device), world.draft.table.to(device),
-              torch.from_numpy(world.draft.law().cumsum(1)).to(device))
-    sequences, calls = [], 0
+    alias = _alias_table(world.draft)
+    if device.type != "cpu":
+        alias = copy.copy(alias).to(device)
+    tables = (world.target.table.to(device), world.draft.table.to(device), alias)
+    sequences, calls, steps = [], 0, 0
     for batch in _chunks(n, (k + 1) * vocab, max_elements):
-        seq, used = _generate(verifier, world, batch, tables, driver_gen, subject_gen, device)
+        seq, used, active = _generate(verifier, world, batch, tables, driver_gen, subject_gen, device)
         sequences.append(seq.cpu())
-        calls += used
-    return SequenceSamples(world, torch.cat(sequences), seed, calls)
+        calls, steps = calls + used, steps + active
+    return SequenceSamples(world, torch.cat(sequences), seed, calls, steps)
 
 
 def _generate(verifier, world, batch, tables, driver_gen, subject_gen, device):
-    target_table, draft_table, draft_cdf = tables
+    """Generate ``batch`` trials. Each live trial keeps its batch row until fewer than half of
+    the rows are live; then the live trials are compacted, in order, so finished trials stop
+    costing verify work (at most twice the useful work in all)."""
+    target_table, draft_table, draft_alias = tables
     k, length = world.draft_length, world.length
-    rows = torch.arange(batch, device=device)
     offsets = torch.arange(k + 1, device=device)
-    seq = torch.full((batch, length + k + 1), PADDING, dtype=torch.int64, device=device)
+    # one spare column past the longest write receives the entries that must not be written
+    width = length + k + 2
+    spare = width - 1
+    seq = torch.full((batch * width,), PADDING, dtype=torch.int64, device=device)
+    trial = torch.arange(batch, device=device)
     state = torch.full((batch,), world.prompt_state, dtype=torch.int64, device=device)
     filled = torch.zeros(batch, dtype=torch.int64, device=device)
-    calls = 0
-    while bool((filled < length).any()):
+    calls = steps = 0
+    while trial.numel():
+        rows = trial.numel()
         states, drafted, s = [state], [], state
-        u = torch.rand(k, batch, dtype=torch.float64, generator=driver_gen, device=device)
+        u = torch.rand(k, rows, dtype=torch.float64, generator=driver_gen, device=device)
         for i in range(k):
-            x = inverse_cdf(draft_cdf.index_select(0, s), u[i])
+            x = draft_alias.sample(s, u[i])
             drafted.append(x)
             s = world.next_state(s, x)
             states.append(s)
         draft_tokens = torch.stack(drafted, 1)
         states = torch.stack(states, 1)
-        target_probs = target_table.index_select(0, states.reshape(-1)).view(batch, k + 1, -1)
-        draft_probs = draft_table.index_select(0, states[:, :k].reshape(-1)).view(batch, k, -1)
+        target_probs = target_table.index_select(0, states.reshape(-1)).view(rows, k + 1, -1)
+        draft_probs = draft_table.index_select(0, states[:, :k].reshape(-1)).view(rows, k, -1)
+        live = filled < length
+        steps += int(live.sum())
         out = call_verifier(verifier, target_probs, draft_probs, draft_tokens, subject_gen)
         calls += 1
-        write = (out != PADDING) & (filled < length)[:, None]
-        positions = filled[:, None] + offsets
-        seq[rows[:, None].expand_as(write)[write], positions[write]] = out[write]
-        for j in range(k + 1):
-            state = torch.where(write[:, j], world.next_state(state, out[:, j]), state)
-        filled = filled + write.sum(1)
-    return seq[:, :length], calls
+        emitted = (out != PADDING).sum(1)
+        column = torch.where((out != PADDING) & live[:, None], filled[:, None] + offsets, spare)
+        seq.scatter_(0, (trial[:, None] * width + column).reshape(-1), out.reshape(-1))
+        # the accepted drafts are a prefix of the drafted path, so the state after them is known;
+        # one transition adds the correction or bonus token
+        accepted = emitted - 1
+        after = world.next_state(states.gather(1, accepted[:, None])[:, 0],
+                                 out.gather(1, accepted[:, None])[:, 0])
+        state = torch.where(live, after, state)
+        filled = filled + emitted * live
+        live = filled < length
+        alive = int(live.sum())
+        if alive * 2 <= rows:
+            trial, state, filled = trial[live], state[live], filled[live]
+    return seq.view(batch, width)[:, :length], calls, steps
 
 
 def drive(verifier: Verifier, world: StepWorld | ContextWorld, n: int, seed: int,

@@ -25,13 +25,23 @@ import torch
 from exactcheck.contract import PADDING
 from exactcheck.sampling import sample_rows
 
-__all__ = ["ReferenceVerifier", "reference_verifier", "row_at"]
+__all__ = ["ReferenceVerifier", "reference_verifier", "row_at", "at_drafts"]
+
+
+def at_drafts(rows: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """``rows[b, i, draft_tokens[b, i]]`` for i < k: each row's probability of its draft token."""
+    batch, positions, vocab = rows.shape
+    k = draft_tokens.shape[1]
+    start = torch.arange(batch, device=rows.device)[:, None] * positions
+    flat = (start + torch.arange(k, device=rows.device)) * vocab + draft_tokens
+    return rows.reshape(-1).take(flat)
 
 
 def row_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """``rows[b, position[b]]`` for ``rows`` [B, P, V]: the row at each trial's position."""
-    index = position[:, None, None].expand(rows.shape[0], 1, rows.shape[2])
-    return rows.gather(1, index)[:, 0]
+    batch, positions, vocab = rows.shape
+    flat = torch.arange(batch, device=position.device) * positions + position
+    return rows.reshape(batch * positions, vocab).index_select(0, flat)
 
 
 class ReferenceVerifier:
@@ -45,8 +55,8 @@ class ReferenceVerifier:
         device = draft_tokens.device
         target = self.target_rows(target_probs)
         u_accept = self.acceptance_uniforms(batch, k, generator, device)
-        p_draft = target[:, :k].gather(2, draft_tokens[..., None])[..., 0].double()
-        q_draft = draft_probs.gather(2, draft_tokens[..., None])[..., 0].double()
+        p_draft = at_drafts(target, draft_tokens).double()
+        q_draft = at_drafts(draft_probs, draft_tokens).double()
         accepted = self.accept(u_accept, p_draft, q_draft)
         n = self.accepted_length(accepted)
         rows = self.final_rows(target, draft_probs, n)
@@ -75,15 +85,15 @@ class ReferenceVerifier:
         """Normalised float64 law of the token after the accepted drafts: the residual
         max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
         k = draft_probs.shape[1]
-        p = row_at(target, n).double()
-        q = row_at(draft_probs, n.clamp(max=k - 1)).double().mul_((n < k)[:, None])
-        residual = (p - q).clamp_(min=0)
+        p = row_at(target, n)
+        q = row_at(draft_probs, n.clamp(max=k - 1)).mul_((n < k)[:, None])
+        residual = p.double().sub_(q.double()).clamp_(min=0)  # exact for float32 p, q
         mass = residual.sum(1, keepdim=True)
         empty = mass[:, 0] <= 0
         if empty.any():  # p_n == q_n up to rounding: the residual's limit is p_n
-            residual[empty] = p[empty]
-            mass[empty] = p[empty].sum(1, keepdim=True)
-        return residual / mass
+            residual[empty] = p[empty].double()
+            mass[empty] = residual[empty].sum(1, keepdim=True)
+        return residual.div_(mass)
 
     def final_uniforms(self, batch: int, generator: torch.Generator, device: torch.device,
                        u_accept: torch.Tensor, n: torch.Tensor) -> torch.Tensor:

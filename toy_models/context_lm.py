@@ -8,6 +8,7 @@ share the state machine and differ in their tables; ``agreement`` sets how close
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,9 +17,10 @@ import torch
 __all__ = ["ToyLM", "ContextWorld", "context_worlds", "make_context_world"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ToyLM:
-    """Next-token rows ``table[S, V]`` (float32) indexed by the rolling-hash state of the prefix."""
+    """Next-token rows ``table[S, V]`` (float32) indexed by the rolling-hash state of the prefix.
+    Compared and hashed by identity, so tables derived from a model can be cached per model."""
 
     table: torch.Tensor
 
@@ -97,9 +99,11 @@ def make_context_world(name: str, vocab: int, num_states: int, length: int, draf
     )
 
 
-def context_worlds() -> list[ContextWorld]:
-    """The built-in context worlds, in audit order (3 to 64 tokens; 243 to 4096 sequences)."""
-    return [
+@functools.lru_cache(maxsize=1)
+def context_worlds() -> tuple[ContextWorld, ...]:
+    """The built-in context worlds, in audit order (3 to 64 tokens; 243 to 4096 sequences).
+    Built once per process; worlds are immutable."""
+    return (
         make_context_world("ctx_v3_l5_k3", vocab=3, num_states=13, length=5, draft_length=3,
                            agreement=0.6, seed=21),
         make_context_world("ctx_v4_l5_k4", vocab=4, num_states=17, length=5, draft_length=4,
@@ -108,4 +112,4 @@ def context_worlds() -> list[ContextWorld]:
                            agreement=0.3, seed=23),
         make_context_world("ctx_v64_l2_k1", vocab=64, num_states=4099, length=2, draft_length=1,
                            agreement=0.7, seed=24),
-    ]
+    )
