@@ -121,8 +121,11 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     bar = Progress(len(chosen) + len(boundary), enabled=progress)
 
     def reproduce(world: str) -> str:
-        return (f"exactcheck audit {name} --level {level.value} --seed {seed} --alpha {alpha:g} "
-                f"--world {world}")
+        if ":" in name:  # an importable MODULE:CALLABLE
+            return (f"exactcheck audit {name} --level {level.value} --seed {seed} "
+                    f"--alpha {alpha:g} --world {world}")
+        return (f"run_audit({name}, level={level.value!r}, seed={seed}, alpha={alpha:g}, "
+                f"worlds=[{world!r}])")
 
     pending: list[Verdict] = []
     for world in chosen:

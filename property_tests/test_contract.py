@@ -81,3 +81,9 @@ def test_logits_adapter_passes_the_reference_through():
     result = run_audit(from_logits(logits_verifier), level="quick",
                        worlds=["three_token", "draft_mass_where_p_zero", "ctx_v4_l5_k4"], progress=False)
     assert result.passed, [v.describe() for v in result.failed]
+
+
+def test_python_subjects_get_a_python_reproducer():
+    result = run_audit(_crash, level="quick", worlds=["three_token"], progress=False)
+    assert result.verdicts[0].reproduce == (
+        "run_audit(_crash, level='quick', seed=0, alpha=0.001, worlds=['three_token'])")
