@@ -16,17 +16,18 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.boundary import BOUNDARY_VALUES, check_forbidden_tokens
 from exactcheck.contract import Verifier
 from exactcheck.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.laws import LawComparison, compare, planned_laws
 from exactcheck.progress import Progress
 from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm
-from exactcheck.suite import BOUNDARY_ROWS, Level, boundary_worlds, default_worlds, derive_seed
+from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
+from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
+from exactcheck.suite import Level, default_worlds, derive_seed
 from exactcheck.verdict import CellDeviation, Outcome, Verdict
 
-__all__ = ["AuditResult", "run_audit", "DEFAULT_ALPHA"]
+__all__ = ["AuditResult", "run_audit", "DEFAULT_ALPHA", "reproducer_path"]
 
 DEFAULT_ALPHA = 1e-3
 STATISTIC_NAME = "Pearson X^2 (pooled)"
@@ -96,8 +97,11 @@ def _statistical_summary(gof: GoodnessOfFit) -> str:
 def run_audit(subject: Verifier, *, subject_name: str | None = None,
               level: Level | str = Level.STANDARD, seed: int = 0, alpha: float = DEFAULT_ALPHA,
               device: str | torch.device = "cpu", worlds: list[str] | None = None,
-              progress: bool = True) -> AuditResult:
-    """Audit a step-level verifier on the built-in worlds and return every verdict."""
+              properties: bool = True, progress: bool = True) -> AuditResult:
+    """Audit a step-level verifier on the built-in worlds and return every verdict.
+
+    ``properties=False`` skips the deterministic property search (``exactcheck.properties``);
+    it cannot change the false-alarm rate, which only the statistical checks spend."""
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     if not 0 < alpha < 1:
@@ -105,20 +109,21 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     level, device = _resolve_level(level), _resolve_device(device)
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
     chosen = default_worlds()
-    boundary = boundary_worlds()
+    searched = list(PROPERTIES) if properties else []
     if worlds:
-        unknown = set(worlds) - {w.name for w in chosen}
+        known = [w.name for w in chosen] + ["properties"] + [f"properties/{p}" for p in PROPERTIES]
+        unknown = set(worlds) - set(known)
         if unknown:
-            raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {[w.name for w in chosen]}")
+            raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
         chosen = [w for w in chosen if w.name in worlds]
-        boundary = [w for w in boundary if w.name in worlds]
+        searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
     n = level.samples_per_world
     plans = {w.name: planned_laws(w, n) for w in chosen}
-    planned = sum(len(p) for p in plans.values()) + len(boundary) * len(BOUNDARY_VALUES)
+    planned = sum(len(p) for p in plans.values())
     first_share = alpha / max(planned, 1)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(len(chosen) + len(boundary), enabled=progress)
+    bar = Progress(len(chosen) + len(searched), enabled=progress)
 
     def reproduce(world: str) -> str:
         if ":" in name:  # an importable MODULE:CALLABLE
@@ -154,10 +159,11 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
                 detectable_tv=gof.detectable_tv, evidence=_evidence(comparison, gof.samples),
                 **common))
         bar.step(world.name)
-    for world in boundary:
-        for value in BOUNDARY_VALUES:
-            pending.append(_boundary_verdict(subject, world, value, seed, device, reproduce))
-        bar.step(f"{world.name} (boundary uniforms)")
+    for prop in searched:
+        prop_seed = derive_seed(seed, f"properties/{prop}")
+        result = search(subject, prop, level.property_examples, prop_seed)
+        pending.append(_property_verdict(result, name, prop_seed, reproduce(f"properties/{prop}")))
+        bar.step(f"properties/{prop}")
 
     verdicts = _apply_holm(pending, alpha)
     return AuditResult(
@@ -175,32 +181,48 @@ def _failure_verdict(exc: Exception, *, world: str, seed: int, reproduce: str, s
                    reproduce=reproduce, pvalue=0.0)
 
 
-def _boundary_verdict(subject, world, value, root_seed, device, reproduce) -> Verdict:
-    law = f"forbidden_token@u={value}"
-    seed = derive_seed(root_seed, f"{world.name}/{law}")
-    common = dict(world=world.name, seed=seed, reproduce=reproduce(world.name), law=law,
-                  condition=f"every uniform = {value}", samples=BOUNDARY_ROWS)
-    try:
-        result = check_forbidden_tokens(subject, world, value, BOUNDARY_ROWS, seed, device)
-    except (SubjectCrashed, ContractViolation) as exc:
-        return _failure_verdict(exc, **common)
-    check = f"{world.name}/{law}"
-    if result.violation is not None:
-        return Verdict(check=check, outcome=Outcome.DEFECT, summary=str(result.violation),
-                       pvalue=0.0, **common)
-    if result.controlled_draws == 0:
-        return Verdict(check=check, outcome=Outcome.INCONCLUSIVE, summary=(
-            "the subject drew no uniforms through torch.rand, torch.rand_like or "
-            "Tensor.uniform_, so its random numbers could not be forced"), **common)
-    return Verdict(check=check, outcome=Outcome.EXACT, pvalue=1.0, summary=(
-        f"no forbidden token in {BOUNDARY_ROWS:,} rows ({result.controlled_draws} forced draws)"),
-        **common)
+def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str) -> Verdict:
+    """A deterministic verdict: a shrunk counterexample (p = 0) or none found (p = 1)."""
+    common = dict(check=f"properties/{result.property}", world="properties", law=result.property,
+                  condition="forced uniforms: " + ", ".join(FORCED_VALUE_NAMES)
+                  if result.property != "same_seed" else "unforced, same seeds twice",
+                  samples=result.examples, seed=seed)
+    note = f" ({result.note})" if result.note else ""
+    if result.failure is None:
+        if result.examples == 0:
+            return Verdict(outcome=Outcome.INCONCLUSIVE, summary=result.note, reproduce=reproduce,
+                           **common)
+        return Verdict(outcome=Outcome.EXACT, pvalue=1.0, reproduce=reproduce, summary=(
+            f"held on {result.examples} generated cases{note}"), **common)
+    failure = result.failure
+    outcome = Outcome.DEFECT
+    if result.property == "contract":
+        outcome = Outcome.CRASHED if failure.message.startswith("subject raised") else \
+            Outcome.CONTRACT_VIOLATION
+    record = reproducer(subject, failure, seed)
+    value = f" with every uniform {failure.value}" if failure.value else ""
+    return Verdict(outcome=outcome, pvalue=0.0, reproducer=record,
+                   reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'])}",
+                   summary=f"counterexample{value}: {failure.message}", **common)
+
+
+def reproducer_path(check: str) -> str:
+    """Where a report directory keeps the reproducer of ``check``."""
+    return "reproducers/" + check.replace("/", "-") + ".json"
 
 
 def _apply_holm(pending: list[Verdict], alpha: float) -> list[Verdict]:
-    tested = [i for i, v in enumerate(pending) if v.pvalue is not None]
-    adjusted, shares = holm([pending[i].pvalue for i in tested], alpha)
+    """Holm over the statistical checks. Deterministic findings (a forbidden outcome, a broken
+    contract, a crash, a property counterexample: p = 0; a property that held: p = 1) cannot
+    occur by chance on an exact subject, so they spend none of alpha."""
     out = list(pending)
+    for i, v in enumerate(pending):
+        if v.pvalue is not None and v.statistic is None:
+            out[i] = replace(v, adjusted_pvalue=v.pvalue,
+                             outcome=Outcome.DEFECT if v.pvalue == 0 and v.outcome is Outcome.EXACT
+                             else v.outcome)
+    tested = [i for i, v in enumerate(pending) if v.pvalue is not None and v.statistic is not None]
+    adjusted, shares = holm([pending[i].pvalue for i in tested], alpha)
     for i, adj, share in zip(tested, adjusted, shares):
         v = pending[i]
         outcome = v.outcome

@@ -17,7 +17,8 @@ from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
 from exactcheck.memory import keep_freed_memory
 from exactcheck.mutants import MUTANTS
-from exactcheck.report import (audit_to_json, render_audit_markdown, render_selftest_markdown,
+from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
+from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
 from exactcheck.selftest import run_selftest
 from exactcheck.suite import Level, default_worlds
@@ -76,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
     sub.add_parser("list", help="list the worlds and mutants")
+    replay = sub.add_parser("replay", help="re-run a saved counterexample against a subject")
+    replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
+    replay.add_argument("--subject", metavar="MODULE:CALLABLE",
+                        help="the subject to run it against (default: the one that failed)")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
     return parser
@@ -152,10 +157,35 @@ def _list(_args) -> int:
     print("worlds:")
     for w in default_worlds():
         print(f"  {w.name:<26} {w.description}")
+    print("properties (deterministic, forced random numbers):")
+    for name in PROPERTIES:
+        print(f"  properties/{name}")
     print("mutants:")
     for m in MUTANTS.values():
         print(f"  {m.name:<26} {m.defect}")
     return EXIT_PASS
+
+
+def _replay(args) -> int:
+    try:
+        data = json.loads(Path(args.file).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {args.file}: {exc}") from exc
+    records = ([v["reproducer"] for v in data.get("verdicts", []) if v.get("reproducer")]
+               if data.get("schema") == AUDIT_SCHEMA else [data])
+    if not records:
+        raise UsageError(f"{args.file} holds no reproducer")
+    failed = False
+    for record in records:
+        if record.get("schema") != REPRODUCER_SCHEMA:
+            raise UsageError(f"{args.file} is not an exactcheck reproducer or audit report")
+        name = args.subject or record["subject"]
+        failure = replay_reproducer(load_subject(name), record)
+        case = ", ".join(f"{k}={v}" for k, v in record["case"].items())
+        head = f"{record['property']} on [{case}] with uniforms {record['value']}: "
+        print(head + ("still fails\n  " + failure.message if failure else f"holds for {name}"))
+        failed = failed or failure is not None
+    return EXIT_DEFECT if failed else EXIT_PASS
 
 
 def _render(args) -> int:
@@ -169,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     keep_freed_memory()
     try:
-        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render}[args.command](args)
+        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
+                "replay": _replay}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -127,18 +127,76 @@ class ReseededGenerator(ReferenceVerifier):
     """The generator is reseeded with a constant at every call: each row reuses the same random
     numbers at every verify step of its sequence."""
 
-    def acceptance_uniforms(self, batch, k, generator, device):
+    def acceptance_uniforms(self, batch, k, generator, device, row_generators=None):
         generator.manual_seed(1234)
-        return super().acceptance_uniforms(batch, k, generator, device)
+        return super().acceptance_uniforms(batch, k, generator, device, row_generators)
 
 
 class SharedUniforms(ReferenceVerifier):
     """The uniform that decided acceptance at the stop position is reused to draw the
     correction or bonus token, so that draw is conditioned on the accept/reject outcome."""
 
-    def final_uniforms(self, batch, generator, device, u_accept, n):
+    def final_uniforms(self, batch, generator, device, u_accept, n, row_generators=None):
         k = u_accept.shape[1]
         return u_accept[torch.arange(batch, device=device), n.clamp(max=k - 1)]
+
+
+class UnguardedZeroResidual(ReferenceVerifier):
+    """The residual is divided by its sum without guarding a zero sum: when p and q agree up to
+    rounding and a draft is still rejected, the row is NaN and the draw lands on token 0."""
+
+    def final_rows(self, target, draft_probs, n):
+        k = draft_probs.shape[1]
+        p = row_at(target, n).double()
+        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        residual = (p - q).clamp_(min=0)
+        return residual / residual.sum(1, keepdim=True)
+
+
+class ZeroResidualToVocab(ReferenceVerifier):
+    """A zero residual is neither guarded nor clamped: its row stays all-zero and the inverse-CDF
+    count of entries <= u is V, an out-of-vocabulary id (vLLM's DoS reports)."""
+
+    def final_rows(self, target, draft_probs, n):
+        k = draft_probs.shape[1]
+        p = row_at(target, n).double()
+        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        residual = (p - q).clamp_(min=0)
+        mass = residual.sum(1, keepdim=True)
+        return residual / torch.where(mass > 0, mass, 1.0)
+
+    def sample_final(self, rows, u):
+        return (rows.cumsum(1) <= u[:, None]).sum(1)
+
+
+class RatioInHalfPrecision(ReferenceVerifier):
+    """The acceptance ratio p/q is computed in float16 (ratios off by up to 2^-11; tiny p or q
+    underflow)."""
+
+    def accept(self, u, p, q):
+        return u < (p.half() / q.half()).double()
+
+
+class TinyDraftProbabilityAccepted(ReferenceVerifier):
+    """Drafts with q < 1e-6 are accepted outright ("the ratio is huge anyway"), including drafts
+    the target forbids."""
+
+    def accept(self, u, p, q):
+        return (u * q < p) | (q < 1e-6)
+
+
+class UninitialisedUnseededRows(ReferenceVerifier):
+    """With per-row generators, the uniform buffer comes from torch.empty and only the seeded rows
+    are filled: unseeded rows read uninitialised memory (vLLM PR #10863)."""
+
+    def acceptance_uniforms(self, batch, k, generator, device, row_generators=None):
+        if not row_generators:
+            return super().acceptance_uniforms(batch, k, generator, device)
+        u = torch.empty(batch, k, dtype=torch.float64, device=device)
+        for row, gen in enumerate(row_generators):
+            if gen is not None:
+                u[row] = torch.rand(k, dtype=torch.float64, generator=gen, device=device)
+        return u
 
 
 @dataclass(frozen=True)
@@ -163,6 +221,11 @@ _CLASSES = {
     "accept_on_equal_uniform": AcceptOnEqualUniform,
     "reseeded_generator": ReseededGenerator,
     "shared_uniforms": SharedUniforms,
+    "unguarded_zero_residual": UnguardedZeroResidual,
+    "zero_residual_to_vocab": ZeroResidualToVocab,
+    "ratio_in_half_precision": RatioInHalfPrecision,
+    "tiny_q_accepted": TinyDraftProbabilityAccepted,
+    "uninitialised_unseeded_rows": UninitialisedUnseededRows,
 }
 
 MUTANTS: dict[str, Mutant] = {

@@ -44,24 +44,37 @@ def row_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     return rows.reshape(batch * positions, vocab).index_select(0, flat)
 
 
+def _uniforms(shape: tuple[int, ...], generator: torch.Generator, device: torch.device,
+              row_generators=None) -> torch.Tensor:
+    """float64 uniforms in [0, 1); rows with their own generator draw from it."""
+    u = torch.rand(*shape, dtype=torch.float64, generator=generator, device=device)
+    for row, gen in enumerate(row_generators or ()):
+        if gen is not None:
+            u[row] = torch.rand(shape[1:], dtype=torch.float64, generator=gen, device=device)
+    return u
+
+
 class ReferenceVerifier:
     """Exact speculative verification step; call it as a ``Verifier``."""
 
     name = "reference"
 
     def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                 draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+                 draft_tokens: torch.Tensor, generator: torch.Generator,
+                 row_generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
+        """``row_generators`` (optional, vLLM-style): one generator or None per row; a seeded
+        row draws all its random numbers from its own generator, the others from ``generator``."""
         batch, k = draft_tokens.shape
         device = draft_tokens.device
         target = self.target_rows(target_probs)
-        u_accept = self.acceptance_uniforms(batch, k, generator, device)
+        u_accept = self.acceptance_uniforms(batch, k, generator, device, row_generators)
         p_draft = at_drafts(target, draft_tokens).double()
         q_draft = at_drafts(draft_probs, draft_tokens).double()
         accepted = self.accept(u_accept, p_draft, q_draft)
         n = self.accepted_length(accepted)
         rows = self.final_rows(target, draft_probs, n)
-        u_final = self.final_uniforms(batch, generator, device, u_accept, n)
-        last = sample_rows(rows, u_final)
+        u_final = self.final_uniforms(batch, generator, device, u_accept, n, row_generators)
+        last = self.sample_final(rows, u_final)
         return self.assemble(draft_tokens, n, last)
 
     def target_rows(self, target_probs: torch.Tensor) -> torch.Tensor:
@@ -69,8 +82,8 @@ class ReferenceVerifier:
         return target_probs
 
     def acceptance_uniforms(self, batch: int, k: int, generator: torch.Generator,
-                            device: torch.device) -> torch.Tensor:
-        return torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)
+                            device: torch.device, row_generators=None) -> torch.Tensor:
+        return _uniforms((batch, k), generator, device, row_generators)
 
     def accept(self, u: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Accept with probability min(1, p/q); never when p = 0."""
@@ -96,8 +109,12 @@ class ReferenceVerifier:
         return residual.div_(mass)
 
     def final_uniforms(self, batch: int, generator: torch.Generator, device: torch.device,
-                       u_accept: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        return torch.rand(batch, dtype=torch.float64, generator=generator, device=device)
+                       u_accept: torch.Tensor, n: torch.Tensor, row_generators=None) -> torch.Tensor:
+        return _uniforms((batch,), generator, device, row_generators)
+
+    def sample_final(self, rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """One token per row by inverse CDF (never a zero-mass token)."""
+        return sample_rows(rows, u)
 
     def assemble(self, draft_tokens: torch.Tensor, n: torch.Tensor,
                  last: torch.Tensor) -> torch.Tensor:

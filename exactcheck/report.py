@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exactcheck.audit import AuditResult
+from exactcheck.audit import AuditResult, reproducer_path
 from exactcheck.selftest import SelftestResult
 from exactcheck.verdict import Outcome, Verdict
 
@@ -144,6 +144,13 @@ def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, Pa
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
+    audits = [data] if data["schema"] == AUDIT_SCHEMA else [data["reference"]]
+    for audit in audits:
+        for verdict in audit["verdicts"]:
+            if verdict.get("reproducer"):
+                path = directory / reproducer_path(verdict["check"])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(verdict["reproducer"], indent=1) + "\n")
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     render = render_selftest_markdown if data["schema"] == SELFTEST_SCHEMA else render_audit_markdown
     md_path.write_text(render(data))

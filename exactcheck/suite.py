@@ -6,10 +6,7 @@ import hashlib
 
 from toy_models import ContextWorld, StepWorld, context_worlds, step_worlds
 
-__all__ = ["Level", "default_worlds", "boundary_worlds", "derive_seed", "BOUNDARY_ROWS"]
-
-BOUNDARY_ROWS = 4096
-
+__all__ = ["Level", "default_worlds", "derive_seed"]
 
 class Level(enum.Enum):
     """Audit depth: the number of independent trials driven through each world."""
@@ -22,15 +19,15 @@ class Level(enum.Enum):
     def samples_per_world(self) -> int:
         return {Level.QUICK: 20_000, Level.STANDARD: 200_000, Level.RELEASE: 2_000_000}[self]
 
+    @property
+    def property_examples(self) -> int:
+        """Random cases searched per property and forced value, after the fixed edge corpus."""
+        return {Level.QUICK: 10, Level.STANDARD: 20, Level.RELEASE: 200}[self]
+
 
 def default_worlds() -> list[StepWorld | ContextWorld]:
     """Every built-in world, step worlds first."""
     return [*step_worlds(), *context_worlds()]
-
-
-def boundary_worlds() -> list[StepWorld]:
-    """Step worlds whose drafts often carry tokens the target forbids."""
-    return [w for w in step_worlds() if w.name in ("draft_mass_where_p_zero", "disjoint_supports")]
 
 
 def derive_seed(root: int, name: str) -> int:

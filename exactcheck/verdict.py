@@ -60,21 +60,28 @@ class Verdict:
     tv_interval: tuple[float, float] | None = None
     detectable_tv: float | None = None
     evidence: tuple[CellDeviation, ...] = field(default_factory=tuple)
+    reproducer: dict | None = None  # a shrunk counterexample (exactcheck.reproducer/1)
 
     def describe(self) -> str:
         """Failure message in a fixed shape: a verdict line, a blank line, one fact per line
         with its bound, then how to reproduce."""
         head = f"{self.law} law in world {self.world}: {self.outcome.value} — {self.summary}"
         lines = [head, ""]
-        if self.pvalue is not None:
+        if self.statistic is not None:
             lines.append(f"{self.statistic_name}: {_num(self.statistic)} on {self.df} degrees of freedom")
+        if self.pvalue is not None:
             lines.append(f"p-value: {_num(self.pvalue)} (Holm-adjusted {_num(self.adjusted_pvalue)}, "
                          f"alpha share {_num(self.alpha_share)})")
-        lines.append(f"samples: {self.samples:,} ({self.condition})")
+        unit = "cases" if self.world == "properties" else "samples"
+        lines.append(f"{unit}: {self.samples:,} ({self.condition})")
         if self.tv_estimate is not None:
             low, high = self.tv_interval
             lines.append(f"total variation: {self.tv_estimate:.4f} (95% interval {low:.4f} to {high:.4f})")
             lines.append(f"smallest TV detectable at power 0.9: {self.detectable_tv:.4f}")
+        if self.reproducer is not None:
+            case = self.reproducer["case"]
+            lines.append("minimal case: " + ", ".join(f"{k}={v}" for k, v in case.items()))
+            lines.append(f"forced uniform: {self.reproducer['value']}")
         for dev in self.evidence[:5]:
             lines.append(f"  {dev.cell}: observed {dev.observed:,}, expected {dev.expected:,.1f}")
         lines.append(f"reproduce: {self.reproduce}")

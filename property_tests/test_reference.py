@@ -3,7 +3,8 @@ import numpy as np
 import torch
 
 from exactcheck import Outcome, reference_verifier, run_audit
-from exactcheck.boundary import BOUNDARY_VALUES, check_forbidden_tokens, forced_uniforms
+from exactcheck.properties import PROPERTIES, search
+from exactcheck.randomness import controlled_randomness
 from exactcheck.drive import drive
 from exactcheck.laws import step_law_parts
 from toy_models import step_worlds, three_token
@@ -35,12 +36,11 @@ def test_accepted_length_frequencies_follow_the_exact_law():
     assert np.abs(freq - law).max() < 0.005  # 5 sigma at n = 200k is about 0.0045
 
 
-def test_never_emits_a_forbidden_token_at_boundary_uniforms():
-    for world in step_worlds():
-        for value in BOUNDARY_VALUES:
-            result = check_forbidden_tokens(reference_verifier, world, value, 2048, seed=3)
-            assert result.violation is None, (world.name, value, result.violation)
-            assert result.controlled_draws == 2
+def test_reference_holds_every_property():
+    for name in PROPERTIES:
+        result = search(reference_verifier, name, examples=15, seed=3)
+        assert result.failure is None, result.failure
+        assert result.examples > 0 and not result.note, result.note
 
 
 def test_zero_residual_after_a_rounding_rejection_draws_from_p():
@@ -49,7 +49,7 @@ def test_zero_residual_after_a_rounding_rejection_draws_from_p():
     p = torch.tensor([[0.25, 0.25, 0.5], [0.2, 0.3, 0.5]])
     q = torch.nextafter(p[:1], torch.ones_like(p[:1]))
     drafts = torch.tensor([[2]])
-    with forced_uniforms("one_minus_ulp"):
+    with controlled_randomness("one_minus_ulp"):
         out = reference_verifier(p[None], q[None], drafts, torch.Generator())
     assert out.shape == (1, 2) and out[0, 0] in (0, 1, 2) and out[0, 1] == -1
     assert p[0, out[0, 0]] > 0

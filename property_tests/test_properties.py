@@ -1,0 +1,113 @@
+"""Adversarial randomness and deterministic properties: edge mutants are caught with no
+sampling luck, minimised, and replayable."""
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from exactcheck import run_audit
+from exactcheck.cli import main
+from exactcheck.mutants import mutant
+from exactcheck.properties import check_property, replay_reproducer, search
+from exactcheck.randomness import controlled_randomness
+from exactcheck.reference import reference_verifier
+from exactcheck.strategies import VerifyCase, edge_corpus, verify_cases
+from exactcheck.verdict import Outcome
+
+EDGE = {  # mutant -> (property, forced value the corpus breaks it with)
+    "accept_on_equal_uniform": ("no_forbidden_token", "zero"),
+    "unguarded_zero_residual": ("no_forbidden_token", "one_minus_ulp"),
+    "zero_residual_to_vocab": ("contract", "one_minus_ulp"),
+    "ratio_in_half_precision": ("acceptance", "zero"),
+    "tiny_q_accepted": ("no_forbidden_token", "zero"),
+    "uninitialised_unseeded_rows": ("seeded_rows", "zero"),
+}
+
+
+def test_forced_draws_and_uncontrolled_ones_are_named():
+    g = torch.Generator().manual_seed(0)
+    with controlled_randomness("zero") as log:
+        assert torch.rand(3, generator=g).eq(0).all()
+        assert torch.empty(2, dtype=torch.float64).uniform_().eq(0).all()
+        assert torch.empty(2).exponential_().eq(0).all()
+        assert torch.multinomial(torch.tensor([[0.0, 0.4, 0.6]]), 1).item() == 1
+        torch.randn(2)
+        assert torch.empty(2).isnan().all()  # uninitialised memory is poisoned
+    assert set(log.controlled) == {"torch.rand", "Tensor.uniform_", "Tensor.exponential_",
+                                   "torch.multinomial"}
+    assert log.describe_uncontrolled() == "torch.randn x1"
+    with controlled_randomness("one_minus_ulp"):
+        assert torch.rand(1, dtype=torch.float64).item() == 1 - 2 ** -53
+        assert torch.multinomial(torch.tensor([[0.3, 0.7, 0.0]]), 1).item() == 1
+    assert not torch.empty(1000).isnan().all()  # restored afterwards
+
+
+@settings(max_examples=60, deadline=None)
+@given(verify_cases())
+def test_generated_cases_are_valid_inputs(case):
+    p, q, tokens = case.tensors()
+    assert p.shape == (case.batch, case.draft_length + 1, case.vocab_size)
+    assert torch.isfinite(p).all() and (p >= 0).all() and (p.sum(-1) > 0).all()
+    assert (q.gather(2, tokens[..., None]) > 0).all()  # every draft could have been proposed
+
+
+def test_edge_corpus_covers_each_row_kind_and_relation():
+    corpus = edge_corpus()
+    assert {c.relation for c in corpus} >= {"one_ulp_above", "disjoint", "tiny_q", "equal"}
+    assert {c.row_kind for c in corpus} >= {"denormal", "fp16", "bf16", "head_zero", "one_hot"}
+
+
+@pytest.mark.parametrize("name", list(EDGE))
+def test_edge_mutant_fails_its_property_deterministically(name):
+    prop, value = EDGE[name]
+    for seed in (0, 1):  # the corpus is met first, whatever the search seed
+        result = search(mutant(name), prop, examples=1, seed=seed)
+        assert result.failure is not None and result.value == value
+        case = result.failure.case
+        assert case.vocab_size <= 3 and case.batch <= 2  # small enough to read
+
+
+def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
+    for name, (prop, _) in EDGE.items():
+        result = run_audit(mutant(name), subject_name=f"exactcheck.mutants:{name}", level="quick",
+                           worlds=["properties"], progress=False)
+        verdict = next(v for v in result.failed if v.check == f"properties/{prop}")
+        assert verdict.reproducer is not None
+        assert verdict.outcome in (Outcome.DEFECT, Outcome.CONTRACT_VIOLATION)
+        assert replay_reproducer(mutant(name), verdict.reproducer) is not None
+        assert replay_reproducer(reference_verifier, verdict.reproducer) is None
+
+
+def test_replay_command(tmp_path, capsys):
+    assert main(["audit", "exactcheck.mutants:zero_residual_to_vocab", "--level", "quick",
+                 "--world", "properties/contract", "--report", str(tmp_path), "--quiet"]) == 1
+    path = tmp_path / "reproducers" / "properties-contract.json"
+    record = json.loads(path.read_text())
+    assert record["schema"] == "exactcheck.reproducer/1" and record["inputs"] is not None
+    assert main(["replay", str(path)]) == 1
+    assert "still fails" in capsys.readouterr().out
+    assert main(["replay", str(path), "--subject", "exactcheck.reference:reference_verifier"]) == 0
+    assert main(["replay", str(tmp_path / "audit-exactcheck-mutants-zero_residual_to_vocab.json")]) == 1
+
+
+def test_a_subject_without_row_generators_is_not_judged_on_them():
+    def plain(target_probs, draft_probs, draft_tokens, generator):
+        return reference_verifier(target_probs, draft_probs, draft_tokens, generator)
+
+    result = run_audit(plain, level="quick", worlds=["properties/seeded_rows"], progress=False)
+    (verdict,) = result.verdicts
+    assert verdict.outcome is Outcome.INCONCLUSIVE and "not applicable" in verdict.summary
+
+
+def test_a_subject_drawing_only_uncontrolled_numbers_is_said_so():
+    def bernoulli_verifier(target_probs, draft_probs, draft_tokens, generator):
+        out = reference_verifier(target_probs, draft_probs, draft_tokens, generator)
+        torch.bernoulli(torch.full((1,), 0.5))
+        return out
+
+    failure = check_property(bernoulli_verifier, "no_forbidden_token",
+                             VerifyCase(3, 2, 1, "dirichlet", "independent", "any", 0), "zero")
+    assert failure is None
+    result = search(bernoulli_verifier, "no_forbidden_token", examples=1)
+    assert "not forced: torch.bernoulli" in result.note
