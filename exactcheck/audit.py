@@ -19,6 +19,7 @@ from exactcheck import __version__
 from exactcheck.contract import Verifier
 from exactcheck.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
+from exactcheck.invalid_inputs import MUST_REFUSE, InputProbe, probe_invalid_inputs
 from exactcheck.laws import LawComparison, compare, planned_laws
 from exactcheck.progress import Progress
 from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm
@@ -111,7 +112,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     chosen = default_worlds()
     searched = list(PROPERTIES) if properties else []
     if worlds:
-        known = [w.name for w in chosen] + ["properties"] + [f"properties/{p}" for p in PROPERTIES]
+        known = [w.name for w in chosen] + ["properties", "inputs"] + [f"properties/{p}" for p in PROPERTIES]
         unknown = set(worlds) - set(known)
         if unknown:
             raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
@@ -123,7 +124,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     first_share = alpha / max(planned, 1)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(len(chosen) + len(searched), enabled=progress)
+    bar = Progress(len(chosen) + len(searched) + bool(searched), enabled=progress)
 
     def reproduce(world: str) -> str:
         if ":" in name:  # an importable MODULE:CALLABLE
@@ -139,7 +140,14 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         try:
             samples = drive(subject, world, n, world_seed, device)
         except (SubjectCrashed, ContractViolation) as exc:
-            pending.append(_failure_verdict(exc, samples=n, **base))
+            low_precision = getattr(world, "input_dtype", torch.float32) != torch.float32
+            if low_precision and isinstance(exc, SubjectCrashed):
+                pending.append(Verdict(
+                    check=f"{world.name}/contract", law="contract", condition="every verify call",
+                    outcome=Outcome.INCONCLUSIVE, samples=n,
+                    summary=f"does not take {world.input_dtype} inputs: {exc}", **base))
+            else:
+                pending.append(_failure_verdict(exc, samples=n, **base))
             bar.step(world.name)
             continue
         for plan in plans[world.name]:
@@ -164,6 +172,10 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         result = search(subject, prop, level.property_examples, prop_seed)
         pending.append(_property_verdict(result, name, prop_seed, reproduce(f"properties/{prop}")))
         bar.step(f"properties/{prop}")
+
+    if properties and (not worlds or "inputs" in worlds):
+        pending.append(_inputs_verdict(probe_invalid_inputs(subject, seed), reproduce("inputs")))
+        bar.step("inputs")
 
     verdicts = _apply_holm(pending, alpha)
     return AuditResult(
@@ -204,6 +216,29 @@ def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce
     return Verdict(outcome=outcome, pvalue=0.0, reproducer=record,
                    reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'])}",
                    summary=f"counterexample{value}: {failure.message}", **common)
+
+
+def _inputs_verdict(probes: list[InputProbe], reproduce: str) -> Verdict:
+    """Garbage output on invalid input is a contract violation; silently accepting NaN, inf,
+    negative or all-zero probabilities is reported (inconclusive), refusing them passes."""
+    def line(kind):
+        return "; ".join(f"{p.corruption} in {p.where}: {p.detail}" for p in probes if p.handling == kind)
+
+    garbage = [p for p in probes if p.handling == "garbage"]
+    silent = [p for p in probes if p.handling == "accepted" and p.corruption in MUST_REFUSE]
+    refused = [p for p in probes if p.handling == "error"]
+    common = dict(check="inputs/invalid", world="inputs", law="invalid", samples=len(probes),
+                  condition="NaN, inf, negative, all-zero and unnormalised rows", seed=0,
+                  reproduce=reproduce)
+    if garbage:
+        return Verdict(outcome=Outcome.CONTRACT_VIOLATION, pvalue=0.0,
+                       summary="returned garbage for invalid input: " + line("garbage"), **common)
+    summary = (f"refused {len(refused)} of {len(probes)} corrupted inputs with an exception; "
+               + (f"accepted silently: {'; '.join(f'{p.corruption} in {p.where} -> {p.detail}' for p in silent)}"
+                  if silent else "accepted only unnormalised rows"))
+    if silent:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=summary, **common)
+    return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=summary, **common)
 
 
 def reproducer_path(check: str) -> str:

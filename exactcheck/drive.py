@@ -93,8 +93,9 @@ def step_inputs(world: StepWorld, batch: int, generator: torch.Generator,
     draft_cdf = torch.from_numpy(world.draft_law().cumsum(1)).to(device)
     u = torch.rand(k, batch, dtype=torch.float64, generator=generator, device=device)
     draft_tokens = torch.stack([inverse_cdf(draft_cdf[i], u[i]) for i in range(k)], 1)
-    target = world.target_rows.to(device).expand(batch, k + 1, vocab).contiguous()
-    draft = world.draft_rows.to(device).expand(batch, k, vocab).contiguous()
+    dtype = world.input_dtype
+    target = world.target_rows.to(device, dtype).expand(batch, k + 1, vocab).contiguous()
+    draft = world.draft_rows.to(device, dtype).expand(batch, k, vocab).contiguous()
     return target, draft, draft_tokens
 
 

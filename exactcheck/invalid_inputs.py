@@ -1,0 +1,72 @@
+"""How a subject handles invalid inputs: NaN, infinite, negative, unnormalised, all-zero rows.
+
+A fixed, small verify case is corrupted one way at a time (in the target rows, then in the draft
+rows, at the entry of row 0's first draft token) and the subject is called once. Each handling is
+classified: ``error`` (it raised: the clear refusal we want), ``garbage`` (it returned output that
+breaks the contract — an out-of-vocabulary id is vLLM's remote-DoS class) or ``accepted`` (it
+returned valid-looking ids from invalid probabilities). Unnormalised rows may reasonably be
+accepted; silently accepting NaN, inf or negative probabilities is reported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.contract import Verifier, validate_output
+from exactcheck.errors import ContractViolation
+from exactcheck.strategies import VerifyCase
+
+__all__ = ["InputProbe", "probe_invalid_inputs", "CORRUPTIONS", "MUST_REFUSE"]
+
+CORRUPTIONS = ("nan", "inf", "negative", "all_zero", "sums_to_2", "sums_to_half")
+MUST_REFUSE = ("nan", "inf", "negative", "all_zero")
+BASE_CASE = VerifyCase(5, 2, 4, "dirichlet", "independent", "any", 0)
+
+
+@dataclass(frozen=True)
+class InputProbe:
+    corruption: str
+    where: str  # "target" or "draft"
+    handling: str  # "error", "garbage" or "accepted"
+    detail: str
+
+
+def _corrupt(rows: torch.Tensor, token: int, corruption: str) -> torch.Tensor:
+    rows = rows.clone()
+    if corruption == "nan":
+        rows[0, 0, token] = math.nan
+    elif corruption == "inf":
+        rows[0, 0, token] = math.inf
+    elif corruption == "negative":
+        rows[0, 0, token] = -0.25
+    elif corruption == "all_zero":
+        rows[0, 0] = 0.0
+    elif corruption == "sums_to_2":
+        rows[0, 0] *= 2
+    elif corruption == "sums_to_half":
+        rows[0, 0] *= 0.5
+    return rows
+
+
+def probe_invalid_inputs(subject: Verifier, seed: int = 0) -> list[InputProbe]:
+    p, q, tokens = BASE_CASE.tensors()
+    token = int(tokens[0, 0])
+    probes = []
+    for where in ("target", "draft"):
+        for corruption in CORRUPTIONS:
+            tp = _corrupt(p, token, corruption) if where == "target" else p
+            dp = _corrupt(q, token, corruption) if where == "draft" else q
+            try:
+                out = subject(tp, dp, tokens, torch.Generator().manual_seed(seed))
+            except Exception as exc:  # foreign code: every exception is a handling to report
+                probes.append(InputProbe(corruption, where, "error", f"{type(exc).__name__}: {exc}"))
+                continue
+            try:
+                out = validate_output(out, tokens, p.shape[-1])
+            except ContractViolation as exc:
+                probes.append(InputProbe(corruption, where, "garbage", str(exc)))
+                continue
+            probes.append(InputProbe(corruption, where, "accepted", f"row 0 -> {out[0].tolist()}"))
+    return probes
