@@ -41,7 +41,7 @@ __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "
            "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA", "UNFORCED"]
 
 REPRODUCER_SCHEMA = "exactcheck.reproducer/1"
-FORCED_VALUES = ("zero", "one_minus_ulp", "ratio_minus", "ratio_plus")
+FORCED_VALUES = ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus")
 PROPERTIES = ("contract", "no_forbidden_token", "acceptance", "row_independence", "seeded_rows",
               "same_seed")
 UNFORCED = ("same_seed",)
@@ -81,11 +81,12 @@ def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bo
 
 
 def forced_uniform(value: str, case_tensors) -> float:
-    """The constant a forced value stands for on this case (ratio_* use row 0, position 0)."""
-    if value in ("ratio_minus", "ratio_plus"):
+    """The constant a forced value stands for on this case: ``ratio`` is exactly p/q of row 0's
+    first draft (normalised rows, float64); ``ratio_minus``/``ratio_plus`` sit 2^-14 below/above."""
+    if value in ("ratio", "ratio_minus", "ratio_plus"):
         p, q, tokens = case_tensors
         r = float(_ratio(p[:1], q[:1], tokens[:1], normalise=True)[0, 0].clamp(max=1.0))
-        c = r * (1 - RATIO_STEP) if value == "ratio_minus" else r * (1 + RATIO_STEP)
+        c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
         return min(max(c, 0.0), boundary_value("one_minus_ulp"))
     return boundary_value(value)
 
@@ -140,11 +141,10 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         c = forced_uniform(value, tensors)
         gen = torch.Generator().manual_seed(seed)
         if name == "seeded_rows":
-            rows = case.batch
-            same = (p[:1].expand_as(p).contiguous(), q[:1].expand_as(q).contiguous(),
-                    tokens[:1].expand_as(tokens).contiguous())
-            gens = [torch.Generator().manual_seed(seed + b) if b % 2 else None for b in range(max(rows, 2))]
-            same = tuple(t[:1].expand(len(gens), *t.shape[1:]).contiguous() for t in same)
+            # row 0 repeated, alternately unseeded and seeded (at least one of each)
+            gens = [torch.Generator().manual_seed(seed + b) if b % 2 else None
+                    for b in range(max(case.batch, 2))]
+            same = tuple(t[:1].expand(len(gens), *t.shape[1:]).contiguous() for t in tensors)
             with controlled_randomness(c) as log:
                 out = _call(subject, *same, gen, row_generators=gens)
             _record(draws, log)

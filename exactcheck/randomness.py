@@ -15,7 +15,7 @@ forced. Uninitialised memory from ``torch.empty``/``empty_like``/``Tensor.new_em
 (NaN for floating tensors, -1 for integer ones), so code that reads memory it never wrote shows it.
 
 Boundary values: ``zero``; ``one_minus_ulp`` (the largest value below 1 in the draw's dtype); or
-an explicit float in [0, 1) (used for values placed just below or above a ratio p/q).
+an explicit float in [0, 1) (used for exactly p/q, and values just below or above it).
 """
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ overrides exactly one of them.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from exactcheck.contract import PADDING
@@ -60,7 +62,8 @@ def _uniforms(shape: tuple[int, ...], generator: torch.Generator, device: torch.
 
 def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
     """Refuse NaN, infinite or negative probabilities among the entries actually read."""
-    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+    low, high = torch.aminmax(values)  # one pass; a NaN makes both comparisons fail
+    if not (bool(low >= 0) and bool(high < math.inf)):
         raise ValueError(f"{name} holds a NaN, infinite or negative probability where the "
                          "verifier reads it")
     return values

@@ -16,6 +16,7 @@ rows), and a case is its own reproducer.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ ROW_KINDS = ("dirichlet", "zeros", "ties", "one_hot", "head_zero", "denormal", "
 RELATIONS = ("independent", "equal", "nearly_equal", "one_ulp_above", "disjoint",
              "mass_where_p_zero", "tiny_q")
 DRAFT_CHOICES = ("any", "forbidden", "tiny_q")
-MAX_ELEMENTS = 1 << 20  # cap on batch * (k+1) * V for one case
+MAX_ELEMENTS = 1 << 18  # cap on batch * (k+1) * V for one case (V = 151,936 stays, at B = k = 1)
 
 
 def _rows(rng: np.random.Generator, count: int, vocab: int, kind: str) -> np.ndarray:
@@ -73,7 +74,13 @@ class VerifyCase:
     def tensors(self, device: torch.device | str = "cpu"
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k]) in float32 /
-        int64. Every draft token has q > 0 (it could have been proposed)."""
+        int64. Every draft token has q > 0 (it could have been proposed). Fresh tensors each call
+        (small cases are built once and copied)."""
+        small = self.batch * (self.draft_length + 1) * self.vocab_size <= _CACHED_ELEMENTS
+        built = _built(self) if small else self._build()
+        return tuple(t.clone().to(device) for t in built)
+
+    def _build(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng(self.seed)
         batch, k, vocab = self.batch, self.draft_length, self.vocab_size
         p = _rows(rng, batch * (k + 1), vocab, self.row_kind).reshape(batch, k + 1, vocab)
@@ -105,7 +112,7 @@ class VerifyCase:
             q = q / q.sum(-1, keepdims=True)
             q32 = torch.tensor(q, dtype=torch.float32)
         tokens = self._drafts(rng, p32[:, :k], q32)
-        return p32.to(device), q32.to(device), tokens.to(device)
+        return p32, q32, tokens
 
     def _drafts(self, rng, p32: torch.Tensor, q32: torch.Tensor) -> torch.Tensor:
         support = q32 > 0
@@ -121,6 +128,14 @@ class VerifyCase:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_CACHED_ELEMENTS = 1 << 16
+
+
+@functools.lru_cache(maxsize=4096)
+def _built(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return case._build()
 
 
 @st.composite

@@ -22,7 +22,7 @@ class Level(enum.Enum):
     @property
     def property_examples(self) -> int:
         """Random cases searched per property and forced value, after the fixed edge corpus."""
-        return {Level.QUICK: 10, Level.STANDARD: 20, Level.RELEASE: 200}[self]
+        return {Level.QUICK: 8, Level.STANDARD: 12, Level.RELEASE: 200}[self]
 
 
 def default_worlds() -> list[StepWorld | ContextWorld]:

@@ -69,7 +69,10 @@ class Verdict:
         lines = [head, ""]
         if self.statistic is not None:
             lines.append(f"{self.statistic_name}: {_num(self.statistic)} on {self.df} degrees of freedom")
-        if self.pvalue is not None:
+        if self.statistic is None and self.pvalue == 0:
+            lines.append("deterministic finding: impossible for an exact subject (p = 0); "
+                         "it spends none of alpha")
+        elif self.statistic is not None:
             lines.append(f"p-value: {_num(self.pvalue)} (Holm-adjusted {_num(self.adjusted_pvalue)}, "
                          f"alpha share {_num(self.alpha_share)})")
         unit = "cases" if self.world == "properties" else "samples"

@@ -43,9 +43,6 @@ def speculative_sampling_verifier(assistant_ensemble_weight: float | None = None
     return verifier
 
 
-transformers_speculative_sampling = None  # resolved lazily: see speculative_sampling_verifier
-
-
 def __getattr__(name: str):
     # `exactcheck audit exactcheck.adapters.hf_transformers:speculative_sampling` works too
     if name == "speculative_sampling":
