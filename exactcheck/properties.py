@@ -105,6 +105,44 @@ def _record(draws: Counter | None, log) -> None:
         draws["(controlled)"] += sum(log.controlled.values())
 
 
+def _first(bad: torch.Tensor) -> int | None:
+    """The first row flagged in ``bad`` [B], or None."""
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+
+
+def _no_forbidden_token(out, tensors, c) -> tuple[int, str] | None:
+    p, _, tokens = tensors
+    emitted = out != PADDING
+    prob = p.gather(2, out.clamp(min=0)[..., None])[..., 0]
+    row = _first((emitted & (prob == 0)).any(1))
+    if row is None:
+        return None
+    return row, (f"row {row} emitted {out[row].tolist()} for drafts {tokens[row].tolist()}; "
+                 f"target probabilities of the emitted tokens: "
+                 f"{[float(x) for x in prob[row][emitted[row]]]}")
+
+
+def _acceptance(out, tensors, c) -> tuple[int, str] | None:
+    p, q, tokens = tensors
+    accepted = (out != PADDING).sum(1) - 1
+    raw, norm = _ratio(p, q, tokens, False), _ratio(p, q, tokens, True)
+    low, high = torch.minimum(raw, norm), torch.maximum(raw, norm)
+    ambiguous = (c >= low * (1 - TIE_MARGIN)) & (c <= high * (1 + TIE_MARGIN))
+    oracle = (c < norm).to(torch.int64).cumprod(1).sum(1)
+    # a row is judged only if no decision up to its first rejection is ambiguous
+    k = tokens.shape[1]
+    upto = torch.arange(k)[None] <= oracle.clamp(max=k - 1)[:, None]
+    row = _first(~(ambiguous & upto).any(1) & (accepted != oracle))
+    if row is None:
+        return None
+    ratios = [float(f"{float(x):.9g}") for x in norm[row]]
+    return row, (f"with every uniform = {c!r}, row {row} accepted {int(accepted[row])} drafts; "
+                 f"p/q at its drafts is {ratios}, so exactly {int(oracle[row])} should be accepted")
+
+
+_OUTPUT_CHECKS = {"no_forbidden_token": _no_forbidden_token, "acceptance": _acceptance}
+
+
 def _accepts_row_generators(subject) -> bool:
     try:
         return "row_generators" in inspect.signature(subject).parameters
@@ -133,8 +171,8 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
                     outs.append(_call(subject, p, q, tokens, torch.Generator().manual_seed(seed)))
                 finally:
                     torch.random.set_rng_state(state)
-            if not torch.equal(outs[0], outs[1]):
-                row = int((outs[0] != outs[1]).any(1).nonzero()[0, 0])
+            row = _first((outs[0] != outs[1]).any(1))
+            if row is not None:
                 return fail(f"two runs with the same seeds differ at row {row}: "
                             f"{outs[0][row].tolist()} then {outs[1][row].tolist()}", row, outs[1])
             return None
@@ -148,9 +186,8 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
             with controlled_randomness(c) as log:
                 out = _call(subject, *same, gen, row_generators=gens)
             _record(draws, log)
-            bad = (out != out[:1]).any(1)
-            if bad.any():
-                row = int(bad.nonzero()[0, 0])
+            row = _first((out != out[:1]).any(1))
+            if row is not None:
                 return fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
                             f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
                             f"gave {out[row].tolist()}", row, out)
@@ -160,37 +197,11 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         _record(draws, log)
         if name == "contract":
             return None
-        if name == "no_forbidden_token":
-            emitted = out != PADDING
-            prob = p.gather(2, out.clamp(min=0)[..., None])[..., 0]
-            bad = (emitted & (prob == 0)).any(1)
-            if bad.any():
-                row = int(bad.nonzero()[0, 0])
-                return fail(f"row {row} emitted {out[row].tolist()} for drafts "
-                            f"{tokens[row].tolist()}; target probabilities of the emitted tokens: "
-                            f"{[float(x) for x in prob[row][emitted[row]]]}", row, out)
-            return None
-        if name == "acceptance":
-            if log.uncontrolled:
+        if name in _OUTPUT_CHECKS:
+            if name == "acceptance" and log.uncontrolled:
                 return None  # acceptance may not have used a controlled uniform
-            accepted = (out != PADDING).sum(1) - 1
-            raw, norm = _ratio(p, q, tokens, False), _ratio(p, q, tokens, True)
-            low, high = torch.minimum(raw, norm), torch.maximum(raw, norm)
-            ambiguous = (c >= low * (1 - TIE_MARGIN)) & (c <= high * (1 + TIE_MARGIN))
-            decide = c < norm
-            lead = decide.to(torch.int64).cumprod(1)
-            oracle = lead.sum(1)
-            # a row is judged only if no decision up to its first rejection is ambiguous
-            k = tokens.shape[1]
-            upto = torch.arange(k)[None] <= oracle.clamp(max=k - 1)[:, None]
-            judged = ~(ambiguous & upto).any(1)
-            bad = judged & (accepted != oracle)
-            if bad.any():
-                row = int(bad.nonzero()[0, 0])
-                return fail(f"with every uniform = {c!r}, row {row} accepted {int(accepted[row])} "
-                            f"drafts; p/q at its drafts is {[float(f'{float(x):.9g}') for x in norm[row]]}, "
-                            f"so exactly {int(oracle[row])} should be accepted", row, out)
-            return None
+            found = _OUTPUT_CHECKS[name](out, tensors, c)
+            return None if found is None else fail(found[1], found[0], out)
         if name == "row_independence":
             for row in range(out.shape[0]):
                 with controlled_randomness(c):
