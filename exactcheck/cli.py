@@ -112,8 +112,8 @@ def _audit(args) -> int:
         stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
         for path in write_report(audit_to_json(result), args.report, stem):
             print(f"report: {path}")
-    if result.verdicts and all(v.outcome is Outcome.CRASHED for v in result.failed) and \
-            len(result.failed) == len(result.verdicts):
+    driven = [v for v in result.verdicts if v.world not in ("properties", "inputs")]
+    if driven and all(v.outcome is Outcome.CRASHED for v in driven):
         print("exactcheck: the subject crashed on every world; it could not be driven",
               file=sys.stderr)
         return EXIT_USAGE

@@ -69,10 +69,11 @@ def validate_output(out: object, draft_tokens: torch.Tensor, vocab_size: int) ->
 
 
 def call_verifier(verifier: Verifier, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Call the subject and validate its output; a crash becomes ``SubjectCrashed``."""
+                  draft_tokens: torch.Tensor, generator: torch.Generator, **options) -> torch.Tensor:
+    """Call the subject and validate its output; a crash becomes ``SubjectCrashed``.
+    ``options`` (e.g. ``row_generators``) are passed through to subjects that take them."""
     try:
-        out = verifier(target_probs, draft_probs, draft_tokens, generator)
+        out = verifier(target_probs, draft_probs, draft_tokens, generator, **options)
     except Exception as exc:  # the subject is foreign code: any exception is a finding
         raise SubjectCrashed(exc) from exc
     return validate_output(out, draft_tokens, target_probs.shape[-1])

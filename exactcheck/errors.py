@@ -43,7 +43,6 @@ class Violation(enum.Enum):
     TOKEN_AFTER_PADDING = "a token follows a -1 padding entry"
     NOTHING_EMITTED = "a row emits no token (every step must emit a correction or bonus token)"
     DRAFT_MISMATCH = "an emitted draft position differs from the draft token given"
-    FORBIDDEN_TOKEN = "a token with target probability 0 was emitted"
 
 
 class ContractViolation(SubjectError):

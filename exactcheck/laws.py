@@ -47,10 +47,6 @@ class LawComparison:
     plan: LawPlan
     counts: np.ndarray
 
-    @property
-    def law(self) -> str:
-        return self.plan.law
-
 
 def step_law_parts(world: StepWorld) -> tuple[np.ndarray, np.ndarray]:
     """(P(N = j) for j = 0..k, residual laws [k, V]) of the exact Leviathan step."""

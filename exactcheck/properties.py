@@ -32,7 +32,7 @@ import torch
 from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
-from exactcheck.contract import PADDING, Verifier, validate_output
+from exactcheck.contract import PADDING, Verifier, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.randomness import boundary_value, controlled_randomness
 from exactcheck.strategies import VerifyCase, edge_corpus, verify_cases
@@ -45,6 +45,7 @@ FORCED_VALUES = ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus")
 PROPERTIES = ("contract", "no_forbidden_token", "acceptance", "row_independence", "seeded_rows",
               "same_seed")
 UNFORCED = ("same_seed",)
+VACUOUS = "not judged"
 RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from row 0's p/q
 TIE_MARGIN = 2.0 ** -18  # acceptance decisions this close to c are not judged
 
@@ -89,14 +90,6 @@ def forced_uniform(value: str, case_tensors) -> float:
         c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
         return min(max(c, 0.0), boundary_value("one_minus_ulp"))
     return boundary_value(value)
-
-
-def _call(subject, p, q, tokens, generator, **kwargs):
-    try:
-        out = subject(p, q, tokens, generator, **kwargs)
-    except Exception as exc:  # foreign code
-        raise SubjectCrashed(exc) from exc
-    return validate_output(out, tokens, p.shape[-1])
 
 
 def _record(draws: Counter | None, log) -> None:
@@ -168,7 +161,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
                 state = torch.random.get_rng_state()
                 torch.manual_seed(seed)
                 try:
-                    outs.append(_call(subject, p, q, tokens, torch.Generator().manual_seed(seed)))
+                    outs.append(call_verifier(subject, p, q, tokens, torch.Generator().manual_seed(seed)))
                 finally:
                     torch.random.set_rng_state(state)
             row = _first((outs[0] != outs[1]).any(1))
@@ -184,7 +177,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
                     for b in range(max(case.batch, 2))]
             same = tuple(t[:1].expand(len(gens), *t.shape[1:]).contiguous() for t in tensors)
             with controlled_randomness(c) as log:
-                out = _call(subject, *same, gen, row_generators=gens)
+                out = call_verifier(subject, *same, gen, row_generators=gens)
             _record(draws, log)
             row = _first((out != out[:1]).any(1))
             if row is not None:
@@ -193,7 +186,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
                             f"gave {out[row].tolist()}", row, out)
             return None
         with controlled_randomness(c) as log:
-            out = _call(subject, p, q, tokens, gen)
+            out = call_verifier(subject, p, q, tokens, gen)
         _record(draws, log)
         if name == "contract":
             return None
@@ -205,7 +198,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         if name == "row_independence":
             for row in range(out.shape[0]):
                 with controlled_randomness(c):
-                    alone = _call(subject, p[row:row + 1], q[row:row + 1], tokens[row:row + 1],
+                    alone = call_verifier(subject, p[row:row + 1], q[row:row + 1], tokens[row:row + 1],
                                   torch.Generator().manual_seed(seed))
                 if not torch.equal(alone[0], out[row]):
                     return fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
@@ -213,7 +206,10 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
             return None
         raise ValueError(f"unknown property {name!r}")
     except (SubjectCrashed, ContractViolation) as exc:
-        # crashes and broken outputs are the contract property's findings, reported once there
+        # crashes and broken outputs are the contract property's findings, reported once there;
+        # other properties count the case as not judged
+        if draws is not None:
+            draws["(broken)"] += 1
         return fail(str(exc), getattr(exc, "row", None)) if name == "contract" else None
 
 
@@ -230,6 +226,8 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0) -> Proper
         notes.add(result.note)
         if result.failure is not None:
             return PropertyResult(name, value, tried, result.failure, result.note)
+    if all(n.startswith(VACUOUS) for n in notes):  # nothing was judged under any value
+        return PropertyResult(name, None, 0, None, notes.pop())
     return PropertyResult(name, None, tried, None, "; ".join(sorted(n for n in notes if n)))
 
 
@@ -244,7 +242,7 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         tried[0] += 1
         failure = check_property(subject, name, case, value, seed, draws)
         if failure is not None:
-            return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws))
+            return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]))
 
     def broken(case: VerifyCase) -> bool:
         tried[0] += 1
@@ -258,12 +256,15 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     try:
         minimal = find(verify_cases(), broken, settings=config, random=random.Random(seed))
     except NoSuchExample:
-        return PropertyResult(name, value, tried[0], None, _draw_note(name, draws))
+        return PropertyResult(name, value, tried[0], None, _draw_note(name, draws, tried[0]))
     failure = next(f for f in reversed(failures) if f.case == minimal)
-    return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws))
+    return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]))
 
 
-def _draw_note(name: str, draws: Counter) -> str:
+def _draw_note(name: str, draws: Counter, tried: int) -> str:
+    broken = draws.pop("(broken)", 0)
+    if broken and broken >= tried:
+        return f"{VACUOUS}: every call crashed or broke the contract (see properties/contract)"
     if name in UNFORCED:
         return ""
     controlled = draws.pop("(controlled)", 0)

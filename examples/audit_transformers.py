@@ -7,8 +7,6 @@ it does at the boundaries. Writes reports/transformers-speculative-sampling.{jso
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 

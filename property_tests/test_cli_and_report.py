@@ -57,6 +57,12 @@ def test_subject_from_the_current_directory_and_crash_everywhere_exits_2(tmp_pat
     assert main(["audit", "my_verifier:good", "--level", "quick", "--world", "one_hot", "--quiet"]) == 0
     assert main(["audit", "my_verifier:broken", "--level", "quick", "--world", "one_hot", "--quiet"]) == 2
     assert "ValueError: boom" in capsys.readouterr().out
+    # with the deterministic stages too: still "could not be driven", and no property claims to hold
+    assert main(["audit", "my_verifier:broken", "--level", "quick", "--world", "one_hot",
+                 "--world", "properties", "--quiet"]) == 2
+    out = capsys.readouterr().out
+    assert "properties/contract" in out and "held on" not in out
+    assert "not judged: every call crashed" in out
 
 
 def test_report_round_trips_and_renders(tmp_path):
