@@ -22,7 +22,7 @@ from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.invalid_inputs import MUST_REFUSE, InputProbe, probe_invalid_inputs
 from exactcheck.laws import LawComparison, compare, planned_laws
 from exactcheck.progress import Progress
-from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm
+from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
 from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
 from exactcheck.suite import Level, default_worlds, derive_seed
@@ -162,6 +162,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
                 continue
             pending.append(Verdict(
                 outcome=Outcome.EXACT, summary=_statistical_summary(gof),
+                tv_certificate=tv_certificate(comparison.counts, plan.expected, alpha),
                 statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
                 pvalue=gof.pvalue, tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval,
                 detectable_tv=gof.detectable_tv, evidence=_evidence(comparison, gof.samples),
@@ -263,5 +264,7 @@ def _apply_holm(pending: list[Verdict], alpha: float) -> list[Verdict]:
         outcome = v.outcome
         if v.outcome is Outcome.EXACT and adj <= alpha:
             outcome = Outcome.DEFECT
-        out[i] = replace(v, outcome=outcome, adjusted_pvalue=adj, alpha_share=share)
+        certificate = v.tv_certificate if outcome is Outcome.EXACT else None
+        out[i] = replace(v, outcome=outcome, adjusted_pvalue=adj, alpha_share=share,
+                         tv_certificate=certificate)
     return out

@@ -73,15 +73,15 @@ def render_audit_markdown(data: dict) -> str:
         f"Device {result.device}, {result.duration_s:.1f} s, exactcheck "
         f"{result.environment.get('exactcheck')}, torch {result.environment.get('torch')}.",
         "",
-        "| check | outcome | samples | TV (95% interval) | detectable TV | p | Holm-adjusted p |",
-        "|---|---|---:|---|---:|---:|---:|",
+        "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for v in result.verdicts:
         tv = "–" if v.tv_estimate is None else (
             f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
         outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
         lines.append(f"| {v.check} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
-                     f"{_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
+                     f"{_fmt(v.tv_certificate)} | {_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
     notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
     if notable:
         lines += ["", "## Findings", ""]
@@ -89,7 +89,8 @@ def render_audit_markdown(data: dict) -> str:
             lines += [f"### {v.check}", "", "```", v.describe(), "```", ""]
     lines += ["", "TV is the plug-in estimate ½Σ|p̂ − p| (biased upward by sampling noise); "
               "'detectable TV' is the smallest total variation the check finds with power 0.9 at "
-              "its α share."]
+              "its α share; 'certified TV ≤' bounds the true TV at confidence 1 − α "
+              "(Bretagnolle–Huber–Carol over all cells), given for passing checks."]
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, stats
 
-__all__ = ["GoodnessOfFit", "goodness_of_fit", "pooling", "detectable_tv", "holm",
+__all__ = ["GoodnessOfFit", "goodness_of_fit", "pooling", "detectable_tv", "holm", "tv_certificate",
            "MIN_EXPECTED", "POWER", "INTERVAL_CONFIDENCE"]
 
 MIN_EXPECTED = 5.0
@@ -100,6 +100,18 @@ def detectable_tv(n: int, df: int, level: float, power: float = POWER) -> float:
 
 def _bhc_radius(cells: int, n: int, error: float) -> float:
     return math.sqrt((cells * math.log(2) + math.log(1 / error)) / (2 * n))
+
+
+def tv_certificate(counts: np.ndarray, expected: np.ndarray, alpha: float) -> float:
+    """An upper confidence bound on the true TV: with probability at least 1 - alpha (whatever
+    the subject's law), TV(true law, expected) <= the returned value. Plug-in TV plus the
+    Bretagnolle-Huber-Carol radius over all K cells."""
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
+    if n == 0:
+        return 1.0
+    tv = 0.5 * float(np.abs(counts / n - np.asarray(expected, dtype=np.float64)).sum())
+    return min(1.0, tv + _bhc_radius(counts.size, n, alpha))
 
 
 def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,

@@ -59,6 +59,7 @@ class Verdict:
     tv_estimate: float | None = None
     tv_interval: tuple[float, float] | None = None
     detectable_tv: float | None = None
+    tv_certificate: float | None = None  # TV <= this at confidence 1 - alpha (exact verdicts only)
     evidence: tuple[CellDeviation, ...] = field(default_factory=tuple)
     reproducer: dict | None = None  # a shrunk counterexample (exactcheck.reproducer/1)
 
@@ -81,6 +82,8 @@ class Verdict:
             low, high = self.tv_interval
             lines.append(f"total variation: {self.tv_estimate:.4f} (95% interval {low:.4f} to {high:.4f})")
             lines.append(f"smallest TV detectable at power 0.9: {self.detectable_tv:.4f}")
+        if self.tv_certificate is not None:
+            lines.append(f"certificate: TV <= {self.tv_certificate:.4f} at confidence 1 - alpha")
         if self.reproducer is not None:
             case = self.reproducer["case"]
             lines.append("minimal case: " + ", ".join(f"{k}={v}" for k, v in case.items()))

@@ -76,6 +76,9 @@ def test_report_round_trips_and_renders(tmp_path):
     assert again.verdicts == result.verdicts
     md = render_audit_markdown(data)
     assert "FAILED" in md and "## Findings" in md and "p_equals_q/accepted_length" in md
+    # certificates only on passing statistical checks
+    assert all(v.tv_certificate is None for v in result.failed)
+    assert any(v.tv_certificate is not None for v in result.verdicts if not v.outcome.failed)
 
 
 def test_selftest_command_prints_the_detection_table(tmp_path, capsys):

@@ -86,3 +86,15 @@ def test_holm_matches_its_definition():
                 break
             rejected.add(i)
         assert rejected == {i for i in range(6) if adjusted[i] <= 0.01}
+
+
+def test_tv_certificate_covers_the_true_tv_at_its_confidence():
+    from exactcheck.statistics import tv_certificate
+
+    rng = np.random.default_rng(13)
+    law = rng.dirichlet(np.full(20, 1.0))
+    alt = 0.98 * law + 0.02 * rng.dirichlet(np.full(20, 1.0))
+    true_tv = 0.5 * np.abs(alt - law).sum()
+    covered = sum(tv_certificate(rng.multinomial(5_000, alt), law, 0.05) >= true_tv
+                  for _ in range(300))
+    assert covered >= 285  # >= 95%, and BHC is conservative
