@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.reference import ReferenceVerifier, row_at
+from exactcheck.reference import ReferenceVerifier, final_pq, row_at
 
 __all__ = ["Mutant", "MUTANTS", "mutant"]
 
@@ -36,9 +36,7 @@ class UnclampedResidual(ReferenceVerifier):
     so the cumulative sum dips and the inverse-CDF draw lands on the wrong tokens."""
 
     def final_rows(self, target, draft_probs, n):
-        k = draft_probs.shape[1]
-        p = row_at(target, n).double()
-        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        p, q = (rows.double() for rows in final_pq(target, draft_probs, n))
         positive = (p - q).clamp(min=0).sum(1, keepdim=True)
         return (p - q) / torch.where(positive > 0, positive, 1.0)
 
@@ -48,9 +46,7 @@ class WrongNormaliser(ReferenceVerifier):
     cumulative mass falls to the last token."""
 
     def final_rows(self, target, draft_probs, n):
-        k = draft_probs.shape[1]
-        p = row_at(target, n).double()
-        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        p, q = (rows.double() for rows in final_pq(target, draft_probs, n))
         residual = (p - q).clamp(min=0)
         return residual / (p - q).abs().sum(1, keepdim=True).clamp(min=1e-300)
 
@@ -146,9 +142,7 @@ class UnguardedZeroResidual(ReferenceVerifier):
     rounding and a draft is still rejected, the row is NaN and the draw lands on token 0."""
 
     def final_rows(self, target, draft_probs, n):
-        k = draft_probs.shape[1]
-        p = row_at(target, n).double()
-        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        p, q = (rows.double() for rows in final_pq(target, draft_probs, n))
         residual = (p - q).clamp_(min=0)
         return residual / residual.sum(1, keepdim=True)
 
@@ -158,9 +152,7 @@ class ZeroResidualToVocab(ReferenceVerifier):
     count of entries <= u is V, an out-of-vocabulary id (vLLM's DoS reports)."""
 
     def final_rows(self, target, draft_probs, n):
-        k = draft_probs.shape[1]
-        p = row_at(target, n).double()
-        q = row_at(draft_probs, n.clamp(max=k - 1)).double() * (n < k)[:, None]
+        p, q = (rows.double() for rows in final_pq(target, draft_probs, n))
         residual = (p - q).clamp_(min=0)
         mass = residual.sum(1, keepdim=True)
         return residual / torch.where(mass > 0, mass, 1.0)

@@ -31,7 +31,7 @@ import torch
 from exactcheck.contract import PADDING
 from exactcheck.sampling import sample_rows
 
-__all__ = ["ReferenceVerifier", "reference_verifier", "row_at", "at_drafts"]
+__all__ = ["ReferenceVerifier", "reference_verifier", "row_at", "at_drafts", "final_pq"]
 
 
 def at_drafts(rows: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
@@ -58,6 +58,14 @@ def _uniforms(shape: tuple[int, ...], generator: torch.Generator, device: torch.
         if gen is not None:
             u[row] = torch.rand(shape[1:], dtype=torch.float64, generator=gen, device=device)
     return u
+
+
+def final_pq(target: torch.Tensor, draft_probs: torch.Tensor,
+             n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p_n, q_n) per trial, in the inputs' dtype: the target and draft rows at the stop
+    position n, with q_n = 0 at the bonus position n = k (so max(0, p - q) is then p_k)."""
+    k = draft_probs.shape[1]
+    return row_at(target, n), row_at(draft_probs, n.clamp(max=k - 1)).mul_((n < k)[:, None])
 
 
 def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
@@ -114,9 +122,8 @@ class ReferenceVerifier:
                    n: torch.Tensor) -> torch.Tensor:
         """Normalised float64 law of the token after the accepted drafts: the residual
         max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
-        k = draft_probs.shape[1]
-        p = _checked(row_at(target, n), "target_probs")
-        q = _checked(row_at(draft_probs, n.clamp(max=k - 1)), "draft_probs").mul_((n < k)[:, None])
+        p, q = final_pq(target, draft_probs, n)
+        p, q = _checked(p, "target_probs"), _checked(q, "draft_probs")
         residual = p.double().sub_(q.double()).clamp_(min=0)  # exact for float32 p, q
         mass = residual.sum(1, keepdim=True)
         empty = mass[:, 0] <= 0
