@@ -8,6 +8,7 @@ subject gets any defect verdict at most alpha, whatever the dependence between c
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -20,18 +21,22 @@ from exactcheck.contract import Verifier
 from exactcheck.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.invalid_inputs import MUST_REFUSE, InputProbe, probe_invalid_inputs
-from exactcheck.laws import LawComparison, compare, planned_laws
+from exactcheck.laws import LawComparison, LawPlan, compare, planned_laws
+from exactcheck.planning import default_plan
+from exactcheck.sequential import EProcess, batch_schedule
 from exactcheck.progress import Progress
 from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
 from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
 from exactcheck.suite import Level, default_worlds, derive_seed
 from exactcheck.verdict import CellDeviation, Outcome, Verdict
+from toy_models import ContextWorld, StepWorld
 
 __all__ = ["AuditResult", "run_audit", "DEFAULT_ALPHA", "reproducer_path"]
 
 DEFAULT_ALPHA = 1e-3
 STATISTIC_NAME = "Pearson X^2 (pooled)"
+E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,11 @@ class AuditResult:
     started: str
     duration_s: float
     environment: dict
+    detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
+    stop_early: bool = False
+    samples_planned: int = 0  # trials over all worlds at the full budget
+    samples_drawn: int = 0  # trials actually driven (less when the audit stopped early)
+    stopped_at: str | None = None  # the check whose evidence stopped the audit
 
     @property
     def failed(self) -> tuple[Verdict, ...]:
@@ -95,11 +105,41 @@ def _statistical_summary(gof: GoodnessOfFit) -> str:
     return f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
 
 
+@dataclass
+class _WorldRun:
+    """One world's progress through its batches."""
+
+    world: StepWorld | ContextWorld
+    seed: int
+    budget: int
+    plans: list[LawPlan]
+    batches: list[int]
+    counts: list[np.ndarray]
+    processes: list[EProcess | None]
+    drawn: int = 0
+    failure: Verdict | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.failure is not None or self.drawn >= self.budget
+
+
 def run_audit(subject: Verifier, *, subject_name: str | None = None,
               level: Level | str = Level.STANDARD, seed: int = 0, alpha: float = DEFAULT_ALPHA,
               device: str | torch.device = "cpu", worlds: list[str] | None = None,
-              properties: bool = True, progress: bool = True) -> AuditResult:
+              properties: bool = True, progress: bool = True, stop_early: bool = True,
+              detect_tv: float | None = None, max_samples: int | None = None) -> AuditResult:
     """Audit a step-level verifier on the built-in worlds and return every verdict.
+
+    The budget: every world gets the trials its laws need to detect ``detect_tv`` (default: the
+    level's) with power 0.9 at their share of alpha, at most ``max_samples`` (default: the
+    level's cap); see ``exactcheck.planning``.
+
+    ``stop_early=True`` drives the worlds in growing batches, round robin, and stops the whole
+    audit the first time an anytime-valid e-process shows a defect (half of alpha, Bonferroni)
+    or a sample lands on an impossible outcome; checks that reach their budget get the
+    fixed-budget Pearson test under Holm with the other half. ``stop_early=False`` drives each
+    world once to its budget and spends all of alpha on Holm.
 
     ``properties=False`` skips the deterministic property search (``exactcheck.properties``);
     it cannot change the false-alarm rate, which only the statistical checks spend."""
@@ -108,6 +148,12 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     if not 0 < alpha < 1:
         raise UsageError(f"alpha ({alpha}) must be in (0, 1)")
     level, device = _resolve_level(level), _resolve_device(device)
+    target_tv = level.detect_tv if detect_tv is None else detect_tv
+    if not 0 < target_tv <= 1:
+        raise UsageError(f"detect_tv ({detect_tv}) must be in (0, 1]")
+    cap = level.max_samples if max_samples is None else int(max_samples)
+    if cap < 1:
+        raise UsageError(f"max_samples ({max_samples}) must be positive")
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
     chosen = default_worlds()
     searched = list(PROPERTIES) if properties else []
@@ -118,56 +164,69 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
             raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
         chosen = [w for w in chosen if w.name in worlds]
         searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
-    n = level.samples_per_world
-    plans = {w.name: planned_laws(w, n) for w in chosen}
-    planned = sum(len(p) for p in plans.values())
-    first_share = alpha / max(planned, 1)
+    # planned on every built-in world, so a world's budget (and its samples) is the same when
+    # it is audited alone with --world
+    budget = default_plan(target_tv, alpha, cap, level.min_samples)
+    runs = []
+    for world in chosen:
+        n = budget.samples(world.name)
+        plans = planned_laws(world, n)
+        world_seed = derive_seed(seed, world.name)
+        runs.append(_WorldRun(
+            world, world_seed, n, plans, batch_schedule(n) if stop_early else [n],
+            [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
+            [EProcess(p.expected, n * p.condition_probability) if stop_early else None for p in plans]))
+    checks = sum(len(r.plans) for r in runs)
+    holm_alpha = alpha / 2 if stop_early else alpha
+    first_share = holm_alpha / max(checks, 1)
+    threshold = math.log(2 * max(checks, 1) / alpha)  # e-value bar: Bonferroni at alpha / 2
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(len(chosen) + len(searched) + bool(searched), enabled=progress)
+    bar = Progress(sum(len(r.batches) for r in runs) + len(searched) + bool(searched),
+                   enabled=progress)
 
     def reproduce(world: str) -> str:
         if ":" in name:  # an importable MODULE:CALLABLE
             return (f"exactcheck audit {name} --level {level.value} --seed {seed} "
-                    f"--alpha {alpha:g} --world {world}")
+                    f"--alpha {alpha:g} --world {world}" + ("" if stop_early else " --no-stop-early"))
         return (f"run_audit({name}, level={level.value!r}, seed={seed}, alpha={alpha:g}, "
-                f"worlds=[{world!r}])")
+                f"worlds=[{world!r}]" + (")" if stop_early else ", stop_early=False)"))
+
+    evident: tuple[_WorldRun, int] | None = None  # (world, law index) whose e-process crossed
+    for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
+        for run in runs:
+            if run.finished or evident or batch_index >= len(run.batches):
+                continue
+            size = run.batches[batch_index]
+            batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
+            try:
+                samples = drive(subject, run.world, size, batch_seed, device)
+            except (SubjectCrashed, ContractViolation) as exc:
+                run.failure = _drive_failure(exc, run, size, reproduce(run.world.name))
+                bar.step(run.world.name)
+                if stop_early and run.failure.outcome.failed:
+                    evident = (run, -1)
+                continue
+            run.drawn += size
+            for i, plan in enumerate(run.plans):
+                counts = compare(plan, samples).counts
+                run.counts[i] += counts
+                process = run.processes[i]
+                if process is not None and process.update(counts) >= threshold and not evident:
+                    evident = (run, i)
+            bar.step(run.world.name)
+        if evident:
+            break
 
     pending: list[Verdict] = []
-    for world in chosen:
-        world_seed = derive_seed(seed, world.name)
-        base = dict(world=world.name, seed=world_seed, reproduce=reproduce(world.name))
-        try:
-            samples = drive(subject, world, n, world_seed, device)
-        except (SubjectCrashed, ContractViolation) as exc:
-            low_precision = getattr(world, "input_dtype", torch.float32) != torch.float32
-            if low_precision and isinstance(exc, SubjectCrashed):
-                pending.append(Verdict(
-                    check=f"{world.name}/contract", law="contract", condition="every verify call",
-                    outcome=Outcome.INCONCLUSIVE, samples=n,
-                    summary=f"does not take {world.input_dtype} inputs: {exc}", **base))
-            else:
-                pending.append(_failure_verdict(exc, samples=n, **base))
-            bar.step(world.name)
+    for run in runs:
+        base = dict(world=run.world.name, seed=run.seed, reproduce=reproduce(run.world.name))
+        if run.failure is not None:
+            pending.append(run.failure)
             continue
-        for plan in plans[world.name]:
-            comparison = compare(plan, samples)
-            gof = goodness_of_fit(comparison.counts, plan.expected, first_share)
-            common = dict(base, check=f"{world.name}/{plan.law}", law=plan.law,
-                          condition=plan.condition, samples=gof.samples)
-            if gof.samples == 0:
-                pending.append(Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
-                    f"no trial met the condition ({plan.condition}) although the exact law expects "
-                    "it often; see the accepted_length verdict"), **common))
-                continue
-            pending.append(Verdict(
-                outcome=Outcome.EXACT, summary=_statistical_summary(gof),
-                tv_certificate=tv_certificate(comparison.counts, plan.expected, alpha),
-                statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
-                pvalue=gof.pvalue, tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval,
-                detectable_tv=gof.detectable_tv, evidence=_evidence(comparison, gof.samples),
-                **common))
-        bar.step(world.name)
+        for i, plan in enumerate(run.plans):
+            pending.append(_law_verdict(run, i, base, first_share, alpha, checks, evident))
+
     for prop in searched:
         prop_seed = derive_seed(seed, f"properties/{prop}")
         result = search(subject, prop, level.property_examples, prop_seed)
@@ -178,12 +237,72 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         pending.append(_inputs_verdict(probe_invalid_inputs(subject, seed), reproduce("inputs")))
         bar.step("inputs")
 
-    verdicts = _apply_holm(pending, alpha)
+    verdicts = _apply_holm(pending, alpha, holm_alpha)
+    stopped = None
+    if evident:
+        run, i = evident
+        stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
     return AuditResult(
         subject=name, level=level.value, seed=seed, alpha=alpha, device=str(device),
         verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
         environment={"exactcheck": __version__, "torch": torch.__version__,
-                     "python": platform.python_version(), "platform": platform.platform()})
+                     "python": platform.python_version(), "platform": platform.platform()},
+        detect_tv=target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
+        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped)
+
+
+def _drive_failure(exc: Exception, run: _WorldRun, size: int, reproduce: str) -> Verdict:
+    world = run.world
+    base = dict(world=world.name, seed=run.seed, reproduce=reproduce)
+    low_precision = getattr(world, "input_dtype", torch.float32) != torch.float32
+    if low_precision and isinstance(exc, SubjectCrashed):
+        return Verdict(check=f"{world.name}/contract", law="contract", condition="every verify call",
+                       outcome=Outcome.INCONCLUSIVE, samples=size,
+                       summary=f"does not take {world.input_dtype} inputs: {exc}", **base)
+    return _failure_verdict(exc, samples=size, **base)
+
+
+def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: float,
+                 checks: int, evident: tuple[_WorldRun, int] | None) -> Verdict:
+    """The verdict of law ``i`` of ``run``: an e-process detection, a fixed-budget test (its
+    p-value still to go through Holm), or not run to its budget because the audit stopped."""
+    plan, counts = run.plans[i], run.counts[i]
+    gof = goodness_of_fit(counts, plan.expected, first_share)
+    common = dict(base, check=f"{run.world.name}/{plan.law}", law=plan.law,
+                  condition=plan.condition, samples=gof.samples)
+    tv = dict(tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval,
+              detectable_tv=gof.detectable_tv,
+              evidence=_evidence(LawComparison(plan, counts), gof.samples))
+    if evident is not None and evident[0] is run and evident[1] == i:
+        log_e = run.processes[i].log_evidence
+        e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0
+        summary = (_statistical_summary(gof) if gof.impossible else
+                   f"TV {gof.tv_estimate:.4f}, e-value {_e(log_e)} after {run.drawn:,} of "
+                   f"{run.budget:,} planned trials (stopped early)")
+        return Verdict(outcome=Outcome.DEFECT, summary=summary, statistic=log_e,
+                       statistic_name=E_STATISTIC_NAME, pvalue=e_p,
+                       adjusted_pvalue=min(1.0, 2 * checks * e_p), alpha_share=alpha / (2 * checks),
+                       **tv, **common)
+    if run.drawn < run.budget:
+        where = "" if evident is None else f" at {evident[0].world.name}" + (
+            f"/{evident[0].plans[evident[1]].law}" if evident[1] >= 0 else "")
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"not run to its budget: the audit stopped early on a defect{where} after "
+            f"{run.drawn:,} of {run.budget:,} trials"), **tv, **common)
+    if gof.samples == 0:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"no trial met the condition ({plan.condition}) although the exact law expects "
+            "it often; see the accepted_length verdict"), **common)
+    return Verdict(outcome=Outcome.EXACT, summary=_statistical_summary(gof),
+                   tv_certificate=tv_certificate(counts, plan.expected, alpha),
+                   statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
+                   pvalue=gof.pvalue, **tv, **common)
+
+
+def _e(log_e: float) -> str:
+    if not math.isfinite(log_e):
+        return "inf"
+    return f"e^{log_e:.1f}" if log_e > 20 else f"{math.exp(log_e):.3g}"
 
 
 def _failure_verdict(exc: Exception, *, world: str, seed: int, reproduce: str, samples: int,
@@ -247,21 +366,28 @@ def reproducer_path(check: str) -> str:
     return "reproducers/" + check.replace("/", "-") + ".json"
 
 
-def _apply_holm(pending: list[Verdict], alpha: float) -> list[Verdict]:
-    """Holm over the statistical checks. Deterministic findings (a forbidden outcome, a broken
+def _apply_holm(pending: list[Verdict], alpha: float, holm_alpha: float) -> list[Verdict]:
+    """Holm at ``holm_alpha`` over the fixed-budget statistical checks; adjusted p-values are
+    scaled by alpha / holm_alpha so every verdict compares its adjusted p-value with alpha.
+    E-process detections arrive decided. Deterministic findings (a forbidden outcome, a broken
     contract, a crash, a property counterexample: p = 0; a property that held: p = 1) cannot
     occur by chance on an exact subject, so they spend none of alpha."""
     out = list(pending)
+    scale = alpha / holm_alpha
     for i, v in enumerate(pending):
+        if v.adjusted_pvalue is not None:
+            continue
         if v.pvalue is not None and v.statistic is None:
             out[i] = replace(v, adjusted_pvalue=v.pvalue,
                              outcome=Outcome.DEFECT if v.pvalue == 0 and v.outcome is Outcome.EXACT
                              else v.outcome)
-    tested = [i for i, v in enumerate(pending) if v.pvalue is not None and v.statistic is not None]
-    adjusted, shares = holm([pending[i].pvalue for i in tested], alpha)
+    tested = [i for i, v in enumerate(pending)
+              if v.pvalue is not None and v.statistic is not None and v.adjusted_pvalue is None]
+    adjusted, shares = holm([pending[i].pvalue for i in tested], holm_alpha)
     for i, adj, share in zip(tested, adjusted, shares):
         v = pending[i]
         outcome = v.outcome
+        adj = min(1.0, adj * scale)
         if v.outcome is Outcome.EXACT and adj <= alpha:
             outcome = Outcome.DEFECT
         certificate = v.tv_certificate if outcome is Outcome.EXACT else None

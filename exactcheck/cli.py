@@ -17,6 +17,7 @@ from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
 from exactcheck.memory import keep_freed_memory
 from exactcheck.mutants import MUTANTS
+from exactcheck.planning import default_plan
 from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
 from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
@@ -55,12 +56,20 @@ def load_subject(path: str):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--level", default="standard", choices=[lv.value for lv in Level],
-                        help="samples per world: quick 20k, standard 200k, release 2M")
+                        help="the TV every law is planned to detect: quick 0.05, standard 0.01, "
+                             "release 0.003 (see `exactcheck plan`)")
+    parser.add_argument("--detect-tv", type=float, metavar="EPS",
+                        help="plan the budget to detect this TV instead of the level's")
+    parser.add_argument("--max-samples", type=int, metavar="N",
+                        help="cap on trials per world (default: the level's: 50k, 1M, 10M)")
     parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
     parser.add_argument("--device", default="cpu", help="torch device for the subject's tensors")
     parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    parser.add_argument("--no-stop-early", dest="stop_early", action="store_false",
+                        help="run every world to its budget (default: stop at the first defect "
+                             "an anytime-valid test makes evident)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -77,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
     sub.add_parser("list", help="list the worlds and mutants")
+    plan = sub.add_parser("plan", help="print the sample budget of an audit without running it")
+    plan.add_argument("--level", default="standard", choices=[lv.value for lv in Level])
+    plan.add_argument("--detect-tv", type=float, metavar="EPS")
+    plan.add_argument("--max-samples", type=int, metavar="N")
+    plan.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     replay = sub.add_parser("replay", help="re-run a saved counterexample against a subject")
     replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
     replay.add_argument("--subject", metavar="MODULE:CALLABLE",
@@ -91,6 +105,9 @@ def _print_audit(result: AuditResult) -> None:
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     print(f"exactcheck audit {result.subject}: {status} ({counts}; level {result.level}, "
           f"seed {result.seed}, alpha {result.alpha:g}, {result.duration_s:.1f} s)")
+    stop = f", stopped early on {result.stopped_at}" if result.stopped_at else ""
+    print(f"  budget: detect TV >= {result.detect_tv:g}; {result.samples_drawn:,} of "
+          f"{result.samples_planned:,} planned trials drawn{stop}")
     notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
     for v in notable:
         print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
@@ -106,7 +123,8 @@ def _audit(args) -> int:
     subject = load_subject(args.subject)
     result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
                        alpha=args.alpha, device=args.device, worlds=args.world,
-                       progress=not args.quiet)
+                       progress=not args.quiet, stop_early=args.stop_early,
+                       detect_tv=args.detect_tv, max_samples=args.max_samples)
     _print_audit(result)
     if args.report:
         stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
@@ -142,7 +160,8 @@ def _selftest(args) -> int:
               flush=True)
 
     result = run_selftest(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
-                          mutants=args.mutant, on_audit=show)
+                          mutants=args.mutant, on_audit=show, stop_early=args.stop_early,
+                          detect_tv=args.detect_tv, max_samples=args.max_samples)
     print()
     detected = len(result.mutants) - len(result.undetected)
     print(f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "
@@ -163,6 +182,20 @@ def _list(_args) -> int:
     print("mutants:")
     for m in MUTANTS.values():
         print(f"  {m.name:<26} {m.defect}")
+    return EXIT_PASS
+
+
+def _plan(args) -> int:
+    level = Level(args.level)
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"alpha ({args.alpha}) must be in (0, 1)")
+    eps = level.detect_tv if args.detect_tv is None else args.detect_tv
+    if not 0 < eps <= 1:
+        raise UsageError(f"--detect-tv ({eps}) must be in (0, 1]")
+    cap = level.max_samples if args.max_samples is None else args.max_samples
+    if cap < 1:
+        raise UsageError(f"--max-samples ({cap}) must be positive")
+    print(default_plan(eps, args.alpha, cap, level.min_samples).describe())
     return EXIT_PASS
 
 
@@ -200,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
-                "replay": _replay}[args.command](args)
+                "replay": _replay, "plan": _plan}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

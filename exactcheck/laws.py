@@ -40,6 +40,7 @@ class LawPlan:
     condition: str
     expected: np.ndarray
     label: Callable[[int], str]
+    condition_probability: float = 1.0  # P(a trial counts for this law), exact
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,12 @@ def planned_laws(world: StepWorld | ContextWorld, n: int) -> list[LawPlan]:
         LawPlan("accepted_length", "drafts accepted per step", accepted, lambda j: f"N={j}"),
     ]
     if n * accepted[k] >= MIN_CONDITIONAL_SAMPLES:
-        plans.append(LawPlan("bonus_token", f"given N={k}", p[k], _token))
+        plans.append(LawPlan("bonus_token", f"given N={k}", p[k], _token, float(accepted[k])))
     rejected = accepted[:k].sum()
     if n * rejected >= MIN_CONDITIONAL_SAMPLES:
         joint = (accepted[:k, None] * residual / rejected).reshape(-1)
         plans.append(LawPlan("correction_token", f"(N, token) given N<{k}", joint,
-                             lambda c: f"N={c // vocab}, token {c % vocab}"))
+                             lambda c: f"N={c // vocab}, token {c % vocab}", float(rejected)))
     return plans
 
 

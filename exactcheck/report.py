@@ -28,6 +28,13 @@ def audit_to_json(result: AuditResult) -> dict:
         "started": result.started,
         "duration_s": round(result.duration_s, 3),
         "environment": result.environment,
+        "budget": {
+            "detect_tv": result.detect_tv,
+            "stop_early": result.stop_early,
+            "samples_planned": result.samples_planned,
+            "samples_drawn": result.samples_drawn,
+            "stopped_at": result.stopped_at,
+        },
         "summary": {
             "passed": result.passed,
             "checks": len(result.verdicts),
@@ -43,7 +50,8 @@ def audit_from_json(data: dict) -> AuditResult:
     return AuditResult(
         subject=data["subject"], level=data["level"], seed=data["seed"], alpha=data["alpha"],
         device=data["device"], verdicts=tuple(Verdict.from_dict(v) for v in data["verdicts"]),
-        started=data["started"], duration_s=data["duration_s"], environment=data["environment"])
+        started=data["started"], duration_s=data["duration_s"], environment=data["environment"],
+        **{key: value for key, value in data.get("budget", {}).items()})
 
 
 def _fmt(x, spec: str = ".4f") -> str:
@@ -73,6 +81,12 @@ def render_audit_markdown(data: dict) -> str:
         f"Device {result.device}, {result.duration_s:.1f} s, exactcheck "
         f"{result.environment.get('exactcheck')}, torch {result.environment.get('torch')}.",
         "",
+        f"Budget planned to detect TV ≥ {result.detect_tv:g} on every law (power 0.9): "
+        f"{result.samples_planned:,} trials planned, {result.samples_drawn:,} drawn"
+        + (f"; stopped early on {result.stopped_at}." if result.stopped_at else ".")
+        + (" Early stopping by e-process (half of α), fixed-budget tests on the other half."
+           if result.stop_early else ""),
+        "",
         "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
@@ -90,7 +104,7 @@ def render_audit_markdown(data: dict) -> str:
     lines += ["", "TV is the plug-in estimate ½Σ|p̂ − p| (biased upward by sampling noise); "
               "'detectable TV' is the smallest total variation the check finds with power 0.9 at "
               "its α share; 'certified TV ≤' bounds the true TV at confidence 1 − α "
-              "(Bretagnolle–Huber–Carol over all cells), given for passing checks."]
+              "(Bretagnolle–Huber–Carol with the least likely cells merged), given for passing checks."]
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +121,7 @@ def selftest_to_json(result: SelftestResult) -> dict:
             "adjusted_pvalue": caught.adjusted_pvalue if caught else None,
             "summary": caught.summary if caught else None,
             "duration_s": round(audit.duration_s, 3),
+            "samples_drawn": audit.samples_drawn, "samples_planned": audit.samples_planned,
         })
     return {
         "schema": SELFTEST_SCHEMA, "level": result.level, "seed": result.seed,
@@ -125,14 +140,15 @@ def render_selftest_markdown(data: dict) -> str:
         f"({ref['duration_s']:.1f} s). "
         f"{sum(r['detected'] for r in data['mutants'])} of {len(data['mutants'])} mutants detected.",
         "",
-        "| mutant | detected | caught by | TV | Holm-adjusted p | failed checks | time |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| mutant | detected | caught by | TV | Holm-adjusted p | failed checks | trials drawn / planned | time |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in data["mutants"]:
         lines.append(
             f"| {r['mutant']} | {'yes' if r['detected'] else '**NO**'} | {r['caught_by'] or '–'} | "
             f"{_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
-            f"{r['failed_checks']}/{r['checks']} | {r['duration_s']:.1f} s |")
+            f"{r['failed_checks']}/{r['checks']} | "
+            f"{r.get('samples_drawn', 0):,} / {r.get('samples_planned', 0):,} | {r['duration_s']:.1f} s |")
     lines += ["", "## Mutants", ""]
     lines += [f"- **{r['mutant']}**: {r['defect']} — {r['summary'] or 'not detected'}"
               for r in data["mutants"]]

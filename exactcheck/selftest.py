@@ -34,8 +34,11 @@ class SelftestResult:
 
 def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_ALPHA,
                  device: str = "cpu", mutants: list[str] | None = None,
-                 on_audit: Callable[[str, AuditResult], None] | None = None) -> SelftestResult:
-    """Audit ``reference_verifier`` and each mutant (all, or those named)."""
+                 on_audit: Callable[[str, AuditResult], None] | None = None,
+                 stop_early: bool = True, detect_tv: float | None = None,
+                 max_samples: int | None = None) -> SelftestResult:
+    """Audit ``reference_verifier`` and each mutant (all, or those named). With ``stop_early``
+    a mutant's audit ends at the first evident defect (see ``run_audit``)."""
     names = list(MUTANTS) if mutants is None else mutants
     unknown = [m for m in names if m not in MUTANTS]
     if unknown:
@@ -44,7 +47,8 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
 
     def audit(verifier, name):
         result = run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
-                           device=device, progress=progress)
+                           device=device, progress=progress, stop_early=stop_early,
+                           detect_tv=detect_tv, max_samples=max_samples)
         if on_audit:
             on_audit(name, result)
         return result

@@ -17,7 +17,7 @@ value with probability 0.9.
 TV. The plug-in estimate 1/2 sum |N_i/n - p_i| is biased upward by sampling noise. Its
 interval uses the Bretagnolle-Huber-Carol inequality P(TV(p_hat, p) >= t) <= 2^K exp(-2 n t^2):
 the upper end on all K cells, the lower end on the pooled cells (TV on a coarser partition never
-exceeds the true TV), each at half the error.
+exceeds the true TV), each at half the error. Certificates (``tv_certificate``) add tail merging.
 """
 from __future__ import annotations
 
@@ -104,14 +104,30 @@ def _bhc_radius(cells: int, n: int, error: float) -> float:
 
 def tv_certificate(counts: np.ndarray, expected: np.ndarray, alpha: float) -> float:
     """An upper confidence bound on the true TV: with probability at least 1 - alpha (whatever
-    the subject's law), TV(true law, expected) <= the returned value. Plug-in TV plus the
-    Bretagnolle-Huber-Carol radius over all K cells."""
+    the subject's law), TV(true law, expected) <= the returned value.
+
+    Tail merging: for any set T of cells, TV(q, p) <= TV on the partition with T merged into
+    one cell + p(T) (the cells of T can differ by at most min(q(T), p(T)) beyond what the merged
+    cell shows). On the merged partition with K' cells the Bretagnolle-Huber-Carol inequality
+    bounds the TV by the plug-in TV plus sqrt((K' ln 2 + ln(1/alpha)) / 2n). T is the set of the
+    j least likely cells, j chosen to minimise p(T) + radius(K') from the exact law and n alone
+    (so the choice costs no confidence). Impossible cells go into T for free."""
     counts = np.asarray(counts, dtype=np.int64)
+    expected = np.asarray(expected, dtype=np.float64)
     n = int(counts.sum())
     if n == 0:
         return 1.0
-    tv = 0.5 * float(np.abs(counts / n - np.asarray(expected, dtype=np.float64)).sum())
-    return min(1.0, tv + _bhc_radius(counts.size, n, alpha))
+    order = np.argsort(expected, kind="stable")
+    tail_mass = np.concatenate([[0.0], np.cumsum(expected[order])])[:-1]  # p(T_j), j = 0..K-1
+    kept = expected.size - np.arange(expected.size)  # cells outside T_j
+    cells = kept + (np.arange(expected.size) > 0)  # plus the merged tail cell when T_j is not empty
+    radius = np.sqrt((cells * math.log(2) + math.log(1 / alpha)) / (2 * n))
+    j = int(np.argmin(tail_mass + radius))
+    tail, rest = order[:j], order[j:]
+    observed = counts / n
+    merged = 0.5 * (float(np.abs(observed[rest] - expected[rest]).sum())
+                    + abs(float(observed[tail].sum() - expected[tail].sum())))
+    return min(1.0, merged + float(tail_mass[j]) + float(radius[j]))
 
 
 def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,

@@ -1,4 +1,4 @@
-"""What an audit runs: levels (samples per world) and the built-in worlds."""
+"""What an audit runs: levels (the TV each law is planned to detect) and the built-in worlds."""
 from __future__ import annotations
 
 import enum
@@ -9,15 +9,29 @@ from toy_models import ContextWorld, StepWorld, context_worlds, step_worlds
 __all__ = ["Level", "default_worlds", "derive_seed"]
 
 class Level(enum.Enum):
-    """Audit depth: the number of independent trials driven through each world."""
+    """Audit depth, defined by the TV every law is planned to detect with power 0.9 at its
+    share of alpha (``exactcheck.planning``), and the most trials one world may use for it."""
 
     QUICK = "quick"
     STANDARD = "standard"
     RELEASE = "release"
 
     @property
-    def samples_per_world(self) -> int:
-        return {Level.QUICK: 20_000, Level.STANDARD: 200_000, Level.RELEASE: 2_000_000}[self]
+    def detect_tv(self) -> float:
+        return {Level.QUICK: 0.05, Level.STANDARD: 0.01, Level.RELEASE: 0.003}[self]
+
+    @property
+    def max_samples(self) -> int:
+        """The cap on trials per world; a law whose condition is too rare to reach ``detect_tv``
+        within it is reported with the TV it does reach."""
+        return {Level.QUICK: 50_000, Level.STANDARD: 1_000_000, Level.RELEASE: 10_000_000}[self]
+
+    @property
+    def min_samples(self) -> int:
+        """The floor on trials per world. Certifying "TV <= eps" costs more than detecting eps
+        (the bound adds a concentration radius to the plug-in TV); the floor lets a passing
+        audit certify a three-cell law to about the level's TV (standard: <= 0.01)."""
+        return {Level.QUICK: 5_000, Level.STANDARD: 150_000, Level.RELEASE: 1_500_000}[self]
 
     @property
     def property_examples(self) -> int:

@@ -69,7 +69,8 @@ class Verdict:
         head = f"{self.law} law in world {self.world}: {self.outcome.value} — {self.summary}"
         lines = [head, ""]
         if self.statistic is not None:
-            lines.append(f"{self.statistic_name}: {_num(self.statistic)} on {self.df} degrees of freedom")
+            dof = f" on {self.df} degrees of freedom" if self.df is not None else ""
+            lines.append(f"{self.statistic_name}: {_num(self.statistic)}{dof}")
         if self.statistic is None and self.pvalue == 0:
             lines.append("deterministic finding: impossible for an exact subject (p = 0); "
                          "it spends none of alpha")

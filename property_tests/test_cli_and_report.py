@@ -70,7 +70,7 @@ def test_report_round_trips_and_renders(tmp_path):
     from exactcheck.mutants import mutant
 
     result = run_audit(mutant("no_bonus_token"), subject_name="m:no_bonus", level="quick",
-                       worlds=["p_equals_q", "three_token"], progress=False)
+                       worlds=["p_equals_q", "three_token"], progress=False, stop_early=False)
     data = json.loads(json.dumps(audit_to_json(result)))
     again = audit_from_json(data)
     assert again.verdicts == result.verdicts

@@ -60,7 +60,8 @@ def _crash_on_equal_rows(target_probs, draft_probs, draft_tokens, generator):
     (_float_output, Outcome.CONTRACT_VIOLATION, "int64"),
 ])
 def test_bad_subjects_get_named_verdicts(subject, outcome, words):
-    result = run_audit(subject, level="quick", worlds=["three_token", "ctx_v3_l5_k3"], progress=False)
+    result = run_audit(subject, level="quick", worlds=["three_token", "ctx_v3_l5_k3"], progress=False,
+                       stop_early=False)
     assert not result.passed
     assert {v.outcome for v in result.verdicts} == {outcome}
     assert all(words in v.summary for v in result.verdicts)
@@ -68,7 +69,7 @@ def test_bad_subjects_get_named_verdicts(subject, outcome, words):
 
 def test_a_crash_on_one_world_fails_only_that_world():
     result = run_audit(_crash_on_equal_rows, level="quick", worlds=["p_equals_q", "three_token"],
-                       progress=False)
+                       progress=False, stop_early=False)
     by_world = {v.world: v.outcome for v in result.verdicts}
     assert by_world == {"p_equals_q": Outcome.CRASHED, "three_token": Outcome.EXACT}
 

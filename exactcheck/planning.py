@@ -1,0 +1,178 @@
+"""The budget planner: how many trials each world needs to detect a given TV.
+
+A check of a law with K cells, run on n trials at significance ``share`` (its worst-case Holm
+share, alpha / m), detects every alternative at total variation >= eps on its pooled cells with
+probability >= ``power`` once the noncentral chi-square with noncentrality 4 n eps^2 clears the
+critical value (``statistics.detectable_tv``). A conditional law (the bonus token given N = k,
+the correction given N < k) sees only the trials that meet its condition, n * P(condition) in
+expectation, so it needs 1 / P(condition) times more trials.
+
+For every world the planner finds, by bisection on n, the fewest trials at which each of its laws
+reaches ``eps``; the world runs the most any of its laws needs, capped at ``max_samples``. A law
+that cannot reach ``eps`` within the cap is listed with the TV it does reach: the plan never
+claims a guarantee it cannot give. Everything here depends on the exact laws and alpha only,
+never on samples, so planning spends no false-alarm budget.
+
+Levels (``exactcheck.suite.Level``) are named targets: quick plans TV 0.05, standard 0.01,
+release 0.003 on every law whose condition is not too rare for the level's cap.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from exactcheck.laws import planned_laws
+from exactcheck.statistics import POWER, detectable_tv, pooling
+from exactcheck.suite import Level, default_worlds
+from toy_models import ContextWorld, StepWorld
+
+__all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "plan_budget", "default_plan", "law_detectable_tv",
+           "MIN_SAMPLES"]
+
+# Fewest trials planned for any world by default: below this the conditional laws drop out of
+# the plan and the chi-square approximation on pooled cells gets coarse.
+MIN_SAMPLES = 5_000
+
+
+@dataclass(frozen=True)
+class LawBudget:
+    """One law's share of a plan."""
+
+    world: str
+    law: str
+    condition: str
+    condition_probability: float  # P(a trial counts for this law)
+    cells: int
+    needed: int | None  # trials needed to detect the target TV; None: more than the cap
+    planned_tv: float  # the TV detected with `power` at the world's planned trials
+
+    @property
+    def reached(self) -> bool:
+        return self.needed is not None
+
+
+@dataclass(frozen=True)
+class WorldBudget:
+    world: str
+    samples: int
+    laws: tuple[LawBudget, ...]
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Trials per world for a target TV, with what each law then detects."""
+
+    detect_tv: float
+    alpha: float
+    power: float
+    checks: int  # statistical checks sharing alpha (Holm); the share used is alpha / checks
+    max_samples: int
+    min_samples: int
+    worlds: tuple[WorldBudget, ...]
+
+    @property
+    def share(self) -> float:
+        return self.alpha / max(self.checks, 1)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(w.samples for w in self.worlds)
+
+    def samples(self, world: str) -> int:
+        return next(w.samples for w in self.worlds if w.world == world)
+
+    @property
+    def unreached(self) -> list[LawBudget]:
+        return [law for w in self.worlds for law in w.laws if not law.reached]
+
+    def describe(self) -> str:
+        """The plan as a table (what ``exactcheck plan`` prints)."""
+        lines = [f"plan: detect TV >= {self.detect_tv:g} with power {self.power:g} at alpha "
+                 f"{self.alpha:g} over {self.checks} statistical checks (share {self.share:.2g} "
+                 f"each); {self.min_samples:,} to {self.max_samples:,} trials per world",
+                 f"{'world':<26} {'law':<17} {'cells':>6} {'P(cond)':>8} {'needed':>10} "
+                 f"{'planned':>10} {'detects TV':>10}"]
+        for w in self.worlds:
+            for law in w.laws:
+                needed = f"{law.needed:,}" if law.needed is not None else "> cap"
+                lines.append(f"{w.world:<26} {law.law:<17} {law.cells:>6} "
+                             f"{law.condition_probability:>8.3g} {needed:>10} {w.samples:>10,} "
+                             f"{law.planned_tv:>10.4f}")
+        lines.append(f"total: {self.total_samples:,} trials over {len(self.worlds)} worlds")
+        if self.unreached:
+            lines.append(f"{len(self.unreached)} law(s) cannot reach TV {self.detect_tv:g} within "
+                         f"the cap (their condition is rare); the column 'detects TV' says what they reach")
+        return "\n".join(lines)
+
+
+def law_detectable_tv(expected: np.ndarray, trials: float, share: float,
+                      power: float = POWER) -> float:
+    """The TV a pooled chi-square on ``trials`` samples of ``expected`` detects with ``power``."""
+    n = int(trials)
+    if n <= 0:
+        return 1.0
+    groups = int(pooling(expected, n).max()) + 1
+    return detectable_tv(n, max(groups - 1, 0), share, power)
+
+
+def _needed(expected: np.ndarray, rate: float, eps: float, share: float, power: float,
+            cap: int) -> int | None:
+    """Fewest trials (within 2%) at which the law, seen on a fraction ``rate`` of them,
+    detects ``eps``; None when even ``cap`` trials do not."""
+    if rate <= 0 or law_detectable_tv(expected, cap * rate, share, power) > eps:
+        return None
+    low, high = 1, cap
+    while high > low * 1.02 + 1:
+        mid = min(max(int(math.sqrt(low * high)), low + 1), high - 1)
+        if law_detectable_tv(expected, mid * rate, share, power) <= eps:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _round_up(n: int) -> int:
+    """Up to two significant figures, so plans print readably."""
+    scale = 10 ** max(int(math.log10(max(n, 1))) - 1, 0)
+    return -(-n // scale) * scale
+
+
+def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha: float,
+                power: float = POWER, max_samples: int = Level.RELEASE.max_samples,
+                checks: int | None = None, min_samples: int = MIN_SAMPLES) -> BudgetPlan:
+    """Trials per world so that each law detects ``detect_tv`` with ``power`` at its Holm share.
+
+    ``checks`` is the number of statistical checks alpha is split over; by default the laws the
+    worlds would check at ``max_samples`` (the most there can be, so the share is conservative)."""
+    if not 0 < detect_tv <= 1:
+        raise ValueError(f"detect_tv ({detect_tv}) must be in (0, 1]")
+    laws_at_cap = {w.name: planned_laws(w, max_samples) for w in worlds}
+    m = checks if checks is not None else sum(len(v) for v in laws_at_cap.values())
+    share = alpha / max(m, 1)
+    out = []
+    for world in worlds:
+        rows = []
+        for law in laws_at_cap[world.name]:
+            rate = law.condition_probability
+            rows.append((law, rate, _needed(law.expected, rate, detect_tv, share, power, max_samples)))
+        # A law that cannot reach the target within the cap gets the cap: as close as allowed.
+        wanted = [max_samples if needed is None else needed for _, _, needed in rows]
+        samples = min(max_samples, _round_up(max([min_samples, *wanted])))
+        # Laws checked at the planned size (conditional laws may drop out when rare).
+        kept = {law.law for law in planned_laws(world, samples)}
+        out.append(WorldBudget(world.name, samples, tuple(
+            LawBudget(world.name, law.law, law.condition, rate, law.expected.size, needed,
+                      law_detectable_tv(law.expected, samples * rate, share, power))
+            for law, rate, needed in rows if law.law in kept)))
+    return BudgetPlan(detect_tv, alpha, power, m, max_samples, min_samples, tuple(out))
+
+
+@functools.lru_cache(maxsize=16)
+def default_plan(detect_tv: float, alpha: float, max_samples: int,
+                 min_samples: int = MIN_SAMPLES) -> BudgetPlan:
+    """The plan over every built-in world (what an audit uses, whichever worlds it runs)."""
+    return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples,
+                       min_samples=min(min_samples, max_samples))
