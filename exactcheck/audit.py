@@ -270,11 +270,13 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
     gof = goodness_of_fit(counts, plan.expected, first_share)
     common = dict(base, check=f"{run.world.name}/{plan.law}", law=plan.law,
                   condition=plan.condition, samples=gof.samples)
+    process = run.processes[i]
     tv = dict(tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval,
               detectable_tv=gof.detectable_tv,
+              log_evidence=process.largest if process is not None else None,
               evidence=_evidence(LawComparison(plan, counts), gof.samples))
     if evident is not None and evident[0] is run and evident[1] == i:
-        log_e = run.processes[i].log_evidence
+        log_e = process.largest
         e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0
         summary = (_statistical_summary(gof) if gof.impossible else
                    f"TV {gof.tv_estimate:.4f}, e-value {_e(log_e)} after {run.drawn:,} of "

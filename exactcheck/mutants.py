@@ -13,7 +13,7 @@ import torch
 
 from exactcheck.reference import ReferenceVerifier, final_pq, row_at
 
-__all__ = ["Mutant", "MUTANTS", "mutant"]
+__all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "mutant"]
 
 
 class TrustDraft(ReferenceVerifier):
@@ -231,3 +231,69 @@ for _name, _m in MUTANTS.items():
 def mutant(name: str) -> ReferenceVerifier:
     """The mutant verifier called ``name``."""
     return MUTANTS[name].verifier
+
+
+# Small-bias mutants: plausible numerical slips whose TV is 0.002 to 0.05, the range the engines'
+# own tests cannot see. They are not in MUTANTS (the selftest's must-detect corpus): whether a
+# level detects them is a question of budget, measured in benchmarks/power.py.
+
+class ScaledAcceptance(ReferenceVerifier):
+    """The acceptance probability is scaled down by a constant (min(1, c p/q) instead of
+    min(1, p/q)), as when a probability is computed in a lower precision or with a stale
+    normaliser."""
+
+    def __init__(self, factor: float = 0.98):
+        self.factor = factor
+
+    def accept(self, u, p, q):
+        return u * q < self.factor * p
+
+
+class LeakyResidual(ReferenceVerifier):
+    """The residual is max(0, p - c q) with c < 1: the draft's mass is not fully subtracted."""
+
+    def __init__(self, factor: float = 0.9):
+        self.factor = factor
+
+    def final_rows(self, target, draft_probs, n):
+        p, q = (rows.double() for rows in final_pq(target, draft_probs, n))
+        residual = (p - self.factor * q).clamp(min=0)
+        return residual / residual.sum(1, keepdim=True)
+
+
+class DroppedTailMass(ReferenceVerifier):
+    """Target probabilities below a threshold are set to zero and the rows renormalised (a
+    'min-p'-style pruning applied where no policy asked for it)."""
+
+    def __init__(self, threshold: float = 1e-4):
+        self.threshold = threshold
+
+    def target_rows(self, target_probs):
+        rows = torch.where(target_probs < self.threshold, 0.0, target_probs.double())
+        return (rows / rows.sum(-1, keepdim=True)).to(target_probs.dtype)
+
+
+class TargetTemperature(ReferenceVerifier):
+    """The target rows are taken to a temperature T != 1 again (p^(1/T), renormalised): a
+    temperature applied twice, or to the wrong logits."""
+
+    def __init__(self, temperature: float = 1.05):
+        self.temperature = temperature
+
+    def target_rows(self, target_probs):
+        rows = target_probs.double().pow(1 / self.temperature)
+        return (rows / rows.sum(-1, keepdim=True)).to(target_probs.dtype)
+
+
+SMALL_BIAS_MUTANTS: dict[str, Mutant] = {
+    m.name: m for m in (
+        Mutant("acceptance_x0.98", ScaledAcceptance(0.98), "acceptance probability scaled by 0.98"),
+        Mutant("acceptance_x0.995", ScaledAcceptance(0.995), "acceptance probability scaled by 0.995"),
+        Mutant("residual_p-0.9q", LeakyResidual(0.9), "residual max(0, p - 0.9 q)"),
+        Mutant("residual_p-0.97q", LeakyResidual(0.97), "residual max(0, p - 0.97 q)"),
+        Mutant("dropped_below_1e-4", DroppedTailMass(1e-4), "target mass below 1e-4 dropped"),
+        Mutant("temperature_1.05", TargetTemperature(1.05), "target taken to temperature 1.05"),
+    )
+}
+for _m in SMALL_BIAS_MUTANTS.values():
+    _m.verifier.name = _m.name

@@ -35,7 +35,7 @@ from exactcheck.statistics import pooling
 __all__ = ["EProcess", "batch_schedule", "CONCENTRATIONS", "FIRST_BATCH_FRACTION", "GROWTH"]
 
 CONCENTRATIONS = tuple(10.0 ** j for j in range(7))
-FIRST_BATCH_FRACTION = 1 / 64  # the first look comes after this share of a world's budget
+FIRST_BATCH_FRACTION = 1 / 256  # the first look comes after this share of a world's budget
 GROWTH = 1.5  # each look comes after GROWTH times the samples of the one before
 
 
@@ -68,6 +68,7 @@ class EProcess:
                                minlength=groups)
         self._log_pi = np.log(self._pi)
         self.counts = np.zeros(self.expected.size, dtype=np.int64)
+        self.largest = 0.0  # the largest log E over the looks so far (E_0 = 1)
 
     @property
     def samples(self) -> int:
@@ -76,7 +77,9 @@ class EProcess:
     def update(self, counts: np.ndarray) -> float:
         """Add a batch's counts (over the law's cells); return log E after it."""
         self.counts += np.asarray(counts, dtype=np.int64)
-        return self.log_evidence
+        current = self.log_evidence
+        self.largest = max(self.largest, current)
+        return current
 
     @property
     def impossible(self) -> int:

@@ -60,6 +60,7 @@ class Verdict:
     tv_interval: tuple[float, float] | None = None
     detectable_tv: float | None = None
     tv_certificate: float | None = None  # TV <= this at confidence 1 - alpha (exact verdicts only)
+    log_evidence: float | None = None  # largest log e-value of the law's e-process over its looks
     evidence: tuple[CellDeviation, ...] = field(default_factory=tuple)
     reproducer: dict | None = None  # a shrunk counterexample (exactcheck.reproducer/1)
 
@@ -98,7 +99,7 @@ class Verdict:
         data = asdict(self)
         data["outcome"] = self.outcome.value
         data["tv_interval"] = list(self.tv_interval) if self.tv_interval else None
-        for key in ("statistic", "pvalue", "adjusted_pvalue"):
+        for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
             if data[key] is not None and not math.isfinite(data[key]):
                 data[key] = str(data[key])
         return data
@@ -109,8 +110,8 @@ class Verdict:
         data["outcome"] = Outcome(data["outcome"])
         data["tv_interval"] = tuple(data["tv_interval"]) if data["tv_interval"] else None
         data["evidence"] = tuple(CellDeviation(**e) for e in data["evidence"])
-        for key in ("statistic", "pvalue", "adjusted_pvalue"):
-            if isinstance(data[key], str):
+        for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
+            if isinstance(data.get(key), str):
                 data[key] = float(data[key])
         return cls(**data)
 

@@ -152,6 +152,25 @@ def near_zero_q() -> StepWorld:
     return StepWorld("near_zero_q", "draft gives 1e-6 to the target's likely tokens, V=6, k=2", p, q)
 
 
+def long_tail(vocab: int = 128, head: int = 48, tail_probability: float = 9e-5, k: int = 2,
+              seed: int = 31) -> StepWorld:
+    """Zipf-like head tokens plus a long tail of tokens at ``tail_probability`` each (below
+    1e-4; 0.72% of the mass with the defaults), the draft a noisy copy of the target. Not an
+    audit world: the power benchmark's world, where the small-bias mutants have TV 0.002-0.05."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(k + 1):
+        weights = 1.0 / np.arange(1, head + 1) ** 1.1
+        weights = weights / weights.sum() * (1 - tail_probability * (vocab - head))
+        row = np.concatenate([rng.permutation(weights), np.full(vocab - head, tail_probability)])
+        rows.append(row)
+    p = np.array(rows)
+    noise = _dirichlet(rng, k, vocab, 1.0)
+    q = 0.5 * p[:k] + 0.5 * noise
+    return StepWorld("long_tail", f"Zipf head of {head} tokens and a tail of {vocab - head} tokens "
+                     f"at {tail_probability:g}, V={vocab}, k={k}", _f32(p), _f32(q))
+
+
 def rounded(world: StepWorld, dtype: torch.dtype) -> StepWorld:
     """``world`` with its rows rounded to ``dtype`` and handed to the subject in it. The exact law
     is that of the rounded rows; the description states its TV to the float32 law."""

@@ -1,0 +1,217 @@
+"""Chain-rule checks: whole generated sequences over large vocabularies, laws never enumerated.
+
+When only the per-position conditionals p_t(. | prefix) can be computed (teacher forcing), the
+law of a sequence is still pinned down by the chain rule, and these statistics have exactly known
+behaviour when every token x_t was drawn from p_t (Rosenblatt 1952; Dunn & Smyth 1996):
+
+- randomised PIT: with F_t the CDF of p_t in a fixed token order, U_t = F_t(x_t^-) + V_t p_t(x_t),
+  V_t ~ U(0, 1) independent, the U_t of all positions and sequences are i.i.d. uniform. Two orders:
+  by target probability (descending; a sampler that is too hot or too cold moves U) and by the
+  draft/target ratio q/p (descending; a sampler biased towards the draft moves U). Tested with the
+  Kolmogorov-Smirnov test.
+- moment tests: for a function f of (row, token), E[f(x_t) | prefix] and Var[f(x_t) | prefix] are
+  known exactly per position, so Z = sum_t (f(x_t) - E_t) / sqrt(sum_t Var_t) is asymptotically
+  N(0, 1) (martingale central limit theorem). f = surprisal -log p_t(x); f = log q_t(x)/p_t(x)
+  (q clamped at 1e-300 so the moments stay finite; the clamp is part of f, so E and Var stay
+  exact); f = 1[x = the draft's most likely token].
+
+The five p-values are combined under Holm. The worlds supply conditionals as tensors
+(``target_rows(previous, position)`` / ``draft_rows``, float64 [B, V]); ``token_statistics`` is an
+optional O(1) fast path with the same values (checked against the generic path in the tests).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from scipy import stats
+
+from exactcheck.contract import PADDING, Verifier, call_verifier
+from exactcheck.sampling import inverse_cdf
+from exactcheck.statistics import holm
+
+__all__ = ["ChainWorld", "ChainSamples", "ChainRuleTest", "drive_chain", "teacher_forced",
+           "chain_rule_tests", "CHAIN_RULE_TESTS"]
+
+CHAIN_RULE_TESTS = ("pit_target_order", "pit_ratio_order", "surprisal", "log_draft_ratio",
+                    "draft_top_agreement")
+_TINY = 1e-300
+
+
+class ChainWorld(Protocol):
+    name: str
+    vocab_size: int
+    length: int
+    draft_length: int
+    bos: int
+
+    def target_rows(self, previous: torch.Tensor, position: torch.Tensor,
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor: ...
+
+    def draft_rows(self, previous: torch.Tensor, position: torch.Tensor,
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class ChainSamples:
+    """``n`` generated sequences of ``world.length`` tokens."""
+
+    world: ChainWorld
+    sequences: torch.Tensor  # [n, L] int64
+    seed: int
+    calls: int
+
+
+@dataclass(frozen=True)
+class ChainRuleTest:
+    name: str
+    statistic: float
+    statistic_name: str
+    pvalue: float
+    tokens: int
+    detail: str
+
+
+def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
+                device: torch.device | str = "cpu", batch: int = 128) -> ChainSamples:
+    """``n`` speculative generations through ``world``: draft k tokens from the draft
+    conditionals, build the k + 1 target rows along the drafted path, verify, commit, repeat.
+    Rows are handed to the subject in float32 and drafts are drawn exactly from the float32 draft
+    row (so the reported q is the q sampled from); the checks use the float64 rows, from which
+    float32 rounding moves a row by TV < 1e-7."""
+    device = torch.device(device)
+    driver = torch.Generator(device=device).manual_seed(seed)
+    subject = torch.Generator(device=device).manual_seed(seed ^ 0x5EC0_DE5E)
+    out, calls = [], 0
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        seq, used = _generate(verifier, world, size, driver, subject, device)
+        out.append(seq.cpu())
+        calls += used
+    return ChainSamples(world, torch.cat(out), seed, calls)
+
+
+def _generate(verifier, world, size, driver, subject, device):
+    k, length = world.draft_length, world.length
+    seq = torch.full((size, length + k + 1), PADDING, dtype=torch.int64, device=device)
+    filled = torch.zeros(size, dtype=torch.int64, device=device)
+    calls = 0
+    while True:
+        live = torch.nonzero(filled < length)[:, 0]
+        if live.numel() == 0:
+            return seq[:, :length], calls
+        f = filled[live]
+        last = torch.where(f > 0, seq[live, (f - 1).clamp(min=0)], world.bos)
+        previous, drafted, draft_rows, target_rows = last, [], [], []
+        for i in range(k):
+            q = world.draft_rows(previous, f + i, torch.float32)
+            u = torch.rand(live.numel(), dtype=torch.float64, generator=driver, device=device)
+            cdf = torch.cumsum(q, -1, dtype=torch.float64)
+            x = inverse_cdf(cdf, u * cdf[:, -1])
+            target_rows.append(world.target_rows(previous, f + i, torch.float32))
+            draft_rows.append(q)
+            drafted.append(x)
+            previous = x
+        target_rows.append(world.target_rows(previous, f + k, torch.float32))
+        emitted = call_verifier(verifier, torch.stack(target_rows, 1), torch.stack(draft_rows, 1),
+                                torch.stack(drafted, 1), subject)
+        calls += 1
+        count = (emitted != PADDING).sum(1)
+        columns = f[:, None] + torch.arange(k + 1, device=device)
+        keep = emitted != PADDING
+        rows = live[:, None].expand_as(columns)
+        seq[rows[keep], columns[keep]] = emitted[keep]
+        filled[live] = f + count
+
+
+def teacher_forced(world: ChainWorld, sequences: torch.Tensor, fast: bool = True,
+                   chunk: int = 256) -> dict[str, torch.Tensor]:
+    """Per-token quantities [n, L] (float64) of ``sequences`` under the world's conditionals.
+    ``fast`` uses the world's ``token_statistics`` when it has one."""
+    n, length = sequences.shape
+    previous = torch.cat([torch.full((n, 1), world.bos, dtype=torch.int64), sequences[:, :-1]], 1)
+    position = torch.arange(length).expand(n, length)
+    flat = (previous.reshape(-1), position.reshape(-1), sequences.reshape(-1))
+    if fast and hasattr(world, "token_statistics"):
+        out = world.token_statistics(*flat)
+    else:
+        parts = [_generic(world, flat[0][s:s + chunk], flat[1][s:s + chunk], flat[2][s:s + chunk])
+                 for s in range(0, n * length, chunk)]
+        out = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    return {key: value.reshape(n, length) for key, value in out.items()}
+
+
+def _generic(world, previous, position, token) -> dict[str, torch.Tensor]:
+    """The O(V) computation from the row tensors."""
+    p = world.target_rows(previous, position).double()
+    q = world.draft_rows(previous, position).double()
+    ids = torch.arange(p.shape[1])[None, :]
+    x = token[:, None]
+    p_x = p.gather(1, x)
+    before = (p > p_x) | ((p == p_x) & (ids < x))
+    ratio = torch.where(p > 0, q / torch.where(p > 0, p, 1.0), -math.inf)
+    r_x = ratio.gather(1, x)
+    before_ratio = (ratio > r_x) | ((ratio == r_x) & (ids < x))
+    log_p = torch.where(p > 0, torch.log(torch.where(p > 0, p, 1.0)), 0.0)
+    llr = torch.log(q.clamp(min=_TINY)) - log_p
+    entropy = -(p * log_p).sum(1)
+    llr_mean = (p * llr).sum(1)
+    top = q.argmax(1, keepdim=True)
+    return {
+        "p": p_x[:, 0],
+        "below_p": (p * before).sum(1),
+        "below_ratio": (p * before_ratio).sum(1),
+        "surprisal": -log_p.gather(1, x)[:, 0],
+        "surprisal_mean": entropy,
+        "surprisal_var": (p * log_p ** 2).sum(1) - entropy ** 2,
+        "llr": llr.gather(1, x)[:, 0],
+        "llr_mean": llr_mean,
+        "llr_var": (p * llr ** 2).sum(1) - llr_mean ** 2,
+        "agree": (token == top[:, 0]).double(),
+        "agree_mean": p.gather(1, top)[:, 0],
+    }
+
+
+def _z_test(name: str, values: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+            what: str) -> ChainRuleTest:
+    deviation = float((values - mean).sum())
+    spread = math.sqrt(max(float(var.clamp(min=0).sum()), 1e-300))
+    z = deviation / spread
+    per_token = deviation / values.numel()
+    return ChainRuleTest(name, z, "z (martingale CLT)", float(2 * stats.norm.sf(abs(z))),
+                         values.numel(), f"{what}: observed - expected = {per_token:+.4g} per token")
+
+
+def chain_rule_tests(world: ChainWorld, sequences: torch.Tensor, seed: int,
+                     fast: bool = True) -> list[ChainRuleTest]:
+    """The five chain-rule tests on ``sequences`` (p-values not yet adjusted)."""
+    t = teacher_forced(world, sequences, fast=fast)
+    gen = torch.Generator().manual_seed(seed)
+    tests = []
+    for name, below, order in (("pit_target_order", t["below_p"], "target probability"),
+                               ("pit_ratio_order", t["below_ratio"], "draft/target ratio")):
+        v = torch.rand(below.shape, dtype=torch.float64, generator=gen)
+        u = (below + v * t["p"]).reshape(-1).clamp(0, 1).numpy()
+        ks = stats.kstest(u, "uniform")
+        tests.append(ChainRuleTest(name, float(ks.statistic), "Kolmogorov-Smirnov D", float(ks.pvalue),
+                                   u.size, f"PIT in {order} order: mean {u.mean():.4f} (exact 0.5)"))
+    tests.append(_z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"],
+                         "surprisal -log p(x)"))
+    tests.append(_z_test("log_draft_ratio", t["llr"], t["llr_mean"], t["llr_var"], "log q(x)/p(x)"))
+    agree = t["agree_mean"]
+    tests.append(_z_test("draft_top_agreement", t["agree"], agree, agree * (1 - agree),
+                         "x equals the draft's most likely token"))
+    return tests
+
+
+def holm_decision(tests: list[ChainRuleTest], alpha: float) -> tuple[bool, list[float]]:
+    """Whether Holm at ``alpha`` rejects any test, and the adjusted p-values."""
+    adjusted, _ = holm([t.pvalue for t in tests], alpha)
+    return min(adjusted) <= alpha, adjusted
+
+
+def pvalues(tests: list[ChainRuleTest]) -> np.ndarray:
+    return np.array([t.pvalue for t in tests])
