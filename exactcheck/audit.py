@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
+from exactcheck.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
 from exactcheck.contract import Verifier
 from exactcheck.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
@@ -28,7 +29,7 @@ from exactcheck.progress import Progress
 from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
 from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
-from exactcheck.suite import Level, default_worlds, derive_seed
+from exactcheck.suite import Level, default_worlds, derive_seed, large_worlds
 from exactcheck.verdict import CellDeviation, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
@@ -156,13 +157,17 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         raise UsageError(f"max_samples ({max_samples}) must be positive")
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
     chosen = default_worlds()
+    chains = []
     searched = list(PROPERTIES) if properties else []
     if worlds:
-        known = [w.name for w in chosen] + ["properties", "inputs"] + [f"properties/{p}" for p in PROPERTIES]
+        large = large_worlds()
+        known = ([w.name for w in chosen] + [w.name for w in large] + ["properties", "inputs"]
+                 + [f"properties/{p}" for p in PROPERTIES])
         unknown = set(worlds) - set(known)
         if unknown:
             raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
         chosen = [w for w in chosen if w.name in worlds]
+        chains = [w for w in large if w.name in worlds]
         searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
     # planned on every built-in world, so a world's budget (and its samples) is the same when
     # it is audited alone with --world
@@ -176,13 +181,13 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
             world, world_seed, n, plans, batch_schedule(n) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
             [EProcess(p.expected, n * p.condition_probability) if stop_early else None for p in plans]))
-    checks = sum(len(r.plans) for r in runs)
+    checks = sum(len(r.plans) for r in runs) + len(chains) * len(CHAIN_RULE_TESTS)
     holm_alpha = alpha / 2 if stop_early else alpha
     first_share = holm_alpha / max(checks, 1)
     threshold = math.log(2 * max(checks, 1) / alpha)  # e-value bar: Bonferroni at alpha / 2
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(sum(len(r.batches) for r in runs) + len(searched) + bool(searched),
+    bar = Progress(sum(len(r.batches) for r in runs) + len(chains) + len(searched) + bool(searched),
                    enabled=progress)
 
     def reproduce(world: str) -> str:
@@ -226,6 +231,11 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
             continue
         for i, plan in enumerate(run.plans):
             pending.append(_law_verdict(run, i, base, first_share, alpha, checks, evident))
+
+    for world in chains:
+        pending.extend(_chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
+                                       device, reproduce(world.name), evident is not None))
+        bar.step(world.name)
 
     for prop in searched:
         prop_seed = derive_seed(seed, f"properties/{prop}")
@@ -299,6 +309,26 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
                    tv_certificate=tv_certificate(counts, plan.expected, alpha),
                    statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
                    pvalue=gof.pvalue, **tv, **common)
+
+
+def _chain_verdicts(subject, world, sequences: int, seed: int, device, reproduce: str,
+                    stopped: bool) -> list[Verdict]:
+    """The chain-rule tests of a large-vocabulary world (p-values still to go through Holm)."""
+    base = dict(world=world.name, seed=seed, reproduce=reproduce)
+    condition = f"{sequences:,} sequences x {world.length} tokens, teacher-forced conditionals"
+    if stopped:
+        return [Verdict(check=f"{world.name}/{name}", law=name, condition=condition,
+                        outcome=Outcome.INCONCLUSIVE, samples=0,
+                        summary="not run: the audit stopped early on a defect", **base)
+                for name in CHAIN_RULE_TESTS]
+    try:
+        samples = drive_chain(subject, world, sequences, seed, device)
+    except (SubjectCrashed, ContractViolation) as exc:
+        return [_failure_verdict(exc, samples=sequences, **base)]
+    return [Verdict(check=f"{world.name}/{t.name}", law=t.name, condition=condition,
+                    outcome=Outcome.EXACT, summary=t.detail, samples=t.tokens,
+                    statistic=t.statistic, statistic_name=t.statistic_name, pvalue=t.pvalue, **base)
+            for t in chain_rule_tests(world, samples.sequences, derive_seed(seed, "pit"))]
 
 
 def _e(log_e: float) -> str:

@@ -16,13 +16,13 @@ from pathlib import Path
 from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
 from exactcheck.memory import keep_freed_memory
-from exactcheck.mutants import MUTANTS
+from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
 from exactcheck.planning import default_plan
 from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
 from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
 from exactcheck.selftest import run_selftest
-from exactcheck.suite import Level, default_worlds
+from exactcheck.suite import Level, default_worlds, large_worlds
 from exactcheck.verdict import Outcome
 
 __all__ = ["main", "load_subject"]
@@ -176,11 +176,17 @@ def _list(_args) -> int:
     print("worlds:")
     for w in default_worlds():
         print(f"  {w.name:<26} {w.description}")
+    print("large worlds (audited when named with --world; chain-rule tests):")
+    for w in large_worlds():
+        print(f"  {w.name:<26} {w.description}")
     print("properties (deterministic, forced random numbers):")
     for name in PROPERTIES:
         print(f"  properties/{name}")
     print("mutants:")
     for m in MUTANTS.values():
+        print(f"  {m.name:<26} {m.defect}")
+    print("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
+    for m in SMALL_BIAS_MUTANTS.values():
         print(f"  {m.name:<26} {m.defect}")
     return EXIT_PASS
 

@@ -6,7 +6,7 @@ import hashlib
 
 from toy_models import ContextWorld, StepWorld, context_worlds, step_worlds
 
-__all__ = ["Level", "default_worlds", "derive_seed"]
+__all__ = ["Level", "default_worlds", "large_worlds", "derive_seed"]
 
 class Level(enum.Enum):
     """Audit depth, defined by the TV every law is planned to detect with power 0.9 at its
@@ -27,6 +27,11 @@ class Level(enum.Enum):
         return {Level.QUICK: 50_000, Level.STANDARD: 1_000_000, Level.RELEASE: 10_000_000}[self]
 
     @property
+    def chain_sequences(self) -> int:
+        """Sequences generated through a large-vocabulary chain-rule world (``large_worlds``)."""
+        return {Level.QUICK: 200, Level.STANDARD: 1_000, Level.RELEASE: 5_000}[self]
+
+    @property
     def min_samples(self) -> int:
         """The floor on trials per world. Certifying "TV <= eps" costs more than detecting eps
         (the bound adds a concentration radius to the plug-in TV); the floor lets a passing
@@ -42,6 +47,13 @@ class Level(enum.Enum):
 def default_worlds() -> list[StepWorld | ContextWorld]:
     """Every built-in world, step worlds first."""
     return [*step_worlds(), *context_worlds()]
+
+
+def large_worlds():
+    """Worlds audited only when named (``--world``): their laws are never enumerated and they
+    are checked by the chain-rule tests (``exactcheck.chain_rule``); V = 50,000 costs minutes."""
+    from toy_models.zipf_world import zipf_world
+    return [zipf_world()]
 
 
 def derive_seed(root: int, name: str) -> int:

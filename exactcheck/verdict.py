@@ -75,6 +75,9 @@ class Verdict:
         if self.statistic is None and self.pvalue == 0:
             lines.append("deterministic finding: impossible for an exact subject (p = 0); "
                          "it spends none of alpha")
+        elif self.statistic is not None and self.df is None and self.statistic_name.startswith("log e-value"):
+            lines.append(f"anytime-valid p-value 1/e: {_num(self.pvalue)} (Bonferroni-adjusted "
+                         f"{_num(self.adjusted_pvalue)}, alpha share {_num(self.alpha_share)})")
         elif self.statistic is not None:
             lines.append(f"p-value: {_num(self.pvalue)} (Holm-adjusted {_num(self.adjusted_pvalue)}, "
                          f"alpha share {_num(self.alpha_share)})")

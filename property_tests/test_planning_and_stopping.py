@@ -1,0 +1,144 @@
+"""The budget planner, the anytime-valid e-processes and early stopping, and certificates."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from exactcheck import reference_verifier, run_audit
+from exactcheck.cli import main
+from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
+from exactcheck.planning import default_plan, law_detectable_tv
+from exactcheck.sequential import EProcess, batch_schedule
+from exactcheck.statistics import tv_certificate
+from exactcheck.suite import Level
+from toy_models import context_worlds
+
+
+@pytest.mark.parametrize("level", [Level.QUICK, Level.STANDARD])
+def test_every_reachable_law_detects_the_levels_tv_at_its_planned_budget(level):
+    plan = default_plan(level.detect_tv, 1e-3, level.max_samples, level.min_samples)
+    assert plan.checks >= 50
+    for world in plan.worlds:
+        assert level.min_samples <= world.samples <= level.max_samples
+        for law in world.laws:
+            if law.reached:
+                assert law.needed <= world.samples and law.planned_tv <= level.detect_tv + 1e-9
+            else:  # honest about the laws whose condition is too rare
+                assert world.samples == level.max_samples and law.planned_tv > level.detect_tv
+    # the figures the plan prints are the statistics module's own
+    three = next(w for w in plan.worlds if w.world == "three_token")
+    first = next(law for law in three.laws if law.law == "first_token")
+    from toy_models import three_token
+    expected = three_token().target_law()[0]
+    assert first.planned_tv == pytest.approx(law_detectable_tv(expected, three.samples, plan.share))
+
+
+def test_levels_are_ordered_by_the_tv_they_detect():
+    quick, standard = (default_plan(lv.detect_tv, 1e-3, lv.max_samples, lv.min_samples)
+                       for lv in (Level.QUICK, Level.STANDARD))
+    assert quick.total_samples < standard.total_samples
+    assert Level.QUICK.detect_tv > Level.STANDARD.detect_tv > Level.RELEASE.detect_tv
+
+
+def test_plan_command_prints_the_budget_and_refuses_nonsense(capsys):
+    assert main(["plan", "--level", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert "detect TV >= 0.05" in out and "three_token" in out and "total:" in out
+    assert main(["plan", "--detect-tv", "0.02", "--max-samples", "100000"]) == 0
+    assert "detect TV >= 0.02" in capsys.readouterr().out
+    assert main(["plan", "--detect-tv", "0"]) == 2
+
+
+def test_batch_schedule_covers_the_budget_exactly():
+    for budget in (1, 499, 500, 5_000, 123_457, 1_000_000):
+        sizes = batch_schedule(budget)
+        assert sum(sizes) == budget and all(s > 0 for s in sizes)
+        assert sizes[0] == min(budget, max(500, math.ceil(budget / 256)))
+
+
+def test_e_process_is_a_martingale_with_mean_one():
+    """E[E_n] = 1 under the exact law, checked exactly by enumerating every sequence of n
+    samples (the e-value depends on the counts only)."""
+    p = np.array([0.5, 0.3, 0.2])
+    n = 6
+    total = 0.0
+    for sequence in itertools.product(range(3), repeat=n):
+        counts = np.bincount(sequence, minlength=3)
+        e = EProcess(p, budget=100)
+        total += float(np.prod(p[list(sequence)])) * math.exp(e.update(counts))
+    assert total == pytest.approx(1.0, abs=1e-8)  # log-gamma differences at A = 1e6 lose ~1e-9
+
+
+def test_villes_inequality_holds_on_the_reference_law():
+    """P(sup_n E_n >= 1/a) <= a: over 2,000 exact runs, checked after every batch."""
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.ones(8))
+    budget, runs, bar = 20_000, 2_000, 20.0
+    crossed = 0
+    for _ in range(runs):
+        e = EProcess(p, budget)
+        crossed += max(e.update(rng.multinomial(size, p)) for size in batch_schedule(budget)) >= math.log(bar)
+    # a = 0.05: 100 expected at most; 3 sigma above is 120
+    assert crossed <= 120
+
+
+def test_impossible_outcome_is_infinite_evidence():
+    e = EProcess(np.array([0.5, 0.5, 0.0]), 1000)
+    assert e.update(np.array([10, 10, 0])) < 1
+    assert e.update(np.array([0, 0, 1])) == math.inf
+
+
+def test_early_stopping_stops_on_a_gross_defect_and_says_where():
+    result = run_audit(MUTANTS["trust_draft"].verifier, level="quick", properties=False, progress=False)
+    assert not result.passed and result.stop_early
+    assert result.samples_drawn <= 1_000 < result.samples_planned
+    stopped = next(v for v in result.verdicts if v.check == result.stopped_at)
+    assert stopped.outcome.failed and stopped.adjusted_pvalue <= 1e-3
+    unfinished = [v for v in result.verdicts if "not run to its budget" in v.summary]
+    assert unfinished and all(not v.outcome.failed for v in unfinished)
+    assert "stopped early" in stopped.describe() or "exact probability 0" in stopped.describe()
+
+
+def test_early_stopping_keeps_the_reference_passing_at_full_budget():
+    result = run_audit(reference_verifier, level="quick", properties=False, progress=False, seed=3)
+    assert result.passed and result.stopped_at is None
+    assert result.samples_drawn == result.samples_planned
+    statistical = [v for v in result.verdicts if v.statistic is not None]
+    assert statistical and all(v.log_evidence is not None for v in statistical)
+    assert all(v.alpha_share <= 1e-3 / 2 for v in statistical)  # Holm on half of alpha
+
+
+@pytest.mark.parametrize("name", list(SMALL_BIAS_MUTANTS))
+def test_small_bias_mutants_are_detected_at_quick(name):
+    """Each small-bias mutant has a world where it shows (TV 0.002-0.03 on the first token of
+    long_tail; impossible outcomes on the degenerate worlds)."""
+    result = run_audit(SMALL_BIAS_MUTANTS[name].verifier, level="quick", properties=False,
+                       progress=False)
+    assert not result.passed, name
+
+
+def test_tail_merged_certificate_covers_the_truth_and_beats_plain_bhc():
+    rng = np.random.default_rng(3)
+    p = context_worlds()[3].sequence_law()  # 4,096 cells, most of them rare
+    q = p.copy()
+    top = np.argsort(p)[-20:]
+    q[top] *= 1.1
+    q /= q.sum()
+    true_tv = 0.5 * np.abs(q - p).sum()
+    alpha, n = 0.1, 50_000
+    covered = sum(tv_certificate(rng.multinomial(n, q), p, alpha) >= true_tv for _ in range(200))
+    assert covered >= 200 * (1 - alpha)
+    counts = rng.multinomial(n, p)
+    plain = 0.5 * np.abs(counts / n - p).sum() + math.sqrt((p.size * math.log(2) + math.log(1 / alpha)) / (2 * n))
+    assert tv_certificate(counts, p, alpha) < plain
+
+
+def test_audit_command_plans_for_a_requested_tv(capsys):
+    assert main(["audit", "exactcheck.reference:reference_verifier", "--level", "quick",
+                 "--detect-tv", "0.1", "--world", "three_token", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "budget: detect TV >= 0.1" in out and "5,000 of 5,000 planned trials" in out
+    assert main(["audit", "exactcheck.mutants:trust_draft", "--level", "quick", "--world",
+                 "random_v8_k4", "--quiet"]) == 1
+    assert "stopped early on random_v8_k4/" in capsys.readouterr().out
