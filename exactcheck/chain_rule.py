@@ -30,10 +30,11 @@ import torch
 from scipy import stats
 
 from exactcheck.contract import PADDING, Verifier, call_verifier
+from exactcheck.drive import SequenceSamples
 from exactcheck.sampling import inverse_cdf
 from exactcheck.statistics import holm
 
-__all__ = ["ChainWorld", "ChainSamples", "ChainRuleTest", "drive_chain", "teacher_forced",
+__all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
            "chain_rule_tests", "CHAIN_RULE_TESTS"]
 
 CHAIN_RULE_TESTS = ("pit_target_order", "pit_ratio_order", "surprisal", "log_draft_ratio",
@@ -56,16 +57,6 @@ class ChainWorld(Protocol):
 
 
 @dataclass(frozen=True)
-class ChainSamples:
-    """``n`` generated sequences of ``world.length`` tokens."""
-
-    world: ChainWorld
-    sequences: torch.Tensor  # [n, L] int64
-    seed: int
-    calls: int
-
-
-@dataclass(frozen=True)
 class ChainRuleTest:
     name: str
     statistic: float
@@ -76,7 +67,7 @@ class ChainRuleTest:
 
 
 def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
-                device: torch.device | str = "cpu", batch: int = 128) -> ChainSamples:
+                device: torch.device | str = "cpu", batch: int = 128) -> SequenceSamples:
     """``n`` speculative generations through ``world``: draft k tokens from the draft
     conditionals, build the k + 1 target rows along the drafted path, verify, commit, repeat.
     Rows are handed to the subject in float32 and drafts are drawn exactly from the float32 draft
@@ -85,24 +76,25 @@ def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
     device = torch.device(device)
     driver = torch.Generator(device=device).manual_seed(seed)
     subject = torch.Generator(device=device).manual_seed(seed ^ 0x5EC0_DE5E)
-    out, calls = [], 0
+    out, calls, steps = [], 0, 0
     for start in range(0, n, batch):
         size = min(batch, n - start)
-        seq, used = _generate(verifier, world, size, driver, subject, device)
+        seq, used, rows = _generate(verifier, world, size, driver, subject, device)
         out.append(seq.cpu())
-        calls += used
-    return ChainSamples(world, torch.cat(out), seed, calls)
+        calls, steps = calls + used, steps + rows
+    return SequenceSamples(world, torch.cat(out), seed, calls, steps)
 
 
 def _generate(verifier, world, size, driver, subject, device):
     k, length = world.draft_length, world.length
     seq = torch.full((size, length + k + 1), PADDING, dtype=torch.int64, device=device)
     filled = torch.zeros(size, dtype=torch.int64, device=device)
-    calls = 0
+    calls = steps = 0
     while True:
         live = torch.nonzero(filled < length)[:, 0]
         if live.numel() == 0:
-            return seq[:, :length], calls
+            return seq[:, :length], calls, steps
+        steps += live.numel()
         f = filled[live]
         last = torch.where(f > 0, seq[live, (f - 1).clamp(min=0)], world.bos)
         previous, drafted, draft_rows, target_rows = last, [], [], []

@@ -57,7 +57,8 @@ class StepSamples:
 
 @dataclass(frozen=True)
 class SequenceSamples:
-    """The first ``world.length`` tokens of ``n`` independent speculative generations."""
+    """The first ``world.length`` tokens of ``n`` independent speculative generations (of a
+    ``ContextWorld`` here, or a large-vocabulary world in ``exactcheck.chain_rule``)."""
 
     world: ContextWorld
     sequences: torch.Tensor  # [n, L] int64
