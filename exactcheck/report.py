@@ -77,7 +77,8 @@ def render_audit_markdown(data: dict) -> str:
         f"# exactcheck audit of `{result.subject}`: {status}",
         "",
         f"Level **{result.level}**, seed {result.seed}, false-alarm budget α = {result.alpha:g} "
-        f"shared by Holm's method over {len(result.verdicts)} checks; {counts}. "
+        f"for the whole audit ({'half to the early-stopping e-processes, half to Holm' if result.stop_early else 'Holm'} "
+        f"over the statistical checks); {len(result.verdicts)} checks: {counts}. "
         f"Device {result.device}, {result.duration_s:.1f} s, exactcheck "
         f"{result.environment.get('exactcheck')}, torch {result.environment.get('torch')}.",
         "",
