@@ -16,7 +16,7 @@ from pathlib import Path
 from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
 from exactcheck.memory import keep_freed_memory
-from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
+from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
 from exactcheck.planning import default_plan
 from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
 from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
@@ -187,7 +187,7 @@ def _list(_args) -> int:
         print(f"  {m.name:<26} {m.defect}")
     print("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
     for m in SMALL_BIAS_MUTANTS.values():
-        print(f"  {m.name:<26} {m.defect}")
+        print(f"  {m.name:<26} {m.defect} (exactcheck.mutants:{importable_name(m.name)})")
     return EXIT_PASS
 
 

@@ -228,6 +228,11 @@ for _name, _m in MUTANTS.items():
     globals()[_name] = _m.verifier  # importable as exactcheck.mutants:NAME
 
 
+def importable_name(name: str) -> str:
+    """The module attribute a mutant is importable as (``MODULE:CALLABLE`` on the command line)."""
+    return name.replace(".", "_").replace("-", "_")
+
+
 def mutant(name: str) -> ReferenceVerifier:
     """The mutant verifier called ``name``."""
     return MUTANTS[name].verifier
@@ -297,3 +302,4 @@ SMALL_BIAS_MUTANTS: dict[str, Mutant] = {
 }
 for _m in SMALL_BIAS_MUTANTS.values():
     _m.verifier.name = _m.name
+    globals()[importable_name(_m.name)] = _m.verifier  # e.g. exactcheck.mutants:temperature_1_05

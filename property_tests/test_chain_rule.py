@@ -67,3 +67,15 @@ def test_v50000_temperature_error_detected_with_few_sequences():
     assert not _rejects(world, ref.sequences, seed=7)
     hot = drive_chain(SMALL_BIAS_MUTANTS["temperature_1.05"].verifier, world, 100, seed=6)
     assert _rejects(world, hot.sequences, seed=7)
+
+
+def test_audit_runs_the_large_world_when_named_and_flags_a_temperature_error():
+    from exactcheck import run_audit
+    from exactcheck.mutants import temperature_1_05
+
+    result = run_audit(temperature_1_05, level="quick", worlds=["zipf_v50000_l64_k4"], progress=False)
+    chain = [v for v in result.verdicts if v.world == "zipf_v50000_l64_k4"]
+    assert [v.law for v in chain] == list(CHAIN_RULE_TESTS)
+    assert all(v.samples == 200 * 64 for v in chain)
+    assert "surprisal" in {v.law for v in result.failed}
+    assert all(v.adjusted_pvalue is not None for v in chain)
