@@ -40,7 +40,8 @@ import torch
 from exactcheck.drive import drive_steps
 from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.laws import compare, planned_laws
-from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
+from exactcheck.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMass, LeakyResidual,
+                                ScaledAcceptance)
 from exactcheck.reference import reference_verifier
 from exactcheck.sequential import EProcess, batch_schedule
 from exactcheck.statistics import goodness_of_fit, holm, pooling
@@ -132,12 +133,12 @@ def exact_first_token_tv(name: str, world) -> float | None:
     m = mutant.verifier
     accept = np.minimum(1.0, p / q)
     residual = np.clip(p - q, 0, None)
-    if hasattr(m, "factor") and type(m).__name__ == "ScaledAcceptance":
+    if isinstance(m, ScaledAcceptance):
         accept = np.minimum(1.0, m.factor * p / q)
-    elif hasattr(m, "factor"):
+    elif isinstance(m, LeakyResidual):
         residual = np.clip(p - m.factor * q, 0, None)
     else:  # a changed target row: the output's first token follows it exactly
-        if hasattr(m, "threshold"):
+        if isinstance(m, DroppedTailMass):
             changed = np.where(p < m.threshold, 0.0, p)
         else:
             changed = p ** (1 / m.temperature)

@@ -25,14 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 from scipy import stats
 
 from exactcheck.contract import PADDING, Verifier, call_verifier
 from exactcheck.drive import SequenceSamples
 from exactcheck.sampling import inverse_cdf
-from exactcheck.statistics import holm
 
 __all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
            "chain_rule_tests", "CHAIN_RULE_TESTS"]
@@ -197,13 +195,3 @@ def chain_rule_tests(world: ChainWorld, sequences: torch.Tensor, seed: int,
     tests.append(_z_test("draft_top_agreement", t["agree"], agree, agree * (1 - agree),
                          "x equals the draft's most likely token"))
     return tests
-
-
-def holm_decision(tests: list[ChainRuleTest], alpha: float) -> tuple[bool, list[float]]:
-    """Whether Holm at ``alpha`` rejects any test, and the adjusted p-values."""
-    adjusted, _ = holm([t.pvalue for t in tests], alpha)
-    return min(adjusted) <= alpha, adjusted
-
-
-def pvalues(tests: list[ChainRuleTest]) -> np.ndarray:
-    return np.array([t.pvalue for t in tests])
