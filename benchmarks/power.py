@@ -110,15 +110,17 @@ def exactcheck_sequential(world, plans, outputs: torch.Tensor, n: int) -> int | 
     """Samples at which the audit's sequential procedure flags a defect; None if it never does."""
     from exactcheck.drive import StepSamples
     processes = [EProcess(plan.expected, n * plan.condition_probability) for plan in plans]
+    totals = [np.zeros(plan.expected.size, dtype=np.int64) for plan in plans]
     threshold = math.log(2 * len(plans) / ALPHA)
     start = 0
     for size in batch_schedule(n):
         batch = StepSamples(world, outputs[start:start + size], outputs[start:start + size, :-1], 0, 1)
         start += size
-        for plan, process in zip(plans, processes):
-            if process.update(compare(plan, batch).counts) >= threshold:
+        for plan, process, total in zip(plans, processes, totals):
+            total += compare(plan, batch).counts
+            if process.look(total) >= threshold:
                 return start
-    pvalues = [goodness_of_fit(pr.counts, pl.expected, ALPHA / 2).pvalue for pl, pr in zip(plans, processes)]
+    pvalues = [goodness_of_fit(total, plan.expected, ALPHA / 2).pvalue for plan, total in zip(plans, totals)]
     adjusted, _ = holm(pvalues, ALPHA / 2)
     return n if min(adjusted) <= ALPHA / 2 else None
 

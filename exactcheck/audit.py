@@ -217,7 +217,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
                 counts = compare(plan, samples).counts
                 run.counts[i] += counts
                 process = run.processes[i]
-                if process is not None and process.update(counts) >= threshold and not evident:
+                if process is not None and process.look(run.counts[i]) >= threshold and not evident:
                     evident = (run, i)
             bar.step(run.world.name)
         if evident:

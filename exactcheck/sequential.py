@@ -55,7 +55,7 @@ def batch_schedule(budget: int, first_fraction: float = FIRST_BATCH_FRACTION,
 
 @dataclass
 class EProcess:
-    """The Dirichlet-mixture test martingale of one law, fed counts batch by batch."""
+    """The Dirichlet-mixture test martingale of one law, looked at after each batch."""
 
     expected: np.ndarray  # exact law over the law's cells (float64)
     budget: int  # samples the law is expected to see at the full budget (fixes the pooling)
@@ -67,33 +67,22 @@ class EProcess:
         self._pi = np.bincount(self._group[self._group >= 0], weights=self.expected[self._group >= 0],
                                minlength=groups)
         self._log_pi = np.log(self._pi)
-        self.counts = np.zeros(self.expected.size, dtype=np.int64)
         self.largest = 0.0  # the largest log E over the looks so far (E_0 = 1)
 
-    @property
-    def samples(self) -> int:
-        return int(self.counts.sum())
-
-    def update(self, counts: np.ndarray) -> float:
-        """Add a batch's counts (over the law's cells); return log E after it."""
-        self.counts += np.asarray(counts, dtype=np.int64)
-        current = self.log_evidence
+    def look(self, counts: np.ndarray) -> float:
+        """log E_n for the counts so far (over the law's cells; the caller keeps them, adding
+        each batch): +inf once a sample fell on an impossible cell. Records the largest."""
+        current = self.log_evidence(np.asarray(counts, dtype=np.int64))
         self.largest = max(self.largest, current)
         return current
 
-    @property
-    def impossible(self) -> int:
-        return int(self.counts[self._group < 0].sum())
-
-    @property
-    def log_evidence(self) -> float:
-        """log E_n: +inf once a sample fell on an impossible cell."""
-        if self.impossible:
+    def log_evidence(self, counts: np.ndarray) -> float:
+        if counts[self._group < 0].any():
             return math.inf
-        n = self.samples
+        n = int(counts.sum())
         if n == 0 or self._pi.size <= 1:
             return 0.0
-        pooled = np.bincount(self._group[self._group >= 0], weights=self.counts[self._group >= 0],
+        pooled = np.bincount(self._group[self._group >= 0], weights=counts[self._group >= 0],
                              minlength=self._pi.size)
         plug = float(pooled @ self._log_pi)
         logs = []
