@@ -34,7 +34,8 @@ class SubjectCrashed(SubjectError):
 
 
 class Violation(enum.Enum):
-    """Ways a verifier's output can break the step contract (vLLM's rejection-sampler layout)."""
+    """Ways a subject's output can break its contract: the step contract (vLLM's rejection-sampler
+    layout) or the generator contract (``exactcheck.generator``)."""
 
     NOT_A_TENSOR = "output is not a torch.Tensor"
     WRONG_SHAPE = "output shape is not [B, k+1]"
@@ -43,6 +44,8 @@ class Violation(enum.Enum):
     TOKEN_AFTER_PADDING = "a token follows a -1 padding entry"
     NOTHING_EMITTED = "a row emits no token (every step must emit a correction or bonus token)"
     DRAFT_MISMATCH = "an emitted draft position differs from the draft token given"
+    PROMPT_CHANGED = "the generated sequence does not start with the prompt"
+    WRONG_LENGTH = "the generator did not return exactly the requested number of new tokens"
 
 
 class ContractViolation(SubjectError):

@@ -1,0 +1,138 @@
+"""The end-to-end subject: a speculative generator and its contract.
+
+A ``Generator`` is called as ``generator(target, draft, input_ids, policy, max_new_tokens, seed)``
+where ``target`` and ``draft`` are model objects (transformers causal LMs here), ``input_ids`` is
+a ``[1, P]`` prompt, ``policy`` the ``DecodingPolicy`` it must sample from, and ``seed`` the one
+seed its randomness may come from. It returns the generated ids: ``[1, P + n]`` (prompt
+included, as ``generate`` returns them), ``[n]`` (new tokens only), or a ``Generation`` when it
+can also hand back its final caches. ``call_generator`` validates the answer and returns the
+``n`` new tokens; anything else becomes a ``ContractViolation`` or ``SubjectCrashed`` with a
+message that says what was wrong.
+
+A generator may carry two attributes: ``draft_length`` (a dataclass field, so checks can
+``dataclasses.replace`` it to sweep draft lengths) and ``lossy`` (True for a mode that targets
+another law on purpose, such as transformers' ``assistant_ensemble_weight``; the audit then
+reports its measured TV as the price of the mode instead of calling it exact).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+
+__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "Generation", "call_generator",
+           "with_draft_length", "is_lossy", "generator_name"]
+
+
+@dataclass(frozen=True)
+class DecodingPolicy:
+    """The decoding contract the generator must realise. ``temperature == 0`` is greedy decoding
+    (argmax, ties to the lowest id); otherwise tokens are sampled from softmax(logits / T)."""
+
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def transform(self, probs: np.ndarray) -> np.ndarray:
+        """The policy's law from the model's float64 rows ``[..., V]`` (exact, float64)."""
+        probs = np.asarray(probs, dtype=np.float64)
+        if self.greedy:
+            out = np.zeros_like(probs)
+            np.put_along_axis(out, probs.argmax(-1)[..., None], 1.0, -1)
+            return out
+        if self.temperature == 1:
+            return probs / probs.sum(-1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            logits = np.log(probs) / self.temperature
+        logits -= logits.max(-1, keepdims=True)
+        out = np.exp(logits)
+        return out / out.sum(-1, keepdims=True)
+
+    def describe(self) -> str:
+        return "greedy" if self.greedy else f"sampling, temperature {self.temperature:g}"
+
+
+GREEDY = DecodingPolicy(0.0)
+SAMPLING = DecodingPolicy(1.0)
+
+
+@dataclass
+class Generation:
+    """What a generator may return instead of bare ids: the ids and its final caches (the caches
+    are compared with a fresh recompute on the final sequence)."""
+
+    sequences: torch.Tensor
+    target_cache: Any = None
+    draft_cache: Any = None
+
+
+class Generator(Protocol):
+    def __call__(self, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
+                 max_new_tokens: int, seed: int) -> torch.Tensor | Generation: ...
+
+
+def generator_name(generator) -> str:
+    return getattr(generator, "name", None) or getattr(generator, "__name__", None) or type(generator).__name__
+
+
+def is_lossy(generator) -> bool:
+    return bool(getattr(generator, "lossy", False))
+
+
+def with_draft_length(generator, draft_length: int):
+    """``generator`` drafting ``draft_length`` tokens per step, when it has that setting."""
+    if dataclasses.is_dataclass(generator) and any(f.name == "draft_length" for f in dataclasses.fields(generator)):
+        return dataclasses.replace(generator, draft_length=draft_length)
+    raise TypeError(f"{generator_name(generator)} has no draft_length field to sweep")
+
+
+def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
+                   max_new_tokens: int, seed: int, vocab_size: int,
+                   stop_tokens: tuple[int, ...] = ()) -> tuple[torch.Tensor, Generation]:
+    """Run the generator once and validate what it returns: (new tokens [n] int64, Generation)."""
+    try:
+        out = generator(target, draft, input_ids, policy, max_new_tokens, seed)
+    except Exception as exc:  # the subject's own failure becomes a verdict
+        raise SubjectCrashed(exc) from exc
+    generation = out if isinstance(out, Generation) else Generation(out)
+    ids = generation.sequences
+    if not isinstance(ids, torch.Tensor):
+        raise ContractViolation(Violation.NOT_A_TENSOR, f"got {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ContractViolation(Violation.WRONG_DTYPE, f"got {ids.dtype}")
+    ids = ids.detach().to("cpu", torch.int64)
+    prompt = input_ids.detach().to("cpu", torch.int64)[0]
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ContractViolation(Violation.WRONG_SHAPE, f"got {tuple(ids.shape)} for one prompt")
+        if ids.shape[1] < prompt.numel() or not torch.equal(ids[0, :prompt.numel()], prompt):
+            raise ContractViolation(Violation.PROMPT_CHANGED,
+                                    f"prompt {prompt.tolist()}, output starts {ids[0, :prompt.numel()].tolist()}")
+        new = ids[0, prompt.numel():]
+    elif ids.dim() == 1:
+        new = ids
+    else:
+        raise ContractViolation(Violation.WRONG_SHAPE, f"got {tuple(ids.shape)}")
+    bad = (new < 0) | (new >= vocab_size)
+    if bad.any():
+        i = int(bad.nonzero()[0, 0])
+        raise ContractViolation(Violation.OUT_OF_VOCABULARY, f"new token {i} is {int(new[i])}, V = {vocab_size}")
+    stops = [i for i, x in enumerate(new.tolist()) if x in stop_tokens]
+    expected = stops[0] + 1 if stops else max_new_tokens
+    if new.numel() != expected:
+        raise ContractViolation(Violation.WRONG_LENGTH, (
+            f"{new.numel()} new tokens; expected {expected} "
+            + ("(up to and including the first stop token)" if stops else f"(max_new_tokens={max_new_tokens})")))
+    return new, generation

@@ -1,0 +1,132 @@
+"""Greedy identity: speculative greedy output must equal the target's own greedy decode.
+
+The expected output is computed by exactcheck, not by the subject: a plain loop that feeds the
+whole prefix to the target at every step (no cache, so no cache bug can hide in it) and takes
+the argmax. The subject runs with the ``GREEDY`` policy at each draft length of a sweep.
+
+At the first position where the two differ, the divergence is classified. Both sequences share
+the prefix before it, so the target's logits there are recomputed once in float32 (the top-2
+margin: how close the decision was) and once with a float64 copy of the model:
+
+- ``numerical tie``: in float64 the subject's token is within ``tie_tolerance`` logits of the
+  expected one (or is itself the float64 argmax): batch shape, cache layout or kernel choice can
+  flip such a decision, and it says nothing about the speculative algorithm (vLLM #7627,
+  TRT-LLM #8285, transformers #39421);
+- ``defect``: the expected token leads by more than the tolerance in float64, so the subject
+  emitted a token that the target's greedy policy does not choose.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.errors import SubjectError
+from exactcheck.generator import GREEDY, call_generator, generator_name, with_draft_length
+
+__all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
+
+# float64 logit gap under which two tokens count as tied: a float32 forward of a small model
+# moves logits by ~1e-5 relative; 1e-3 absolute leaves a wide margin over that.
+TIE_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class Divergence:
+    prompt: int  # index of the prompt
+    draft_length: int
+    position: int  # index among the new tokens
+    expected: int  # the target's greedy token
+    got: int  # the subject's token
+    margin32: float  # float32 logit of the top token minus the second (at the shared prefix)
+    gap64: float  # float64 logit of `expected` minus that of `got`
+    classification: str  # "numerical tie" or "defect"
+
+    def describe(self) -> str:
+        return (f"prompt {self.prompt}, draft length {self.draft_length}: new token {self.position} is "
+                f"{self.got}, target's greedy token {self.expected} (float32 top-2 margin "
+                f"{self.margin32:.3g}, float64 gap {self.gap64:.3g}): {self.classification}")
+
+
+@dataclass(frozen=True)
+class GreedyIdentityResult:
+    runs: int
+    identical: int
+    divergences: tuple[Divergence, ...]
+    failures: tuple[str, ...]  # contract violations or crashes, described
+    tokens: int  # new tokens compared
+
+    @property
+    def defects(self) -> tuple[Divergence, ...]:
+        return tuple(d for d in self.divergences if d.classification == "defect")
+
+    @property
+    def ties(self) -> tuple[Divergence, ...]:
+        return tuple(d for d in self.divergences if d.classification == "numerical tie")
+
+
+def _logits(model, prefix: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(input_ids=prefix[None].to(model.device), use_cache=False)
+    return out.logits[0, -1]
+
+
+def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """The target's greedy continuation of ``prompt`` ([P] ids), full prefix at every step."""
+    sequence = prompt.clone()
+    out = []
+    for _ in range(max_new_tokens):
+        token = int(_logits(target, sequence).argmax())
+        out.append(token)
+        sequence = torch.cat([sequence, torch.tensor([token], device=sequence.device)])
+    return out
+
+
+def _classify(target, target64, prefix, expected: int, got: int, tie_tolerance: float) -> tuple[float, float, str]:
+    l32 = _logits(target, prefix).float()
+    top = l32.topk(2).values
+    margin32 = float(top[0] - top[1])
+    l64 = _logits(target64, prefix).double()
+    gap64 = float(l64[expected] - l64[got])
+    tie = gap64 <= tie_tolerance or int(l64.argmax()) == got
+    return margin32, gap64, "numerical tie" if tie else "defect"
+
+
+def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft_lengths, max_new_tokens: int,
+                    seed: int = 0, vocab_size: int | None = None, tie_tolerance: float = TIE_TOLERANCE,
+                    progress=None, pairs=None) -> GreedyIdentityResult:
+    """Run ``generator`` greedily on each prompt at each draft length (or on the given
+    ``pairs`` of (prompt index, draft length)) and compare with ``target_greedy``."""
+    vocab_size = vocab_size or target.config.vocab_size
+    pairs = pairs or [(i, k) for i in range(len(prompts)) for k in draft_lengths]
+    expected = {}
+    target64 = None
+    runs = identical = tokens = 0
+    divergences, failures = [], []
+    for index, (i, k) in enumerate(pairs):
+        prompt = prompts[i]
+        if i not in expected:
+            expected[i] = target_greedy(target, prompt, max_new_tokens)
+        subject = with_draft_length(generator, k)
+        runs += 1
+        try:
+            got, _ = call_generator(subject, target, draft, prompt[None], GREEDY, max_new_tokens, seed,
+                                    vocab_size)
+        except SubjectError as exc:
+            failures.append(f"prompt {i}, draft length {k}: {exc}")
+            continue
+        got = got.tolist()
+        tokens += len(got)
+        if got == expected[i]:
+            identical += 1
+        else:
+            j = next(t for t in range(max_new_tokens) if got[t] != expected[i][t])
+            if target64 is None:
+                target64 = copy.deepcopy(target).double()
+            prefix = torch.cat([prompt, torch.tensor(expected[i][:j], dtype=prompt.dtype)])
+            margin, gap, kind = _classify(target, target64, prefix, expected[i][j], got[j], tie_tolerance)
+            divergences.append(Divergence(i, k, j, expected[i][j], got[j], margin, gap, kind))
+        if progress is not None:
+            progress(index + 1, len(pairs), generator_name(generator))
+    return GreedyIdentityResult(runs, identical, tuple(divergences), tuple(failures), tokens)

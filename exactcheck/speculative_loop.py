@@ -1,0 +1,194 @@
+"""exactcheck's reference speculative loop over real model objects, and its cache-level mutants.
+
+``ReferenceSpeculativeLoop`` is an end-to-end ``Generator`` (``exactcheck.generator``): it drives
+a target and a draft causal LM (transformers-style ``forward(input_ids, position_ids, cache)``)
+with one transformers ``DynamicCache`` each, and verifies with a step ``Verifier`` (the
+reference verifier unless told otherwise). Each round:
+
+1. the draft is fed the committed tokens its cache lacks, then samples ``draft_length`` tokens
+   from the policy's law of its logits (greedy: argmax), feeding each back; ``q`` is the law it
+   sampled from;
+2. the target is fed the committed tokens its cache lacks plus the drafts, giving k + 1 rows
+   ``p`` (policy law of its logits, float64);
+3. the verifier emits the accepted drafts and one correction or bonus token; the loop commits
+   them (at most ``max_new_tokens`` in all);
+4. rollback: both caches are cropped to the committed sequence minus its last token (the only
+   token no model has been fed yet); position ids always start at the cache's length.
+
+The loop feeds each model the committed tokens from where it believes the cache ends (the
+committed length minus one), as real loops do; a cache that was not cropped therefore shows the
+model stale tokens instead of crashing the loop.
+
+Invariant kept at the start of every round: each cache holds exactly ``sequence[:-1]`` (or less),
+with positions 0, 1, 2, ... . One method per step, so each mutant below overrides exactly one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.generator import DecodingPolicy, Generation
+from exactcheck.reference import ReferenceVerifier
+
+__all__ = ["ReferenceSpeculativeLoop", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
+           "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",
+           "CACHE_MUTANTS"]
+
+
+def _new_cache():
+    from transformers import DynamicCache
+    return DynamicCache()
+
+
+@dataclass(frozen=True)
+class ReferenceSpeculativeLoop:
+    """An exact speculative generator with explicit cache rollback."""
+
+    draft_length: int = 4
+    name: str = "exactcheck reference speculative loop"
+
+    def __call__(self, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
+                 max_new_tokens: int, seed: int) -> Generation:
+        device = target.device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        verifier = ReferenceVerifier()
+        sequence = input_ids[0].to(device)
+        prompt = sequence.numel()
+        caches = {"target": _new_cache(), "draft": _new_cache()}
+        # tokens ever fed per model (only PositionsNotRewound reads it), and how many committed
+        # tokens the loop believes each cache holds (true when rollback crops correctly)
+        counters = {"target": 0, "draft": 0, "known": 0}
+        with torch.no_grad():
+            while sequence.numel() - prompt < max_new_tokens:
+                drafts, q = self.draft_tokens(draft, caches["draft"], counters, sequence, policy, generator)
+                p = self.target_rows(target, caches["target"], counters, sequence, drafts, policy)
+                out = verifier(p[None].float(), q[None].float(), drafts[None], generator)[0]
+                emitted = out[out >= 0][: max_new_tokens - (sequence.numel() - prompt)]
+                sequence = torch.cat([sequence, emitted])
+                self.rollback(caches, sequence.numel() - 1)
+                counters["known"] = sequence.numel() - 1
+        return Generation(sequence[None], target_cache=caches["target"], draft_cache=caches["draft"])
+
+    # -- steps -------------------------------------------------------------------------------
+    def positions(self, cache, counters: dict, role: str, n: int, device) -> torch.Tensor:
+        start = cache.get_seq_length()
+        counters[role] += n
+        return torch.arange(start, start + n, device=device)
+
+    def forward(self, model, cache, counters, role, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens``; the logits [n, V] at each fed position."""
+        positions = self.positions(cache, counters, role, tokens.numel(), tokens.device)
+        out = model(input_ids=tokens[None], position_ids=positions[None], cache=cache, use_cache=True)
+        return out.logits[0]
+
+    def policy_rows(self, logits: torch.Tensor, policy: DecodingPolicy) -> torch.Tensor:
+        """The policy's law of each logit row, in float64."""
+        logits = logits.double()
+        if policy.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+        return torch.softmax(logits / policy.temperature, -1)
+
+    def draft_sample(self, q_row: torch.Tensor, logits: torch.Tensor, policy, generator) -> tuple[int, torch.Tensor]:
+        """(token, the row it was sampled from)."""
+        return int(torch.multinomial(q_row, 1, generator=generator)), q_row
+
+    def draft_tokens(self, draft, cache, counters, sequence, policy, generator):
+        # after a fully accepted round the draft has not been fed its own last draft yet
+        feed = sequence[min(counters["known"], cache.get_seq_length()):]
+        tokens, rows = [], []
+        for _ in range(self.draft_length):
+            logits = self.forward(draft, cache, counters, "draft", feed)[-1]
+            token, row = self.draft_sample(self.policy_rows(logits, policy), logits, policy, generator)
+            tokens.append(token)
+            rows.append(row)
+            feed = torch.tensor([token], device=sequence.device)
+        return torch.tensor(tokens, device=sequence.device), torch.stack(rows)
+
+    def target_rows(self, target, cache, counters, sequence, drafts, policy) -> torch.Tensor:
+        feed = torch.cat([sequence[min(counters["known"], cache.get_seq_length()):], drafts])
+        logits = self.forward(target, cache, counters, "target", feed)[-(drafts.numel() + 1):]
+        return self.policy_rows(logits, policy)
+
+    def rollback(self, caches: dict, keep: int) -> None:
+        """Crop both caches to the first ``keep`` committed tokens."""
+        for cache in caches.values():
+            _crop_to(cache, keep)
+
+
+def _crop_to(cache, keep: int) -> None:
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)
+
+
+# -- cache-level mutants (each breaks one step; see field-notes: transformers #30042, #30413,
+#    #30312, PR #46936; lucidrains/speculative-decoding; transformers #32867, #47932) ----------
+
+@dataclass(frozen=True)
+class NoCropAfterRejection(ReferenceSpeculativeLoop):
+    """The target cache keeps the rejected drafts' entries (no crop at all)."""
+
+    name: str = "mutant: no_crop_after_rejection"
+
+    def rollback(self, caches, keep):
+        _crop_to(caches["draft"], keep)
+
+
+@dataclass(frozen=True)
+class CropOffByOne(ReferenceSpeculativeLoop):
+    """The target cache is cropped to one entry too many (keeps the first rejected draft)."""
+
+    name: str = "mutant: crop_off_by_one"
+
+    def rollback(self, caches, keep):
+        _crop_to(caches["target"], keep + 1)
+        _crop_to(caches["draft"], keep)
+
+
+@dataclass(frozen=True)
+class PositionsNotRewound(ReferenceSpeculativeLoop):
+    """Caches are cropped, but position ids continue from the count of tokens ever fed."""
+
+    name: str = "mutant: positions_not_rewound"
+
+    def positions(self, cache, counters, role, n, device):
+        start = counters[role]
+        counters[role] += n
+        return torch.arange(start, start + n, device=device)
+
+
+@dataclass(frozen=True)
+class DraftCacheNotTrimmed(ReferenceSpeculativeLoop):
+    """The draft's cache keeps its rejected tokens (the statement-without-assignment bug)."""
+
+    name: str = "mutant: draft_cache_not_trimmed"
+
+    def rollback(self, caches, keep):
+        _crop_to(caches["target"], keep)
+
+
+@dataclass(frozen=True)
+class SoftmaxQGreedyDraft(ReferenceSpeculativeLoop):
+    """The drafter picks its argmax but reports the plain softmax as q (transformers #32867)."""
+
+    name: str = "mutant: softmax_q_greedy_draft"
+
+    def draft_sample(self, q_row, logits, policy, generator):
+        return int(q_row.argmax()), q_row
+
+
+@dataclass(frozen=True)
+class SoftmaxQTopKDraft(ReferenceSpeculativeLoop):
+    """The drafter samples from its top-2 tokens but reports the plain softmax as q (#47932)."""
+
+    name: str = "mutant: softmax_q_top_k_draft"
+
+    def draft_sample(self, q_row, logits, policy, generator):
+        top = q_row.topk(min(2, q_row.numel()))
+        truncated = torch.zeros_like(q_row).scatter(0, top.indices, top.values)
+        return int(torch.multinomial(truncated / truncated.sum(), 1, generator=generator)), q_row
+
+
+CACHE_MUTANTS = (NoCropAfterRejection(), CropOffByOne(), PositionsNotRewound(), DraftCacheNotTrimmed())
+LOOP_MUTANTS = CACHE_MUTANTS + (SoftmaxQGreedyDraft(), SoftmaxQTopKDraft())

@@ -1,0 +1,152 @@
+"""The context toy LMs as transformers models with real cache objects, and a cache probe.
+
+``ToyLMForCausalLM`` is a ``PreTrainedModel`` + ``GenerationMixin`` whose next-token row is the
+row of a ``ToyLM`` at the rolling-hash state of the whole prefix. transformers' own ``generate``
+(greedy, sampling, assisted generation, prompt lookup) runs on it unchanged, yet the law of every
+continuation is still the enumerable ``ContextWorld.sequence_law``.
+
+The model keeps no hidden state of its own: the prefix it conditions on is whatever its cache
+holds followed by the ``input_ids`` of the call. The cache is a transformers ``DynamicCache``
+whose single layer stores, per cached position, the token id and the position id it was given
+(as keys; values mirror them). A generator that leaves a rejected token in the cache, skips or
+repeats a position, or forgets to trim the draft's cache therefore gets wrong rows, exactly as a
+real transformer with a stale KV cache would, and the recorded calls (``ForwardCall``) show
+which invariant broke (``exactcheck.cache_invariants``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from toy_models.context_lm import ContextWorld, ToyLM
+
+__all__ = ["ToyLMConfig", "ToyLMForCausalLM", "ForwardCall", "model_pair", "prompt_for_state"]
+
+
+class ToyLMConfig(PretrainedConfig):
+    model_type = "exactcheck_toy_lm"
+
+    def __init__(self, vocab_size: int = 3, num_states: int = 1, initial_state: int = 0, **kwargs):
+        self.vocab_size = vocab_size
+        self.num_states = num_states
+        self.initial_state = initial_state
+        self.num_hidden_layers = 1  # one cache layer: the (token, position) record
+        kwargs.setdefault("use_cache", True)
+        super().__init__(**kwargs)
+
+
+@dataclass(frozen=True)
+class ForwardCall:
+    """One forward call as the model saw it: the tokens and position ids its cache held before
+    the call, the new ``input_ids`` and the position ids they were given (``None`` when the
+    caller gave none and the model counted on from the cache length)."""
+
+    role: str
+    cached_tokens: tuple[int, ...]
+    cached_positions: tuple[int, ...]
+    input_tokens: tuple[int, ...]
+    input_positions: tuple[int, ...] | None
+
+
+class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
+    """A ``ToyLM`` as a causal LM: logits ``log(table[state(prefix)])`` in float32."""
+
+    config_class = ToyLMConfig
+    config: ToyLMConfig
+    main_input_name = "input_ids"
+    _supports_cache_class = True
+
+    def __init__(self, config: ToyLMConfig, table: torch.Tensor | None = None, role: str = "model"):
+        super().__init__(config)
+        if table is None:
+            table = torch.full((config.num_states, config.vocab_size), 1.0 / config.vocab_size)
+        self.register_buffer("table", table.to(torch.float32).clone(), persistent=True)
+        # generate() wants a module with parameters for device/dtype; it takes no part in the rows
+        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.role = role
+        self.calls: list[ForwardCall] | None = None  # set to [] to record every forward call
+        self.post_init()
+
+    def _init_weights(self, module):  # rows come from the ToyLM, nothing to initialise
+        pass
+
+    def get_input_embeddings(self):
+        return None
+
+    def record(self, enabled: bool = True) -> None:
+        self.calls = [] if enabled else None
+
+    def state_after(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] tokens -> [B, T] rolling-hash states after each prefix."""
+        vocab, states = self.config.vocab_size, self.config.num_states
+        s = torch.full((tokens.shape[0],), self.config.initial_state, dtype=torch.int64,
+                       device=tokens.device)
+        out = []
+        for t in range(tokens.shape[1]):
+            s = (s * vocab + tokens[:, t] + 1) % states
+            out.append(s)
+        return torch.stack(out, 1) if out else tokens.new_zeros((tokens.shape[0], 0))
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask=None,
+                position_ids: torch.LongTensor | None = None, cache=None, use_cache: bool | None = None,
+                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+        if input_ids is None:
+            raise ValueError("ToyLMForCausalLM takes input_ids only")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if cache is None and use_cache:
+            cache = DynamicCache()
+        past = cache.get_seq_length() if cache is not None else 0
+        batch, n = input_ids.shape
+        if past:
+            held = cache.layers[0].keys[:, 0]  # [B, past, 2]
+            cached_tokens = held[..., 0].round().long()
+            cached_positions = held[..., 1].round().long()
+        else:
+            cached_tokens = input_ids.new_zeros((batch, 0))
+            cached_positions = input_ids.new_zeros((batch, 0))
+        given = position_ids
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(batch, n)
+        if self.calls is not None:
+            self.calls.append(ForwardCall(
+                self.role, tuple(cached_tokens[0].tolist()), tuple(cached_positions[0].tolist()),
+                tuple(input_ids[0].tolist()), None if given is None else tuple(given[0].tolist())))
+        prefix = torch.cat([cached_tokens, input_ids], 1)
+        states = self.state_after(prefix)[:, past:]
+        logits = self.table[states].log()
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
+        if cache is not None and use_cache:
+            record = torch.stack([input_ids.float(), position_ids.float()], -1)[:, None]  # [B,1,n,2]
+            cache.update(record, record.clone(), 0)
+        return CausalLMOutputWithPast(logits=logits, cache=cache if use_cache else None)
+
+
+def _model(toy: ToyLM, initial_state: int, role: str) -> ToyLMForCausalLM:
+    config = ToyLMConfig(vocab_size=toy.vocab_size, num_states=toy.num_states,
+                         initial_state=initial_state)
+    model = ToyLMForCausalLM(config, toy.table, role=role).eval()
+    # no EOS, no padding surprises, and no default top-k/top-p truncating the toy vocabulary
+    model.generation_config = GenerationConfig(eos_token_id=None, pad_token_id=0, bos_token_id=None,
+                                               top_k=None, top_p=None)
+    return model
+
+
+def model_pair(world: ContextWorld, initial_state: int = 0) -> tuple[ToyLMForCausalLM, ToyLMForCausalLM]:
+    """(target, draft) transformers models of ``world``'s two toy LMs, starting from
+    ``initial_state`` before the prompt."""
+    return _model(world.target, initial_state, "target"), _model(world.draft, initial_state, "draft")
+
+
+def prompt_for_state(world: ContextWorld, length: int, seed: int, initial_state: int = 0) -> tuple[list[int], int]:
+    """A random prompt of ``length`` tokens and the rolling-hash state it leads to."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(world.vocab_size, (length,), generator=g).tolist()
+    state = initial_state
+    for x in prompt:
+        state = int(world.next_state(state, x))
+    return prompt, state
