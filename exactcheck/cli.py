@@ -18,6 +18,7 @@ from exactcheck.errors import UsageError
 from exactcheck.memory import keep_freed_memory
 from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
 from exactcheck.planning import default_plan
+from exactcheck.real_model_audit import REAL_MODELS
 from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
 from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
@@ -25,7 +26,7 @@ from exactcheck.selftest import run_selftest
 from exactcheck.suite import Level, default_worlds, large_worlds
 from exactcheck.verdict import Outcome
 
-__all__ = ["main", "load_subject"]
+__all__ = ["main", "load_subject", "load_generator", "builtin_generators"]
 
 EXIT_PASS, EXIT_DEFECT, EXIT_USAGE = 0, 1, 2
 DETAILED_FAILURES = 3
@@ -95,6 +96,32 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
     replay.add_argument("--subject", metavar="MODULE:CALLABLE",
                         help="the subject to run it against (default: the one that failed)")
+    e2e = sub.add_parser("e2e", help="audit an end-to-end generator (transformers generate, a loop) on the "
+                                     "toy model worlds: sequence laws, cache rollback, greedy identity")
+    e2e.add_argument("subject", help="a built-in generator (" + ", ".join(builtin_generators()) + ", or "
+                     "loop-mutant:NAME) or MODULE:CALLABLE")
+    e2e.add_argument("--level", default="quick", choices=[lv.value for lv in Level],
+                     help="sampled generations per world: quick 2,000, standard 8,000, release 40,000")
+    e2e.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
+    e2e.add_argument("--temperature", type=float, action="append", metavar="T",
+                     help="sampling temperature (repeatable; default 1)")
+    e2e.add_argument("--world", action="append", metavar="NAME", help="only this model world (repeatable)")
+    e2e.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy-identity sweep")
+    e2e.add_argument("--seed", type=int, default=0)
+    e2e.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    e2e.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    e2e.add_argument("--quiet", action="store_true")
+    greedy = sub.add_parser("greedy", help="greedy identity of a generator on real transformer models")
+    greedy.add_argument("subject", nargs="?", default="transformers-assisted",
+                        help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
+    greedy.add_argument("--model", default="tiny-llama", choices=list(REAL_MODELS))
+    greedy.add_argument("--prompts", type=int, default=20)
+    greedy.add_argument("--new-tokens", type=int, default=32)
+    greedy.add_argument("--per-prompt", type=int, metavar="K",
+                        help="run K of the draft lengths 1..8 per prompt, in rotation (default: all 8)")
+    greedy.add_argument("--seed", type=int, default=0)
+    greedy.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    greedy.add_argument("--quiet", action="store_true")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
     return parser
@@ -106,8 +133,11 @@ def _print_audit(result: AuditResult) -> None:
     print(f"exactcheck audit {result.subject}: {status} ({counts}; level {result.level}, "
           f"seed {result.seed}, alpha {result.alpha:g}, {result.duration_s:.1f} s)")
     stop = f", stopped early on {result.stopped_at}" if result.stopped_at else ""
-    print(f"  budget: detect TV >= {result.detect_tv:g}; {result.samples_drawn:,} of "
-          f"{result.samples_planned:,} planned trials drawn{stop}")
+    if result.detect_tv:
+        print(f"  budget: detect TV >= {result.detect_tv:g}; {result.samples_drawn:,} of "
+              f"{result.samples_planned:,} planned trials drawn{stop}")
+    else:
+        print(f"  {result.samples_drawn:,} generations")
     notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
     for v in notable:
         print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
@@ -172,6 +202,63 @@ def _selftest(args) -> int:
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
+def load_generator(name: str):
+    """A built-in generator by name, a loop mutant (``loop-mutant:NAME``) or MODULE:CALLABLE."""
+    builtin = builtin_generators()
+    if name in builtin:
+        return builtin[name]
+    if name.startswith("loop-mutant:"):
+        from exactcheck.speculative_loop import LOOP_MUTANTS
+        wanted = name.split(":", 1)[1]
+        for m in LOOP_MUTANTS:
+            if m.name == f"mutant: {wanted}":
+                return m
+        raise UsageError(f"unknown loop mutant {wanted!r}; known: "
+                         f"{[m.name.split(': ')[1] for m in LOOP_MUTANTS]}")
+    return load_subject(name)
+
+
+def builtin_generators() -> dict:
+    from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
+    from exactcheck.speculative_loop import ReferenceSpeculativeLoop
+    return {"reference-loop": ReferenceSpeculativeLoop(), "transformers-assisted": AssistedGeneration(),
+            "transformers-prompt-lookup": PromptLookup(),
+            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
+
+
+def _stem(prefix: str, name: str) -> str:
+    return prefix + "".join(c if c.isalnum() else "-" for c in name).strip("-")
+
+
+def _e2e(args) -> int:
+    from exactcheck.generator import DecodingPolicy
+    from exactcheck.generator_audit import run_generator_audit
+    generator = load_generator(args.subject)
+    policies = tuple(DecodingPolicy(t) for t in (args.temperature or [1.0]))
+    result = run_generator_audit(generator, subject_name=args.subject,
+                                 level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
+                                 policies=policies, generations=args.generations, greedy=args.greedy,
+                                 progress=not args.quiet)
+    _print_audit(result)
+    if args.report:
+        for path in write_report(audit_to_json(result), args.report, _stem("e2e-", args.subject)):
+            print(f"report: {path}")
+    return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _greedy(args) -> int:
+    from exactcheck.real_model_audit import run_greedy_audit
+    generator = load_generator(args.subject)
+    result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
+                              per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet)
+    _print_audit(result)
+    if args.report:
+        for path in write_report(audit_to_json(result), args.report,
+                                 _stem(f"greedy-{args.model}-", args.subject)):
+            print(f"report: {path}")
+    return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
 def _list(_args) -> int:
     print("worlds:")
     for w in default_worlds():
@@ -182,6 +269,17 @@ def _list(_args) -> int:
     print("properties (deterministic, forced random numbers):")
     for name in PROPERTIES:
         print(f"  properties/{name}")
+    from exactcheck.speculative_loop import LOOP_MUTANTS
+    from toy_models.hf_toy_lm import model_worlds
+    print("model worlds (`exactcheck e2e`; toy LMs as transformers models):")
+    for w in model_worlds():
+        print(f"  {w.name:<26} {w.description}")
+    print("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
+    for name, g in builtin_generators().items():
+        print(f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else ""))
+    for m in LOOP_MUTANTS:
+        print(f"  loop-mutant:{m.name.split(': ')[1]:<14} {type(m).__doc__.strip()}")
+    print(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
     print("mutants:")
     for m in MUTANTS.values():
         print(f"  {m.name:<26} {m.defect}")
@@ -239,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
-                "replay": _replay, "plan": _plan}[args.command](args)
+                "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

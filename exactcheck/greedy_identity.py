@@ -1,8 +1,8 @@
 """Greedy identity: speculative greedy output must equal the target's own greedy decode.
 
-The expected output is computed by exactcheck, not by the subject: a plain loop that feeds the
-whole prefix to the target at every step (no cache, so no cache bug can hide in it) and takes
-the argmax. The subject runs with the ``GREEDY`` policy at each draft length of a sweep.
+The expected output is computed by exactcheck, not by the subject: a plain incremental greedy
+decode of the target with a fresh cache that is only appended to (no draft, no rollback, so no
+rollback bug can hide in it). The subject runs with the ``GREEDY`` policy at each draft length of a sweep.
 
 At the first position where the two differ, the divergence is classified. Both sequences share
 the prefix before it, so the target's logits there are recomputed once in float32 (the top-2
@@ -35,7 +35,7 @@ TIE_TOLERANCE = 1e-3
 @dataclass(frozen=True)
 class Divergence:
     prompt: int  # index of the prompt
-    draft_length: int
+    draft_length: int | None
     position: int  # index among the new tokens
     expected: int  # the target's greedy token
     got: int  # the subject's token
@@ -73,13 +73,17 @@ def _logits(model, prefix: torch.Tensor) -> torch.Tensor:
 
 
 def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """The target's greedy continuation of ``prompt`` ([P] ids), full prefix at every step."""
-    sequence = prompt.clone()
-    out = []
-    for _ in range(max_new_tokens):
-        token = int(_logits(target, sequence).argmax())
-        out.append(token)
-        sequence = torch.cat([sequence, torch.tensor([token], device=sequence.device)])
+    """The target's greedy continuation of ``prompt`` ([P] ids): a plain incremental decode with
+    a fresh cache that is only ever appended to (no rollback, so no rollback bug can reach it)."""
+    from transformers import DynamicCache
+    cache, out = DynamicCache(), []
+    feed = prompt[None].to(target.device)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = target(input_ids=feed, cache=cache, use_cache=True).logits[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            feed = torch.tensor([[token]], device=target.device)
     return out
 
 
@@ -95,9 +99,11 @@ def _classify(target, target64, prefix, expected: int, got: int, tie_tolerance: 
 
 def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft_lengths, max_new_tokens: int,
                     seed: int = 0, vocab_size: int | None = None, tie_tolerance: float = TIE_TOLERANCE,
-                    progress=None, pairs=None) -> GreedyIdentityResult:
+                    progress=None, pairs=None, on_generation=None) -> GreedyIdentityResult:
     """Run ``generator`` greedily on each prompt at each draft length (or on the given
-    ``pairs`` of (prompt index, draft length)) and compare with ``target_greedy``."""
+    ``pairs`` of (prompt index, draft length)) and compare with ``target_greedy``. A draft
+    length of ``None`` runs the generator at its own setting. ``on_generation(prompt index,
+    draft length, new tokens, Generation)`` sees every successful run (for cache checks)."""
     vocab_size = vocab_size or target.config.vocab_size
     pairs = pairs or [(i, k) for i in range(len(prompts)) for k in draft_lengths]
     expected = {}
@@ -108,14 +114,16 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
         prompt = prompts[i]
         if i not in expected:
             expected[i] = target_greedy(target, prompt, max_new_tokens)
-        subject = with_draft_length(generator, k)
+        subject = generator if k is None else with_draft_length(generator, k)
         runs += 1
         try:
-            got, _ = call_generator(subject, target, draft, prompt[None], GREEDY, max_new_tokens, seed,
-                                    vocab_size)
+            got, generation = call_generator(subject, target, draft, prompt[None], GREEDY, max_new_tokens,
+                                             seed, vocab_size)
         except SubjectError as exc:
             failures.append(f"prompt {i}, draft length {k}: {exc}")
             continue
+        if on_generation is not None:
+            on_generation(i, k, got, generation)
         got = got.tolist()
         tokens += len(got)
         if got == expected[i]:

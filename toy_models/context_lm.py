@@ -67,10 +67,12 @@ class ContextWorld:
         """The state after appending ``tokens`` (works on ints, numpy arrays and tensors)."""
         return (states * self.vocab_size + tokens + 1) % self.num_states
 
-    def sequence_law(self) -> np.ndarray:
+    def sequence_law(self, rows: np.ndarray | None = None) -> np.ndarray:
         """Exact float64 law of the first ``length`` tokens, indexed by
-        ``x_1 * V**(L-1) + ... + x_L`` (earlier tokens are more significant)."""
-        vocab, rows = self.vocab_size, self.target.law()
+        ``x_1 * V**(L-1) + ... + x_L`` (earlier tokens are more significant). ``rows`` [S, V]
+        replaces the target's rows (a decoding policy's transform of them)."""
+        vocab = self.vocab_size
+        rows = self.target.law() if rows is None else rows
         law = np.ones(1)
         states = np.array([self.prompt_state], dtype=np.int64)
         for _ in range(self.length):

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dataclasses
+import functools
+
 import torch
 from torch import nn
 from transformers import DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from toy_models.context_lm import ContextWorld, ToyLM
+from toy_models.context_lm import ContextWorld, ToyLM, make_context_world
 
-__all__ = ["ToyLMConfig", "ToyLMForCausalLM", "ForwardCall", "model_pair", "prompt_for_state"]
+__all__ = ["ToyLMConfig", "ToyLMForCausalLM", "ForwardCall", "ModelWorld", "model_pair", "prompt_for_state",
+           "model_worlds"]
 
 
 class ToyLMConfig(PretrainedConfig):
@@ -35,7 +39,7 @@ class ToyLMConfig(PretrainedConfig):
         self.num_states = num_states
         self.initial_state = initial_state
         self.num_hidden_layers = 1  # one cache layer: the (token, position) record
-        kwargs.setdefault("use_cache", True)
+        self.use_cache = kwargs.pop("use_cache", True)
         super().__init__(**kwargs)
 
 
@@ -150,3 +154,51 @@ def prompt_for_state(world: ContextWorld, length: int, seed: int, initial_state:
     for x in prompt:
         state = int(world.next_state(state, x))
     return prompt, state
+
+
+@dataclass(frozen=True)
+class ModelWorld:
+    """A ``ContextWorld`` presented as two transformers models and a prompt of real token ids:
+    the world's ``prompt_state`` is the state the prompt leads to, so the enumerated sequence
+    law is the law of the first ``length`` generated tokens."""
+
+    name: str
+    world: ContextWorld
+    prompt: tuple[int, ...]
+
+    @property
+    def description(self) -> str:
+        return f"{self.world.description}; transformers models, prompt {list(self.prompt)}"
+
+    @property
+    def length(self) -> int:
+        return self.world.length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.world.vocab_size
+
+    def models(self) -> tuple[ToyLMForCausalLM, ToyLMForCausalLM]:
+        return model_pair(self.world)
+
+    def prompt_ids(self) -> torch.Tensor:
+        return torch.tensor([self.prompt], dtype=torch.int64)
+
+
+def _model_world(name: str, vocab: int, num_states: int, length: int, draft_length: int,
+                 agreement: float, seed: int, prompt_length: int) -> ModelWorld:
+    world = make_context_world(name, vocab, num_states, length, draft_length, agreement, seed)
+    prompt, state = prompt_for_state(world, prompt_length, seed)
+    return ModelWorld(name, dataclasses.replace(world, prompt_state=state), tuple(prompt))
+
+
+@functools.lru_cache(maxsize=1)
+def model_worlds() -> tuple[ModelWorld, ...]:
+    """The built-in end-to-end worlds: small enough that a few thousand generations through
+    transformers' generate loop (about 8 ms each here) test the whole sequence law."""
+    return (
+        _model_world("hf_v3_l4_k3", vocab=3, num_states=13, length=4, draft_length=3, agreement=0.5,
+                     seed=31, prompt_length=6),
+        _model_world("hf_v4_l3_k2", vocab=4, num_states=17, length=3, draft_length=2, agreement=0.3,
+                     seed=32, prompt_length=6),
+    )

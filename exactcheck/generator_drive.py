@@ -1,0 +1,78 @@
+"""Driving an end-to-end generator through a model world.
+
+``drive_generator`` calls the generator ``n`` times on the world's prompt (batch size 1: that is
+what transformers' assisted generation supports), each call with its own seed derived from the
+run's seed, and keeps the ``length`` new tokens of each. With ``probe=True`` the world's models
+record every forward call, and the cache-rollback invariants (``exactcheck.cache_invariants``)
+are checked after each generation, as is any final cache the generator hands back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from exactcheck.cache_invariants import Breach, check_calls, final_cache
+from exactcheck.drive import SequenceSamples
+from exactcheck.generator import DecodingPolicy, call_generator
+from exactcheck.suite import derive_seed
+from toy_models.hf_toy_lm import ModelWorld
+
+__all__ = ["GeneratorSamples", "drive_generator"]
+
+
+@dataclass(frozen=True)
+class GeneratorSamples:
+    """What ``n`` generations produced: the sequences (as ``SequenceSamples`` of the world's
+    ``ContextWorld``, so the sequence-law check reads them as it reads the step driver's), and
+    every broken cache invariant with the generation it happened in."""
+
+    world: ModelWorld
+    policy: DecodingPolicy
+    samples: SequenceSamples
+    forward_calls: int
+    breaches: tuple[tuple[int, Breach], ...] = field(default_factory=tuple)
+    final_caches_checked: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.samples.size
+
+
+def generation_seed(seed: int, i: int) -> int:
+    """The seed of generation ``i`` of a run seeded ``seed`` (stable, 63 bits)."""
+    return derive_seed(seed, f"generation/{i}")
+
+
+def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy,
+                    probe: bool = True, progress=None) -> GeneratorSamples:
+    """``n`` generations of ``world.length`` tokens; raises ``SubjectError`` (crash, contract
+    violation) at the first generation that fails, as the step driver does."""
+    target, draft = world.models()
+    prompt = world.prompt_ids()
+    sequences = torch.empty((n, world.length), dtype=torch.int64)
+    breaches: list[tuple[int, Breach]] = []
+    calls = checked = 0
+    for i in range(n):
+        log = [] if probe else None
+        target.calls = draft.calls = log
+        try:
+            new, generation = call_generator(generator, target, draft, prompt, policy, world.length,
+                                             generation_seed(seed, i), world.vocab_size)
+        finally:
+            target.calls = draft.calls = None
+        sequences[i] = new
+        if probe:
+            calls += len(log)
+            final = torch.cat([prompt[0], new])
+            found = check_calls(log, final.tolist())
+            for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
+                                              (draft, generation.draft_cache, "draft", 2)):
+                if cache is not None:
+                    checked += 1
+                    found += final_cache(model, cache, final[None], role, slack=slack)
+            breaches.extend((i, b) for b in found)
+        if progress is not None and (i + 1) % 250 == 0:
+            progress(i + 1, n)
+    samples = SequenceSamples(world.world, sequences, seed, calls=n, steps=n)
+    return GeneratorSamples(world, policy, samples, calls, tuple(breaches), checked)

