@@ -270,8 +270,11 @@ def _list(_args) -> int:
     for name in PROPERTIES:
         print(f"  properties/{name}")
     from exactcheck.speculative_loop import LOOP_MUTANTS
-    from toy_models.hf_toy_lm import model_worlds
-    print("model worlds (`exactcheck e2e`; toy LMs as transformers models):")
+    try:
+        from toy_models.hf_toy_lm import model_worlds
+    except ImportError:  # transformers is not installed: no end-to-end worlds
+        model_worlds = tuple
+    print("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
     for w in model_worlds():
         print(f"  {w.name:<26} {w.description}")
     print("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")

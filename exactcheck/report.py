@@ -73,20 +73,30 @@ def render_audit_markdown(data: dict) -> str:
     result = audit_from_json(data)
     status = "PASSED" if result.passed else "FAILED"
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    versions = (f"exactcheck {result.environment.get('exactcheck')}, torch {result.environment.get('torch')}"
+                + (f", transformers {result.environment['transformers']}" if "transformers" in result.environment else ""))
+    if result.alpha:
+        budget_alpha = (f"false-alarm budget α = {result.alpha:g} for the whole audit "
+                        f"({'half to the early-stopping e-processes, half to Holm' if result.stop_early else 'Holm'} "
+                        f"over the statistical checks)")
+    else:
+        budget_alpha = "deterministic checks only (no false-alarm budget is spent)"
+    if result.detect_tv:
+        budget = (f"Budget planned to detect TV ≥ {result.detect_tv:g} on every law (power 0.9): "
+                  f"{result.samples_planned:,} trials planned, {result.samples_drawn:,} drawn"
+                  + (f"; stopped early on {result.stopped_at}." if result.stopped_at else ".")
+                  + (" Early stopping by e-process (half of α), fixed-budget tests on the other half."
+                     if result.stop_early else ""))
+    else:
+        budget = (f"End-to-end audit: {result.samples_drawn:,} generations driven "
+                  f"({result.samples_planned:,} planned), fixed budget.")
     lines = [
         f"# exactcheck audit of `{result.subject}`: {status}",
         "",
-        f"Level **{result.level}**, seed {result.seed}, false-alarm budget α = {result.alpha:g} "
-        f"for the whole audit ({'half to the early-stopping e-processes, half to Holm' if result.stop_early else 'Holm'} "
-        f"over the statistical checks); {len(result.verdicts)} checks: {counts}. "
-        f"Device {result.device}, {result.duration_s:.1f} s, exactcheck "
-        f"{result.environment.get('exactcheck')}, torch {result.environment.get('torch')}.",
+        f"Level **{result.level}**, seed {result.seed}, {budget_alpha}; {len(result.verdicts)} checks: "
+        f"{counts}. Device {result.device}, {result.duration_s:.1f} s, {versions}.",
         "",
-        f"Budget planned to detect TV ≥ {result.detect_tv:g} on every law (power 0.9): "
-        f"{result.samples_planned:,} trials planned, {result.samples_drawn:,} drawn"
-        + (f"; stopped early on {result.stopped_at}." if result.stopped_at else ".")
-        + (" Early stopping by e-process (half of α), fixed-budget tests on the other half."
-           if result.stop_early else ""),
+        budget,
         "",
         "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
         "|---|---|---:|---|---:|---:|---:|---:|",
@@ -97,6 +107,11 @@ def render_audit_markdown(data: dict) -> str:
         outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
         lines.append(f"| {v.check} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
                      f"{_fmt(v.tv_certificate)} | {_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
+    deterministic = [v for v in result.verdicts if v.statistic is None and v.outcome is Outcome.EXACT
+                     and v.world not in ("properties", "inputs")]
+    if deterministic:
+        lines += ["", "Deterministic checks that held:", ""]
+        lines += [f"- `{v.check}` ({v.condition}): {v.summary}" for v in deterministic]
     notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
     if notable:
         lines += ["", "## Findings", ""]
