@@ -33,7 +33,7 @@ from exactcheck.suite import Level, default_worlds, derive_seed, large_worlds
 from exactcheck.verdict import CellDeviation, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["AuditResult", "run_audit", "DEFAULT_ALPHA", "reproducer_path"]
+__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path"]
 
 DEFAULT_ALPHA = 1e-3
 STATISTIC_NAME = "Pearson X^2 (pooled)"
@@ -100,6 +100,24 @@ def _evidence(comparison: LawComparison, n: int, most: int = 8) -> tuple[CellDev
                  for i in top if score[i] > 0)
 
 
+def plot_cells(comparison: LawComparison, n: int, most: int = 32) -> tuple[CellDeviation, ...]:
+    """Up to ``most`` cells for an expected-vs-observed plot: the likeliest half and the most
+    deviating half, in cell order."""
+    expected = comparison.plan.expected * n
+    observed = comparison.counts
+    deviation = np.abs(observed - expected)
+    likeliest = np.argsort(-expected, kind="stable")[:most // 2]
+    deviating = np.argsort(-deviation, kind="stable")[:most - len(likeliest)]
+    cells = sorted(set(likeliest.tolist()) | set(deviating.tolist()))
+    return tuple(CellDeviation(comparison.plan.label(int(i)), int(observed[i]), float(expected[i])) for i in cells)
+
+
+def keep_plots_where_needed(verdicts: list[Verdict]) -> list[Verdict]:
+    """Drop the plot cells of passing checks (accepted-length laws keep theirs)."""
+    return [v if v.outcome.failed or v.law == "accepted_length" or not v.law_cells else replace(v, law_cells=())
+            for v in verdicts]
+
+
 def _statistical_summary(gof: GoodnessOfFit) -> str:
     if gof.impossible:
         return f"{gof.impossible:,} samples fell on outcomes of exact probability 0"
@@ -156,19 +174,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     if cap < 1:
         raise UsageError(f"max_samples ({max_samples}) must be positive")
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
-    chosen = default_worlds()
-    chains = []
-    searched = list(PROPERTIES) if properties else []
-    if worlds:
-        large = large_worlds()
-        known = ([w.name for w in chosen] + [w.name for w in large] + ["properties", "inputs"]
-                 + [f"properties/{p}" for p in PROPERTIES])
-        unknown = set(worlds) - set(known)
-        if unknown:
-            raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
-        chosen = [w for w in chosen if w.name in worlds]
-        chains = [w for w in large if w.name in worlds]
-        searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
+    chosen, chains, searched = _select(worlds, properties)
     # planned on every built-in world, so a world's budget (and its samples) is the same when
     # it is audited alone with --world
     budget = default_plan(target_tv, alpha, cap, level.min_samples)
@@ -247,7 +253,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         pending.append(_inputs_verdict(probe_invalid_inputs(subject, seed), reproduce("inputs")))
         bar.step("inputs")
 
-    verdicts = _apply_holm(pending, alpha, holm_alpha)
+    verdicts = keep_plots_where_needed(_apply_holm(pending, alpha, holm_alpha))
     stopped = None
     if evident:
         run, i = evident
@@ -259,6 +265,42 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
                      "python": platform.python_version(), "platform": platform.platform()},
         detect_tv=target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
         samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped)
+
+
+def _select(worlds: list[str] | None, properties: bool):
+    """(step/context worlds, chain-rule worlds, properties) an audit with these options runs."""
+    chosen = default_worlds()
+    chains = []
+    searched = list(PROPERTIES) if properties else []
+    if worlds:
+        large = large_worlds()
+        known = ([w.name for w in chosen] + [w.name for w in large] + ["properties", "inputs"]
+                 + [f"properties/{p}" for p in PROPERTIES])
+        unknown = set(worlds) - set(known)
+        if unknown:
+            raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
+        chosen = [w for w in chosen if w.name in worlds]
+        chains = [w for w in large if w.name in worlds]
+        searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
+    return chosen, chains, searched
+
+
+def planned_checks(level: Level | str = Level.STANDARD, alpha: float = DEFAULT_ALPHA,
+                   worlds: list[str] | None = None, properties: bool = True,
+                   detect_tv: float | None = None, max_samples: int | None = None) -> list[str]:
+    """The names of the checks ``run_audit`` with these options will report, in its order,
+    without running anything. A world on which the subject crashes or breaks the contract is
+    reported by one ``WORLD/contract`` verdict in place of its laws."""
+    level = _resolve_level(level)
+    chosen, chains, searched = _select(worlds, properties)
+    budget = default_plan(level.detect_tv if detect_tv is None else detect_tv, alpha,
+                          level.max_samples if max_samples is None else int(max_samples), level.min_samples)
+    names = [f"{w.name}/{plan.law}" for w in chosen for plan in planned_laws(w, budget.samples(w.name))]
+    names += [f"{w.name}/{test}" for w in chains for test in CHAIN_RULE_TESTS]
+    names += [f"properties/{p}" for p in searched]
+    if properties and (not worlds or "inputs" in worlds):
+        names.append("inputs/invalid")
+    return names
 
 
 def _drive_failure(exc: Exception, run: _WorldRun, size: int, reproduce: str) -> Verdict:
@@ -284,7 +326,8 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
     tv = dict(tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval,
               detectable_tv=gof.detectable_tv,
               log_evidence=process.largest if process is not None else None,
-              evidence=_evidence(LawComparison(plan, counts), gof.samples))
+              evidence=_evidence(LawComparison(plan, counts), gof.samples),
+              law_cells=plot_cells(LawComparison(plan, counts), gof.samples))
     if evident is not None and evident[0] is run and evident[1] == i:
         log_e = process.largest
         e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0

@@ -122,8 +122,18 @@ def _parser() -> argparse.ArgumentParser:
     greedy.add_argument("--seed", type=int, default=0)
     greedy.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     greedy.add_argument("--quiet", action="store_true")
+    gate = sub.add_parser("gate", help="audit every subject listed in [tool.exactcheck] of pyproject.toml; "
+                                       "exit 1 on any failed check that is not exempt")
+    gate.add_argument("--config", default="pyproject.toml", help="the TOML file (default pyproject.toml)")
+    gate.add_argument("--level", choices=[lv.value for lv in Level], help="override every subject's level")
+    gate.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML (a testcase per check)")
+    gate.add_argument("--json", metavar="FILE", help="write the gate's JSON (every audit included)")
+    gate.add_argument("--report", metavar="DIR", help="write each audit's JSON, Markdown and HTML report here")
+    gate.add_argument("--quiet", action="store_true")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
+    render.add_argument("--format", choices=("markdown", "html", "pr"), default="markdown",
+                        help="markdown (default), a self-contained html page, or a short pull-request comment")
     return parser
 
 
@@ -259,6 +269,33 @@ def _greedy(args) -> int:
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
+def _gate(args) -> int:
+    from exactcheck import gate
+    config = Path(args.config)
+    subjects = gate.read_config(config, level=args.level)
+    results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent)
+    for result in results:
+        status = "passes" if result.passed else "FAILS"
+        exempt = [v.check for v in result.audit.failed if result.exempted(v)]
+        print(f"{result.subject.name}: {status} ({len(result.audit.verdicts)} checks, "
+              f"{len(result.blocking)} failed" + (f", {len(exempt)} failed but exempt" if exempt else "")
+              + f"; level {result.subject.level}, {result.audit.duration_s:.1f} s)")
+        for v in result.blocking[:DETAILED_FAILURES]:
+            print("  " + v.describe().replace("\n", "\n  "))
+    if args.junit_xml:
+        print(f"junit xml: {gate.write(args.junit_xml, gate.junit_xml(results))}")
+    if args.json:
+        print(f"json: {gate.write(args.json, gate.dumps(gate.gate_json(results)))}")
+    if args.report:
+        for result in results:
+            for path in write_report(audit_to_json(result.audit), args.report, _stem("audit-", result.subject.name)):
+                print(f"report: {path}")
+    passed = all(r.passed for r in results)
+    print(f"exactcheck gate: {'PASSED' if passed else 'FAILED'} ({sum(r.passed for r in results)} of "
+          f"{len(results)} subjects pass)")
+    return EXIT_PASS if passed else EXIT_DEFECT
+
+
 def _list(_args) -> int:
     print("worlds:")
     for w in default_worlds():
@@ -331,7 +368,16 @@ def _replay(args) -> int:
 def _render(args) -> int:
     data = json.loads(Path(args.report).read_text())
     schema = data.get("schema")
-    print(render_selftest_markdown(data) if schema == SELFTEST_SCHEMA else render_audit_markdown(data))
+    if schema == SELFTEST_SCHEMA:
+        if args.format != "markdown":
+            raise UsageError("a selftest report renders as markdown only; render its audits' reports instead")
+        print(render_selftest_markdown(data))
+        return EXIT_PASS
+    if schema != AUDIT_SCHEMA:
+        raise UsageError(f"{args.report} is not an exactcheck report (schema {schema!r})")
+    from exactcheck.html_report import render_audit_html, render_pr_comment
+    render = {"markdown": render_audit_markdown, "html": render_audit_html, "pr": render_pr_comment}[args.format]
+    print(render(data), end="" if args.format != "markdown" else "\n")
     return EXIT_PASS
 
 
@@ -340,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
-                "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy}[args.command](args)
+                "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy,
+                "gate": _gate}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

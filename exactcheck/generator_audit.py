@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.audit import DEFAULT_ALPHA, STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict
+from exactcheck.audit import (DEFAULT_ALPHA, STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
+                              keep_plots_where_needed, plot_cells)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.generator import SAMPLING, DecodingPolicy, generator_name, is_lossy
 from exactcheck.generator_drive import GeneratorSamples, drive_generator
@@ -38,7 +39,7 @@ from exactcheck.suite import Level, derive_seed
 from exactcheck.verdict import Outcome, Verdict
 from toy_models.hf_toy_lm import ModelWorld, model_worlds, prompt_for_state
 
-__all__ = ["run_generator_audit", "GENERATIONS", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
+__all__ = ["run_generator_audit", "planned_generator_checks", "GENERATIONS", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
            "GREEDY_NEW_TOKENS"]
 
 # Sampled generations per world and level (about 8 ms each through transformers' generate).
@@ -85,7 +86,8 @@ def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict,
             tv_certificate=tv_certificate(counts, expected, alpha),
             check=f"{run.world.name}/{plan.law}", law=plan.law, condition=condition, samples=gof.samples,
             tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval, detectable_tv=gof.detectable_tv,
-            evidence=_evidence(LawComparison(plan, counts), gof.samples), **base))
+            evidence=_evidence(LawComparison(plan, counts), gof.samples),
+            law_cells=plot_cells(LawComparison(plan, counts), gof.samples), **base))
     return verdicts
 
 
@@ -185,7 +187,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
         if greedy:
             pending.append(_greedy_verdict(generator, world, world_seed, base, lossy))
             bar.step(f"{world.name}/greedy_identity")
-    verdicts = _apply_holm(pending, alpha, alpha)
+    verdicts = keep_plots_where_needed(_apply_holm(pending, alpha, alpha))
     environment = {"exactcheck": __version__, "torch": torch.__version__, "python": platform.python_version(),
                    "numpy": np.__version__, "machine": platform.machine()}
     try:
@@ -197,3 +199,21 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
                        alpha=alpha, device="cpu", verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=n * len(chosen) * len(policies), samples_drawn=drawn)
+
+
+def planned_generator_checks(worlds: list[str] | None = None, policies: tuple[DecodingPolicy, ...] = (SAMPLING,),
+                             greedy: bool = True) -> list[str]:
+    """The names of the checks ``run_generator_audit`` with these options reports, in order.
+    A world where the generator crashes or breaks its contract is reported by one
+    ``WORLD/contract`` verdict per policy in place of its laws."""
+    names = []
+    for world in model_worlds():
+        if worlds and world.name not in worlds:
+            continue
+        for i, policy in enumerate(policies):
+            names += [f"{world.name}/sequence{_suffix(policy)}", f"{world.name}/first_token{_suffix(policy)}"]
+            if i == 0:
+                names.append(f"{world.name}/cache_rollback")
+        if greedy:
+            names.append(f"{world.name}/greedy_identity")
+    return names

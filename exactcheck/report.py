@@ -172,8 +172,9 @@ def render_selftest_markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, Path]:
-    """Write ``STEM.json`` and ``STEM.md`` under ``directory``; return both paths."""
+def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ...]:
+    """Write ``STEM.json`` and ``STEM.md`` under ``directory``, and for an audit also the
+    self-contained ``STEM.html``; return the paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
@@ -187,4 +188,9 @@ def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, Pa
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     render = render_selftest_markdown if data["schema"] == SELFTEST_SCHEMA else render_audit_markdown
     md_path.write_text(render(data))
-    return json_path, md_path
+    if data["schema"] != AUDIT_SCHEMA:
+        return json_path, md_path
+    from exactcheck.html_report import render_audit_html
+    html_path = directory / f"{stem}.html"
+    html_path.write_text(render_audit_html(data))
+    return json_path, md_path, html_path

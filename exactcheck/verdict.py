@@ -63,6 +63,9 @@ class Verdict:
     log_evidence: float | None = None  # largest log e-value of the law's e-process over its looks
     evidence: tuple[CellDeviation, ...] = field(default_factory=tuple)
     reproducer: dict | None = None  # a shrunk counterexample (exactcheck.reproducer/1)
+    # observed vs expected counts on up to 32 cells (the likeliest and the most deviating), kept
+    # for failed statistical checks and accepted-length laws: what the HTML report plots
+    law_cells: tuple[CellDeviation, ...] = field(default_factory=tuple)
 
     def describe(self) -> str:
         """Failure message in a fixed shape: a verdict line, a blank line, one fact per line
@@ -113,6 +116,7 @@ class Verdict:
         data["outcome"] = Outcome(data["outcome"])
         data["tv_interval"] = tuple(data["tv_interval"]) if data["tv_interval"] else None
         data["evidence"] = tuple(CellDeviation(**e) for e in data["evidence"])
+        data["law_cells"] = tuple(CellDeviation(**e) for e in data.get("law_cells", ()))
         for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
             if isinstance(data.get(key), str):
                 data[key] = float(data[key])

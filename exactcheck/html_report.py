@@ -1,0 +1,212 @@
+"""One self-contained HTML file per audit, and a short Markdown summary for a pull request.
+
+The HTML has no external resources (inline CSS and SVG, one tiny inline script): it opens from a
+CI artifact or an e-mail attachment as it is. It shows the verdict table, then plots where
+people would rather look than read: expected vs observed law of every failed statistical check,
+the accepted-length distributions, every statistical check's adjusted p-value against alpha, and
+its detectable and certified TV; then each finding's full text. Rendered from the JSON report,
+like the Markdown, so an old report can be re-rendered.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+from exactcheck.report import audit_from_json
+from exactcheck.verdict import Outcome, Verdict
+
+__all__ = ["render_audit_html", "render_pr_comment"]
+
+_COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
+            Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700"}
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px auto; max-width: 1100px;
+       color: #1f2328; padding: 0 16px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #d0d7de; }
+.status { padding: 2px 10px; border-radius: 12px; color: white; font-weight: 600; }
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.failed { background: #ffebe9; } tr.inconclusive { background: #fff8c5; }
+pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 12px; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; }
+.plot { border: 1px solid #d0d7de; border-radius: 6px; padding: 8px; }
+.plot h3 { font-size: 14px; margin: 0 0 4px 0; }
+.legend span { margin-right: 12px; font-size: 12px; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _num(x, spec=".4f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _p(x) -> str:
+    if x is None:
+        return "–"
+    return "0" if x == 0 else (f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}")
+
+
+def _bars(verdict: Verdict, width: int = 520, height: int = 220) -> str:
+    """Grouped bars: expected (grey) and observed (coloured) counts per cell."""
+    cells = verdict.law_cells
+    top = max(max(c.expected for c in cells), max(c.observed for c in cells), 1e-9)
+    left, bottom = 48, 64
+    plot_w, plot_h = width - left - 8, height - bottom - 10
+    step = plot_w / len(cells)
+    bar = max(1.0, step * 0.4)
+    colour = _COLOURS[verdict.outcome]
+    kind = "law-plot failed-law" if verdict.outcome.failed else "law-plot"
+    parts = [f'<svg class="{kind}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="expected vs observed, {_e(verdict.check)}">']
+    for frac in (0, 0.5, 1):
+        y = 10 + plot_h * (1 - frac)
+        parts.append(f'<line x1="{left}" x2="{width - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d0d7de"/>')
+        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{top * frac:,.0f}</text>')
+    for i, cell in enumerate(cells):
+        x = left + i * step + step * 0.1
+        for j, (value, fill) in enumerate(((cell.expected, "#8c959f"), (cell.observed, colour))):
+            h = plot_h * value / top
+            parts.append(f'<rect x="{x + j * bar:.1f}" y="{10 + plot_h - h:.1f}" width="{bar:.1f}" height="{h:.1f}" '
+                         f'fill="{fill}"><title>{_e(cell.cell)}: {"expected" if j == 0 else "observed"} '
+                         f'{value:,.1f}</title></rect>')
+        lx, ly = x + bar, 10 + plot_h + 6
+        parts.append(f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" text-anchor="end" '
+                     f'transform="rotate(-55 {lx:.1f} {ly:.1f})">{_e(cell.cell)[:18]}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _law_plot(verdict: Verdict) -> str:
+    low, high = verdict.tv_interval or (None, None)
+    tv = "" if verdict.tv_estimate is None else (
+        f"TV {verdict.tv_estimate:.4f} (95% {low:.4f}–{high:.4f}), adjusted p {_p(verdict.adjusted_pvalue)}")
+    return (f'<div class="plot"><h3>{_e(verdict.check)}: {_e(verdict.outcome.value)}</h3>'
+            f'<div class="legend"><span><i class="swatch" style="background:#8c959f"></i>expected (exact law × n)'
+            f'</span><span><i class="swatch" style="background:{_COLOURS[verdict.outcome]}"></i>observed</span>'
+            f'<span>{_e(tv)}</span></div>{_bars(verdict)}</div>')
+
+
+def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> str:
+    """Per statistical check: -log10(adjusted p) (capped at 20) against the -log10(alpha) line,
+    and the detectable and certified TV."""
+    rows = [v for v in verdicts if v.statistic is not None and v.adjusted_pvalue is not None]
+    if not rows:
+        return ""
+    row_h, left = 16, 260
+    height = row_h * len(rows) + 40
+    half = (width - left - 40) / 2
+    cap = 20.0
+    parts = [f'<svg class="pvalue-plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
+             f'<text x="{left}" y="12" font-size="11">−log10(adjusted p), capped at {cap:g}; '
+             f'red line: alpha = {alpha:g}</text>',
+             f'<text x="{left + half + 40}" y="12" font-size="11">detectable TV (bar) and certified TV ≤ (tick), 0–0.1'
+             '</text>']
+    line_x = left + half * min(cap, -math.log10(alpha)) / cap if alpha > 0 else None
+    for i, v in enumerate(rows):
+        y = 24 + i * row_h
+        score = cap if v.adjusted_pvalue == 0 else min(cap, -math.log10(max(v.adjusted_pvalue, 1e-300)))
+        colour = _COLOURS[v.outcome]
+        parts.append(f'<text x="{left - 6}" y="{y + 10}" font-size="10" text-anchor="end">{_e(v.check)[:40]}</text>')
+        parts.append(f'<rect x="{left}" y="{y + 3}" width="{half * score / cap:.1f}" height="{row_h - 6}" '
+                     f'fill="{colour}"><title>adjusted p {_p(v.adjusted_pvalue)}</title></rect>')
+        tv_left = left + half + 40
+        if v.detectable_tv is not None:
+            w = half * min(v.detectable_tv, 0.1) / 0.1
+            parts.append(f'<rect x="{tv_left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="#54aeff">'
+                         f'<title>detectable TV {v.detectable_tv:.4f}</title></rect>')
+        if v.tv_certificate is not None:
+            x = tv_left + half * min(v.tv_certificate, 0.1) / 0.1
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + row_h - 1}" stroke="#1f2328" '
+                         f'stroke-width="2"><title>certified TV ≤ {v.tv_certificate:.4f}</title></line>')
+    if line_x is not None:
+        parts.append(f'<line x1="{line_x:.1f}" x2="{line_x:.1f}" y1="18" y2="{height - 4}" stroke="#cf222e" '
+                     'stroke-dasharray="4 3"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_audit_html(data: dict) -> str:
+    """The audit report (an ``exactcheck.audit/1`` JSON dict) as one self-contained HTML page."""
+    result = audit_from_json(data)
+    status = "PASSED" if result.passed else "FAILED"
+    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    env = result.environment
+    head = (f"level {result.level}, seed {result.seed}, "
+            + (f"false-alarm budget α = {result.alpha:g} for the whole audit" if result.alpha
+               else "deterministic checks only")
+            + f"; {len(result.verdicts)} checks: {counts}; {result.duration_s:.1f} s; exactcheck "
+            f"{env.get('exactcheck')}, torch {env.get('torch')}"
+            + (f", transformers {env['transformers']}" if "transformers" in env else ""))
+    budget = (f"Budget planned to detect TV ≥ {result.detect_tv:g} (power 0.9): {result.samples_drawn:,} of "
+              f"{result.samples_planned:,} planned trials drawn" if result.detect_tv else
+              f"{result.samples_drawn:,} generations driven")
+    if result.stopped_at:
+        budget += f"; stopped early on {result.stopped_at}"
+    rows = []
+    for v in result.verdicts:
+        cls = "failed" if v.outcome.failed else ("inconclusive" if v.outcome is Outcome.INCONCLUSIVE else "")
+        tv = "–" if v.tv_estimate is None else f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})"
+        rows.append(f'<tr class="{cls}"><td>{_e(v.check)}</td><td style="color:{_COLOURS[v.outcome]}">'
+                    f'<b>{_e(v.outcome.value)}</b></td><td class="num">{v.samples:,}</td><td class="num">{tv}</td>'
+                    f'<td class="num">{_num(v.detectable_tv)}</td><td class="num">{_num(v.tv_certificate)}</td>'
+                    f'<td class="num">{_p(v.adjusted_pvalue)}</td><td>{_e(v.summary)}</td></tr>')
+    failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and v.law_cells]
+    length_plots = [_law_plot(v) for v in result.verdicts if v.law == "accepted_length" and v.law_cells
+                    and not v.outcome.failed]
+    findings = [f"<h3>{_e(v.check)}</h3><pre>{_e(v.describe())}</pre>"
+                for v in result.verdicts if v.outcome is not Outcome.EXACT]
+    body = [
+        f'<h1>exactcheck audit of <code>{_e(result.subject)}</code> '
+        f'<span class="status" style="background:{"#1a7f37" if result.passed else "#cf222e"}">{status}</span></h1>',
+        f"<p>{_e(head)}.</p><p>{_e(budget)}.</p>",
+    ]
+    if failed_plots:
+        body += ["<h2>Expected vs observed law of the failed checks</h2>",
+                 f'<div class="plots" id="failed-law-plots">{"".join(failed_plots)}</div>']
+    body += ["<h2>Checks</h2>", "<table><tr><th>check</th><th>outcome</th><th>samples</th><th>TV (95% interval)</th>"
+             "<th>detectable TV</th><th>certified TV ≤</th><th>adjusted p</th><th>summary</th></tr>",
+             "".join(rows), "</table>"]
+    pvalues = _pvalue_plot(list(result.verdicts), result.alpha)
+    if pvalues:
+        body += ["<h2>p-values, detectable TV and certificates</h2>", pvalues]
+    if length_plots:
+        body += ["<h2>Accepted-length distributions</h2>", f'<div class="plots">{"".join(length_plots)}</div>']
+    if findings:
+        body += ["<h2>Findings</h2>", *findings]
+    body.append("<p><small>TV is the plug-in estimate ½Σ|p̂ − p|; detectable TV is the smallest TV the check finds "
+                "with power 0.9 at its α share; certified TV ≤ bounds the true TV at confidence 1 − α.</small></p>")
+    script = ("window.addEventListener('error', function () { document.title = 'exactcheck report: render error'; "
+              "document.body.setAttribute('data-rendered', 'error'); });"
+              "window.addEventListener('load', function () { if (document.body.getAttribute('data-rendered') "
+              "!== 'error') { document.body.setAttribute('data-rendered', 'ok'); } });")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>exactcheck: {_e(result.subject)} {status}</title><style>{_CSS}</style>"
+            f"<script>{script}</script></head><body>" + "\n".join(body) + "</body></html>\n")
+
+
+def render_pr_comment(data: dict, most: int = 10) -> str:
+    """A short Markdown summary for a pull-request comment: status, counts, the failed checks."""
+    result = audit_from_json(data)
+    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
+    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    icon = "✅" if result.passed else "❌"
+    lines = [f"### {icon} exactcheck: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
+             f"{len(result.verdicts)} checks ({counts}) at level {result.level}, seed {result.seed}"
+             + (f", α = {result.alpha:g} for the whole audit" if result.alpha else "") + "."]
+    if failed:
+        lines += ["", "| check | outcome | TV (95% interval) | adjusted p | reproduce |", "|---|---|---|---:|---|"]
+        for v in failed[:most]:
+            tv = "–" if v.tv_estimate is None else (
+                f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
+            lines.append(f"| `{v.check}` | {v.outcome.value} | {tv} | {_p(v.adjusted_pvalue)} | `{v.reproduce}` |")
+        if len(failed) > most:
+            lines.append(f"| … {len(failed) - most} more | | | | |")
+        lines += ["", "<details><summary>strongest finding</summary>", "", "```", failed[0].describe(), "```", "",
+                  "</details>"]
+    return "\n".join(lines) + "\n"
