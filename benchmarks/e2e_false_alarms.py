@@ -16,10 +16,8 @@ import argparse
 import math
 
 import numpy as np
-import torch
 
 from exactcheck.audit import _apply_holm
-from exactcheck.drive import SequenceSamples
 from exactcheck.generator import SAMPLING
 from exactcheck.generator_audit import _law_verdicts
 from exactcheck.generator_drive import GeneratorSamples
@@ -42,9 +40,8 @@ def main() -> None:
         for world, law in zip(worlds, laws):
             index = rng.choice(law.size, size=args.generations, p=law)
             digits = np.stack(np.unravel_index(index, (world.vocab_size,) * world.length), 1)
-            samples = SequenceSamples(world.world, torch.from_numpy(digits.astype(np.int64)), audit,
-                                      args.generations, args.generations)
-            runs.append(GeneratorSamples(world, SAMPLING, samples, forward_calls=0))
+            outputs = tuple(tuple(int(x) for x in row) for row in digits)
+            runs.append(GeneratorSamples(world, SAMPLING, outputs, audit, forward_calls=0))
         for alpha in ALPHAS:
             share = alpha / (2 * len(worlds))
             pending = [v for run in runs for v in _law_verdicts(run, share, alpha, dict(world=run.world.name,

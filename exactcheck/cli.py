@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
     e2e.add_argument("--temperature", type=float, action="append", metavar="T",
                      help="sampling temperature (repeatable; default 1)")
+    e2e.add_argument("--policy", action="append", metavar="SPEC",
+                     help="a decoding policy to audit under, e.g. 'temperature=0.7', 'top_k=2', "
+                          "'top_p=0.8,temperature=0.9', 'min_p=0.3' (repeatable; with --temperature)")
     e2e.add_argument("--world", action="append", metavar="NAME", help="only this model world (repeatable)")
     e2e.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy-identity sweep")
     e2e.add_argument("--seed", type=int, default=0)
@@ -244,7 +247,8 @@ def _e2e(args) -> int:
     from exactcheck.generator import DecodingPolicy
     from exactcheck.generator_audit import run_generator_audit
     generator = load_generator(args.subject)
-    policies = tuple(DecodingPolicy(t) for t in (args.temperature or [1.0]))
+    policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
+    policies += tuple(_parse_policy(spec) for spec in (args.policy or []))
     result = run_generator_audit(generator, subject_name=args.subject,
                                  level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
                                  policies=policies, generations=args.generations, greedy=args.greedy,
@@ -254,6 +258,25 @@ def _e2e(args) -> int:
         for path in write_report(audit_to_json(result), args.report, _stem("e2e-", args.subject)):
             print(f"report: {path}")
     return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _parse_policy(spec: str):
+    """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2)."""
+    from exactcheck.generator import DecodingPolicy
+    kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
+    settings = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in kinds:
+            raise UsageError(f"policy {spec!r}: expected KEY=VALUE with KEY in {sorted(kinds)}")
+        try:
+            settings[key] = kinds[key](value)
+        except ValueError as exc:
+            raise UsageError(f"policy {spec!r}: {exc}") from exc
+    try:
+        return DecodingPolicy(**settings)
+    except ValueError as exc:
+        raise UsageError(f"policy {spec!r}: {exc}") from exc
 
 
 def _greedy(args) -> int:

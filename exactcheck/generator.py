@@ -17,55 +17,16 @@ reports its measured TV as the price of the mode instead of calling it exact).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+from exactcheck.policy import GREEDY, SAMPLING, DecodingPolicy
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "Generation", "call_generator",
            "with_draft_length", "is_lossy", "generator_name"]
-
-
-@dataclass(frozen=True)
-class DecodingPolicy:
-    """The decoding contract the generator must realise. ``temperature == 0`` is greedy decoding
-    (argmax, ties to the lowest id); otherwise tokens are sampled from softmax(logits / T)."""
-
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def transform(self, probs: np.ndarray) -> np.ndarray:
-        """The policy's law from the model's float64 rows ``[..., V]`` (exact, float64)."""
-        probs = np.asarray(probs, dtype=np.float64)
-        if self.greedy:
-            out = np.zeros_like(probs)
-            np.put_along_axis(out, probs.argmax(-1)[..., None], 1.0, -1)
-            return out
-        if self.temperature == 1:
-            return probs / probs.sum(-1, keepdims=True)
-        with np.errstate(divide="ignore"):
-            logits = np.log(probs) / self.temperature
-        logits -= logits.max(-1, keepdims=True)
-        out = np.exp(logits)
-        return out / out.sum(-1, keepdims=True)
-
-    def describe(self) -> str:
-        return "greedy" if self.greedy else f"sampling, temperature {self.temperature:g}"
-
-
-GREEDY = DecodingPolicy(0.0)
-SAMPLING = DecodingPolicy(1.0)
 
 
 @dataclass
@@ -100,8 +61,10 @@ def with_draft_length(generator, draft_length: int):
 
 def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
                    max_new_tokens: int, seed: int, vocab_size: int,
-                   stop_tokens: tuple[int, ...] = ()) -> tuple[torch.Tensor, Generation]:
-    """Run the generator once and validate what it returns: (new tokens [n] int64, Generation)."""
+                   stop_tokens: tuple[int, ...] | None = None) -> tuple[torch.Tensor, Generation]:
+    """Run the generator once and validate what it returns: (new tokens [n] int64, Generation).
+    Stop tokens (default: the policy's) end the output: it must stop right after the first."""
+    stop_tokens = policy.stop_tokens if stop_tokens is None else stop_tokens
     try:
         out = generator(target, draft, input_ids, policy, max_new_tokens, seed)
     except Exception as exc:  # the subject's own failure becomes a verdict
@@ -134,5 +97,6 @@ def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor,
     if new.numel() != expected:
         raise ContractViolation(Violation.WRONG_LENGTH, (
             f"{new.numel()} new tokens; expected {expected} "
-            + ("(up to and including the first stop token)" if stops else f"(max_new_tokens={max_new_tokens})")))
+            + (f"(up to and including the first stop token, {new[stops[0]]} at {stops[0]}: nothing may "
+               "follow it)" if stops else f"(max_new_tokens={max_new_tokens})")))
     return new, generation

@@ -18,6 +18,7 @@ measured TV with its interval, the price of the mode.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 import time
@@ -29,10 +30,10 @@ from exactcheck import __version__
 from exactcheck.audit import (DEFAULT_ALPHA, STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
                               keep_plots_where_needed, plot_cells)
 from exactcheck.errors import SubjectError, UsageError
-from exactcheck.generator import SAMPLING, DecodingPolicy, generator_name, is_lossy
+from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
 from exactcheck.generator_drive import GeneratorSamples, drive_generator
 from exactcheck.greedy_identity import greedy_identity
-from exactcheck.laws import LawComparison, LawPlan
+from exactcheck.laws import LawComparison, LawPlan, policy_sequence_law
 from exactcheck.progress import Progress
 from exactcheck.statistics import goodness_of_fit, tv_certificate
 from exactcheck.suite import Level, derive_seed
@@ -49,28 +50,58 @@ GREEDY_DRAFT_LENGTHS = tuple(range(1, 9))
 GREEDY_NEW_TOKENS = 8
 
 
-def _suffix(policy: DecodingPolicy) -> str:
-    return "" if policy == SAMPLING else f"_t{policy.temperature:g}"
+def _suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
+    """Check-name suffix of a policy: none for plain sampling or the world's own policy."""
+    if policy == SAMPLING or (world is not None and policy is world.policy):
+        return ""
+    return "_" + policy.label()
 
 
 def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict, lossy: str | None) -> list[Verdict]:
-    """The sequence law of the first ``length`` tokens, and its first-token marginal (few cells,
-    so its TV is measured tightly: the figure a lossy mode is priced by)."""
-    world = run.world.world
-    law = world.sequence_law(run.policy.transform(world.target.law()))
-    sequences = run.samples.sequences.numpy()
-    weights = world.vocab_size ** np.arange(world.length - 1, -1, -1, dtype=np.int64)
-    vocab, length = world.vocab_size, world.length
+    """The law of whole outputs (up to ``length`` tokens or a stop token), its first-token
+    marginal (few cells, so its TV is measured tightly: the figure a lossy mode is priced by),
+    and with stop tokens the law of the output length (where the stop falls). Expected laws are
+    enumerated exactly from the world under the policy (``laws.policy_sequence_law``); an output
+    outside their support lands in an "other" cell of probability 0."""
+    world, policy = run.world.world, run.policy
+    law = policy_sequence_law(world, policy, run.world.new_tokens)
+    outcomes = sorted(law)
+    index = {o: i for i, o in enumerate(outcomes)}
+    observed = np.array([index.get(o, len(outcomes)) for o in run.outputs], dtype=np.int64)
+    expected = np.array([law[o] for o in outcomes] + [0.0])
+    vocab, length = world.vocab_size, run.world.new_tokens
+    first = np.zeros(vocab + 1)
+    for o, prob in law.items():
+        first[o[0]] += prob
+    first_observed = np.array([o[0] if o else vocab for o in run.outputs], dtype=np.int64)
+    describe = policy.describe()
     laws = [
-        ("sequence", f"first {length} tokens, {run.policy.describe()}", law, sequences @ weights,
-         lambda i: str([int(d) for d in np.unravel_index(i, (vocab,) * length)])),
-        ("first_token", f"first generated token, {run.policy.describe()}", law.reshape(vocab, -1).sum(1),
-         sequences[:, 0], lambda i: f"token {i}"),
+        ("sequence", f"whole outputs (at most {length} tokens), {describe}", expected, observed,
+         lambda i: str(list(outcomes[i])) if i < len(outcomes) else "any other output"),
+        ("first_token", f"first generated token, {describe}", first, first_observed,
+         lambda i: f"token {i}" if i < vocab else "no token"),
     ]
+    if policy.stop_tokens:
+        lengths = np.zeros(length + 1)
+        for o, prob in law.items():
+            lengths[len(o)] += prob
+        laws.append(("stop_position", f"number of tokens up to and including the stop token, {describe}", lengths,
+                     np.array([len(o) for o in run.outputs], dtype=np.int64),
+                     lambda j: f"{j} tokens"))
+    for name, description, cell in run.world.marginals:
+        marginal: dict = {}
+        for o, prob in law.items():
+            marginal[cell(o)] = marginal.get(cell(o), 0.0) + prob
+        cells = sorted(marginal, key=str)
+        position = {c: i for i, c in enumerate(cells)}
+        laws.append((name, f"{description}, {describe}", np.array([marginal[c] for c in cells] + [0.0]),
+                     np.array([position.get(cell(o), len(cells)) for o in run.outputs], dtype=np.int64),
+                     lambda i, cells=cells: str(cells[i]) if i < len(cells) else "any other"))
+    suffix = _suffix(policy, run.world)
     verdicts = []
-    for name, condition, expected, index, label in laws:
-        counts = np.bincount(index, minlength=expected.size).astype(np.int64)
-        plan = LawPlan(name + _suffix(run.policy), condition, expected, label)
+    for name, condition, expected, index_, label in laws:
+        counts = np.bincount(index_, minlength=expected.size).astype(np.int64)
+        plan = LawPlan(name + suffix, condition, expected, label)
         gof = goodness_of_fit(counts, expected, share)
         if gof.impossible:
             summary = f"{gof.impossible:,} generations fell on outcomes of exact probability 0"
@@ -89,6 +120,18 @@ def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict,
             evidence=_evidence(LawComparison(plan, counts), gof.samples),
             law_cells=plot_cells(LawComparison(plan, counts), gof.samples), **base))
     return verdicts
+
+
+def _validity_verdict(run: GeneratorSamples, base: dict) -> Verdict:
+    """Every output of a grammar world must be valid (deterministic: spends none of alpha)."""
+    invalid = [o for o in run.outputs if not run.world.validate(o)]
+    common = dict(base, check=f"{run.world.name}/valid_outputs", law="valid_outputs", samples=run.size,
+                  condition="every output parses as JSON of the schema and ends with the stop token")
+    if invalid:
+        return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+            f"{len(invalid):,} of {run.size:,} outputs are invalid; first: {list(invalid[0])}"), **common)
+    return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=f"{run.size:,} of {run.size:,} outputs valid",
+                   **common)
 
 
 def _rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
@@ -116,10 +159,13 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
                for i in range(GREEDY_PROMPTS)]
     has_length = hasattr(generator, "draft_length")
     lengths = GREEDY_DRAFT_LENGTHS if has_length else (None,)
-    result = greedy_identity(generator, target, draft, prompts, lengths, GREEDY_NEW_TOKENS, seed, world.vocab_size)
+    policy = GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
+    new_tokens = GREEDY_NEW_TOKENS if world.policy is None else world.new_tokens
+    result = greedy_identity(generator, target, draft, prompts, lengths, new_tokens, seed, world.vocab_size,
+                             policy=policy)
     common = dict(base, check=f"{world.name}/greedy_identity", law="greedy_identity", samples=result.runs,
                   condition=(f"{len(prompts)} prompts x draft lengths "
-                             f"{'1..8' if has_length else '(its own)'}, {GREEDY_NEW_TOKENS} new tokens"))
+                             f"{'1..8' if has_length else '(its own)'}, {new_tokens} new tokens, {policy.describe()}"))
     if result.failures:
         crashed = result.failures[0].split(": ", 1)[-1].startswith("subject raised")
         return Verdict(outcome=Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION, pvalue=0.0,
@@ -149,7 +195,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
     n = GENERATIONS[level] if generations is None else int(generations)
     if n < 1:
         raise UsageError(f"generations ({generations}) must be positive")
-    chosen = list(model_worlds())
+    chosen = list(all_model_worlds())
     if worlds:
         unknown = set(worlds) - {w.name for w in chosen}
         if unknown:
@@ -157,10 +203,11 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
         chosen = [w for w in chosen if w.name in worlds]
     name = generator_name(generator)
     lossy = generator_name(generator) if is_lossy(generator) else None
-    share = alpha / max(1, 2 * len(chosen) * len(policies))
+    plan = {w.name: ((w.policy,) if w.policy is not None else tuple(policies)) for w in chosen}
+    share = alpha / max(1, sum(2 + bool(p.stop_tokens) + len(w.marginals) for w in chosen for p in plan[w.name]))
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(len(chosen) * (len(policies) + greedy), enabled=progress)
+    bar = Progress(sum(len(plan[w.name]) + greedy for w in chosen), enabled=progress)
     pending: list[Verdict] = []
     drawn = 0
     for world in chosen:
@@ -170,20 +217,22 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
                      f"--world {world.name}{extra}" if subject_name else
                      f"run_generator_audit({name}, level={level.value!r}, seed={seed}, worlds=[{world.name!r}])")
         base = dict(world=world.name, seed=world_seed, reproduce=reproduce)
-        for policy in policies:
+        for policy in plan[world.name]:
             try:
-                run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + _suffix(policy)),
-                                      policy)
+                run = drive_generator(generator, world, n,
+                                      derive_seed(world_seed, "sampling" + _suffix(policy, world)), policy)
             except SubjectError as exc:
                 pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
                                                 samples=n, condition="every generation"))
-                bar.step(f"{world.name}/sampling{_suffix(policy)}")
+                bar.step(f"{world.name}/sampling{_suffix(policy, world)}")
                 continue
             drawn += run.size
             pending.extend(_law_verdicts(run, share, alpha, base, lossy))
-            if policy == policies[0]:
+            if world.validate is not None:
+                pending.append(_validity_verdict(run, base))
+            if policy is plan[world.name][0]:
                 pending.append(_rollback_verdict(run, base))
-            bar.step(f"{world.name}/sampling{_suffix(policy)}")
+            bar.step(f"{world.name}/sampling{_suffix(policy, world)}")
         if greedy:
             pending.append(_greedy_verdict(generator, world, world_seed, base, lossy))
             bar.step(f"{world.name}/greedy_identity")
@@ -198,7 +247,13 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
     return AuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
                        alpha=alpha, device="cpu", verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
-                       samples_planned=n * len(chosen) * len(policies), samples_drawn=drawn)
+                       samples_planned=n * sum(len(v) for v in plan.values()), samples_drawn=drawn)
+
+
+def all_model_worlds() -> list[ModelWorld]:
+    """The toy model worlds, then the grammar world (generated under its own policy)."""
+    from toy_models.grammar import grammar_world
+    return [*model_worlds(), grammar_world()]
 
 
 def planned_generator_checks(worlds: list[str] | None = None, policies: tuple[DecodingPolicy, ...] = (SAMPLING,),
@@ -207,11 +262,18 @@ def planned_generator_checks(worlds: list[str] | None = None, policies: tuple[De
     A world where the generator crashes or breaks its contract is reported by one
     ``WORLD/contract`` verdict per policy in place of its laws."""
     names = []
-    for world in model_worlds():
+    for world in all_model_worlds():
         if worlds and world.name not in worlds:
             continue
-        for i, policy in enumerate(policies):
-            names += [f"{world.name}/sequence{_suffix(policy)}", f"{world.name}/first_token{_suffix(policy)}"]
+        chosen = (world.policy,) if world.policy is not None else tuple(policies)
+        for i, policy in enumerate(chosen):
+            suffix = _suffix(policy, world)
+            names += [f"{world.name}/sequence{suffix}", f"{world.name}/first_token{suffix}"]
+            if policy.stop_tokens:
+                names.append(f"{world.name}/stop_position{suffix}")
+            names += [f"{world.name}/{name}{suffix}" for name, _, _ in world.marginals]
+            if world.validate is not None:
+                names.append(f"{world.name}/valid_outputs")
             if i == 0:
                 names.append(f"{world.name}/cache_rollback")
         if greedy:

@@ -2,7 +2,7 @@
 
 ``drive_generator`` calls the generator ``n`` times on the world's prompt (batch size 1: that is
 what transformers' assisted generation supports), each call with its own seed derived from the
-run's seed, and keeps the ``length`` new tokens of each. With ``probe=True`` the world's models
+run's seed, and keeps the new tokens of each (``length`` of them, or fewer up to a stop token). With ``probe=True`` the world's models
 record every forward call, and the cache-rollback invariants (``exactcheck.cache_invariants``)
 are checked after each generation, as is any final cache the generator hands back.
 """
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 
 from exactcheck.cache_invariants import Breach, check_calls, final_cache
-from exactcheck.drive import SequenceSamples
 from exactcheck.generator import DecodingPolicy, call_generator
 from exactcheck.suite import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
@@ -23,20 +22,21 @@ __all__ = ["GeneratorSamples", "drive_generator"]
 
 @dataclass(frozen=True)
 class GeneratorSamples:
-    """What ``n`` generations produced: the sequences (as ``SequenceSamples`` of the world's
-    ``ContextWorld``, so the sequence-law check reads them as it reads the step driver's), and
-    every broken cache invariant with the generation it happened in."""
+    """What ``n`` generations produced: each output's new tokens (shorter than the world's
+    length when it ends with a stop token), and every broken cache invariant with the
+    generation it happened in."""
 
     world: ModelWorld
     policy: DecodingPolicy
-    samples: SequenceSamples
+    outputs: tuple[tuple[int, ...], ...]
+    seed: int
     forward_calls: int
     breaches: tuple[tuple[int, Breach], ...] = field(default_factory=tuple)
     final_caches_checked: int = 0
 
     @property
     def size(self) -> int:
-        return self.samples.size
+        return len(self.outputs)
 
 
 def generation_seed(seed: int, i: int) -> int:
@@ -50,18 +50,18 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     violation) at the first generation that fails, as the step driver does."""
     target, draft = world.models()
     prompt = world.prompt_ids()
-    sequences = torch.empty((n, world.length), dtype=torch.int64)
+    outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = 0
     for i in range(n):
         log = [] if probe else None
         target.calls = draft.calls = log
         try:
-            new, generation = call_generator(generator, target, draft, prompt, policy, world.length,
+            new, generation = call_generator(generator, target, draft, prompt, policy, world.new_tokens,
                                              generation_seed(seed, i), world.vocab_size)
         finally:
             target.calls = draft.calls = None
-        sequences[i] = new
+        outputs.append(tuple(new.tolist()))
         if probe:
             calls += len(log)
             final = torch.cat([prompt[0], new])
@@ -74,5 +74,4 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
             breaches.extend((i, b) for b in found)
         if progress is not None and (i + 1) % 250 == 0:
             progress(i + 1, n)
-    samples = SequenceSamples(world.world, sequences, seed, calls=n, steps=n)
-    return GeneratorSamples(world, policy, samples, calls, tuple(breaches), checked)
+    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked)

@@ -72,34 +72,43 @@ def _logits(model, prefix: torch.Tensor) -> torch.Tensor:
     return out.logits[0, -1]
 
 
-def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """The target's greedy continuation of ``prompt`` ([P] ids): a plain incremental decode with
-    a fresh cache that is only ever appended to (no rollback, so no rollback bug can reach it)."""
+def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, policy=GREEDY) -> list[int]:
+    """The target's greedy continuation of ``prompt`` ([P] ids) under ``policy`` (temperature 0,
+    its bias, bans, mask and stop tokens): a plain incremental decode with a fresh cache that is
+    only ever appended to (no rollback, so no rollback bug can reach it)."""
     from transformers import DynamicCache
     cache, out = DynamicCache(), []
     feed = prompt[None].to(target.device)
     with torch.no_grad():
         for _ in range(max_new_tokens):
             logits = target(input_ids=feed, cache=cache, use_cache=True).logits[0, -1]
-            token = int(logits.argmax())
+            token = int(policy.probabilities(logits[None], [tuple(out)]).argmax())
             out.append(token)
+            if token in policy.stop_tokens:
+                break
             feed = torch.tensor([[token]], device=target.device)
     return out
 
 
-def _classify(target, target64, prefix, expected: int, got: int, tie_tolerance: float) -> tuple[float, float, str]:
-    l32 = _logits(target, prefix).float()
-    top = l32.topk(2).values
+def _classify(target, target64, prompt_length: int, prefix, expected: int, got: int, tie_tolerance: float,
+              policy) -> tuple[float, float, str]:
+    """(float32 top-2 margin, float64 gap, classification) at ``prefix`` under ``policy``'s
+    greedy scores (bias, bans and mask applied)."""
+    generated = [tuple(prefix[prompt_length:].tolist())]
+    s32 = policy.scores(_logits(target, prefix)[None], generated)[0]
+    top = s32.topk(2).values
     margin32 = float(top[0] - top[1])
-    l64 = _logits(target64, prefix).double()
-    gap64 = float(l64[expected] - l64[got])
-    tie = gap64 <= tie_tolerance or int(l64.argmax()) == got
+    s64 = policy.scores(_logits(target64, prefix).double()[None], generated)[0]
+    gap64 = float(s64[expected] - s64[got])
+    if s64[got] == -float("inf"):  # the policy forbids the subject's token: never a tie
+        return margin32, gap64, "defect"
+    tie = gap64 <= tie_tolerance or int(s64.argmax()) == got
     return margin32, gap64, "numerical tie" if tie else "defect"
 
 
 def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft_lengths, max_new_tokens: int,
                     seed: int = 0, vocab_size: int | None = None, tie_tolerance: float = TIE_TOLERANCE,
-                    progress=None, pairs=None, on_generation=None) -> GreedyIdentityResult:
+                    progress=None, pairs=None, on_generation=None, policy=GREEDY) -> GreedyIdentityResult:
     """Run ``generator`` greedily on each prompt at each draft length (or on the given
     ``pairs`` of (prompt index, draft length)) and compare with ``target_greedy``. A draft
     length of ``None`` runs the generator at its own setting. ``on_generation(prompt index,
@@ -113,11 +122,11 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
     for index, (i, k) in enumerate(pairs):
         prompt = prompts[i]
         if i not in expected:
-            expected[i] = target_greedy(target, prompt, max_new_tokens)
+            expected[i] = target_greedy(target, prompt, max_new_tokens, policy)
         subject = generator if k is None else with_draft_length(generator, k)
         runs += 1
         try:
-            got, generation = call_generator(subject, target, draft, prompt[None], GREEDY, max_new_tokens,
+            got, generation = call_generator(subject, target, draft, prompt[None], policy, max_new_tokens,
                                              seed, vocab_size)
         except SubjectError as exc:
             failures.append(f"prompt {i}, draft length {k}: {exc}")
@@ -129,11 +138,12 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
         if got == expected[i]:
             identical += 1
         else:
-            j = next(t for t in range(max_new_tokens) if got[t] != expected[i][t])
+            j = next(t for t in range(min(len(got), len(expected[i]))) if got[t] != expected[i][t])
             if target64 is None:
                 target64 = copy.deepcopy(target).double()
             prefix = torch.cat([prompt, torch.tensor(expected[i][:j], dtype=prompt.dtype)])
-            margin, gap, kind = _classify(target, target64, prefix, expected[i][j], got[j], tie_tolerance)
+            margin, gap, kind = _classify(target, target64, prompt.numel(), prefix, expected[i][j], got[j],
+                                          tie_tolerance, policy)
             divergences.append(Divergence(i, k, j, expected[i][j], got[j], margin, gap, kind))
         if progress is not None:
             progress(index + 1, len(pairs), generator_name(generator))

@@ -24,7 +24,7 @@ import numpy as np
 from exactcheck.drive import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts",
+__all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts", "policy_sequence_law",
            "MIN_CONDITIONAL_SAMPLES"]
 
 # A conditional law (correction, bonus) is checked only when the exact law expects at least this
@@ -113,3 +113,24 @@ def compare(plan: LawPlan, samples: StepSamples | SequenceSamples) -> LawCompari
         else:
             raise ValueError(f"unknown step law {plan.law!r}")
     return LawComparison(plan, np.bincount(index, minlength=cells).astype(np.int64))
+
+
+def policy_sequence_law(world: ContextWorld, policy, length: int) -> dict[tuple[int, ...], float]:
+    """The exact float64 law of a generation of at most ``length`` tokens from ``world``'s
+    target under a decoding policy (``exactcheck.policy``): every outcome, as the tuple of its
+    tokens (shorter when it ends with a stop token), with its probability. Each row is the
+    policy's transform of the target's float64 row at the prefix's state, with the prefix
+    passed to the policy's mask."""
+    rows = world.target.law()
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(state: int, prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == length or (prefix and prefix[-1] in policy.stop_tokens):
+            out[prefix] = out.get(prefix, 0.0) + prob
+            return
+        row = policy.transform(rows[state][None], [prefix])[0]
+        for token in np.flatnonzero(row > 0):
+            walk(int(world.next_state(state, int(token))), prefix + (int(token),), prob * float(row[token]))
+
+    walk(world.prompt_state, (), 1.0)
+    return out

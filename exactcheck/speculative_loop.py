@@ -24,6 +24,7 @@ with positions 0, 1, 2, ... . One method per step, so each mutant below override
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ from exactcheck.reference import ReferenceVerifier
 
 __all__ = ["ReferenceSpeculativeLoop", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",
-           "CACHE_MUTANTS"]
+           "CACHE_MUTANTS", "POLICY_MUTANTS", "PolicyOnDraftOnly", "PolicyOnBonusOnly", "TemperatureTwice",
+           "MaskOnDraftOnly", "MaskAfterAcceptance", "TokensAfterStop"]
 
 
 def _new_cache():
@@ -60,14 +62,19 @@ class ReferenceSpeculativeLoop:
         # tokens the loop believes each cache holds (true when rollback crops correctly)
         counters = {"target": 0, "draft": 0, "known": 0}
         with torch.no_grad():
+            counters["prompt"] = prompt
             while sequence.numel() - prompt < max_new_tokens:
                 drafts, q = self.draft_tokens(draft, caches["draft"], counters, sequence, policy, generator)
                 p = self.target_rows(target, caches["target"], counters, sequence, drafts, policy)
                 out = verifier(p[None].float(), q[None].float(), drafts[None], generator)[0]
-                emitted = out[out >= 0][: max_new_tokens - (sequence.numel() - prompt)]
-                sequence = torch.cat([sequence, emitted])
+                emitted = self.commit(out[out >= 0], sequence[prompt:], drafts, p, policy, generator)
+                emitted = emitted[: max_new_tokens - (sequence.numel() - prompt)]
+                keep, stop = self.stop_at(emitted, policy)
+                sequence = torch.cat([sequence, emitted[:keep]])
                 self.rollback(caches, sequence.numel() - 1)
                 counters["known"] = sequence.numel() - 1
+                if stop:
+                    break
         return Generation(sequence[None], target_cache=caches["target"], draft_cache=caches["draft"])
 
     # -- steps -------------------------------------------------------------------------------
@@ -82,12 +89,22 @@ class ReferenceSpeculativeLoop:
         out = model(input_ids=tokens[None], position_ids=positions[None], cache=cache, use_cache=True)
         return out.logits[0]
 
-    def policy_rows(self, logits: torch.Tensor, policy: DecodingPolicy) -> torch.Tensor:
-        """The policy's law of each logit row, in float64."""
-        logits = logits.double()
-        if policy.greedy:
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
-        return torch.softmax(logits / policy.temperature, -1)
+    def policy_rows(self, logits: torch.Tensor, policy: DecodingPolicy, prefixes, role: str) -> torch.Tensor:
+        """The policy's law of each logit row (float64); ``prefixes[i]``: the generated tokens
+        row i conditions on; ``role``: "draft" or "target" (policy mutants treat them apart)."""
+        return policy.probabilities(logits, prefixes)
+
+    def commit(self, emitted, generated, drafts, p, policy, generator) -> torch.Tensor:
+        """The tokens to append, from the verifier's output."""
+        return emitted
+
+    def stop_at(self, emitted: torch.Tensor, policy: DecodingPolicy) -> tuple[int, bool]:
+        """(how many of ``emitted`` to keep, whether generation stops): up to and including the
+        first stop token, and stop there."""
+        for i, token in enumerate(emitted.tolist()):
+            if token in policy.stop_tokens:
+                return i + 1, True
+        return emitted.numel(), False
 
     def draft_sample(self, q_row: torch.Tensor, logits: torch.Tensor, policy, generator) -> tuple[int, torch.Tensor]:
         """(token, the row it was sampled from)."""
@@ -96,10 +113,12 @@ class ReferenceSpeculativeLoop:
     def draft_tokens(self, draft, cache, counters, sequence, policy, generator):
         # after a fully accepted round the draft has not been fed its own last draft yet
         feed = sequence[min(counters["known"], cache.get_seq_length()):]
+        generated = tuple(sequence[counters["prompt"]:].tolist())
         tokens, rows = [], []
         for _ in range(self.draft_length):
             logits = self.forward(draft, cache, counters, "draft", feed)[-1]
-            token, row = self.draft_sample(self.policy_rows(logits, policy), logits, policy, generator)
+            row = self.policy_rows(logits[None], policy, [generated + tuple(tokens)], "draft")[0]
+            token, row = self.draft_sample(row, logits, policy, generator)
             tokens.append(token)
             rows.append(row)
             feed = torch.tensor([token], device=sequence.device)
@@ -108,7 +127,9 @@ class ReferenceSpeculativeLoop:
     def target_rows(self, target, cache, counters, sequence, drafts, policy) -> torch.Tensor:
         feed = torch.cat([sequence[min(counters["known"], cache.get_seq_length()):], drafts])
         logits = self.forward(target, cache, counters, "target", feed)[-(drafts.numel() + 1):]
-        return self.policy_rows(logits, policy)
+        generated = tuple(sequence[counters["prompt"]:].tolist())
+        prefixes = [generated + tuple(drafts[:j].tolist()) for j in range(drafts.numel() + 1)]
+        return self.policy_rows(logits, policy, prefixes, "target")
 
     def rollback(self, caches: dict, keep: int) -> None:
         """Crop both caches to the first ``keep`` committed tokens."""
@@ -190,5 +211,102 @@ class SoftmaxQTopKDraft(ReferenceSpeculativeLoop):
         return int(torch.multinomial(truncated / truncated.sum(), 1, generator=generator)), q_row
 
 
+# -- policy mutants (field notes: vLLM #9834, #42744; SGLang #10617; the guide's JSON exercise) ----
+
+def _plain(policy: DecodingPolicy) -> DecodingPolicy:
+    """The model's own law with the policy's stop tokens: "defaults on the target"."""
+    return DecodingPolicy(temperature=1.0, stop_tokens=policy.stop_tokens)
+
+
+@dataclass(frozen=True)
+class PolicyOnDraftOnly(ReferenceSpeculativeLoop):
+    """Temperature, top-k, top-p, min-p, bias and mask reach the drafter; the target rows
+    used for verification are the plain softmax (vLLM #9834: top-p on the draft only)."""
+
+    name: str = "mutant: policy_on_draft_only"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        return (policy if role == "draft" else _plain(policy)).probabilities(logits, prefixes)
+
+
+@dataclass(frozen=True)
+class PolicyOnBonusOnly(ReferenceSpeculativeLoop):
+    """The target's transform is applied to the bonus row only; verified positions use the plain
+    softmax (vLLM #42744, SGLang #10617: min-p and logit bias on the bonus token only)."""
+
+    name: str = "mutant: policy_on_bonus_only"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        if role == "draft":
+            return policy.probabilities(logits, prefixes)
+        plain = _plain(policy).probabilities(logits[:-1], prefixes[:-1])
+        return torch.cat([plain, policy.probabilities(logits[-1:], prefixes[-1:])])
+
+
+@dataclass(frozen=True)
+class TemperatureTwice(ReferenceSpeculativeLoop):
+    """The target's logits are divided by the temperature twice (T^2 in effect)."""
+
+    name: str = "mutant: temperature_twice"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        if role == "target" and not policy.greedy:
+            policy = dataclasses.replace(policy, temperature=policy.temperature ** 2)
+        return policy.probabilities(logits, prefixes)
+
+
+@dataclass(frozen=True)
+class MaskOnDraftOnly(ReferenceSpeculativeLoop):
+    """The grammar mask is applied to the drafter only; verification uses the unmasked target."""
+
+    name: str = "mutant: mask_on_draft_only"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        if role == "target":
+            policy = dataclasses.replace(policy, mask=None)
+        return policy.probabilities(logits, prefixes)
+
+
+@dataclass(frozen=True)
+class MaskAfterAcceptance(ReferenceSpeculativeLoop):
+    """Verification uses the unmasked target; afterwards the first emitted token the grammar
+    forbids is replaced by a sample from the masked target row there, and the rest dropped.
+    Every output is valid; the law is not the masked target's."""
+
+    name: str = "mutant: mask_after_acceptance"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        if role == "target":
+            policy = dataclasses.replace(policy, mask=None)
+        return policy.probabilities(logits, prefixes)
+
+    def commit(self, emitted, generated, drafts, p, policy, generator):
+        if policy.mask is None:
+            return emitted
+        tokens = emitted.tolist()
+        for j, token in enumerate(tokens):
+            allowed = list(policy.mask(tuple(generated.tolist()) + tuple(tokens[:j])))
+            if token not in allowed:
+                row = torch.zeros_like(p[j])
+                row[allowed] = p[j][allowed]
+                if float(row.sum()) <= 0:
+                    row[allowed] = 1.0
+                fixed = int(torch.multinomial(row / row.sum(), 1, generator=generator))
+                return torch.tensor(tokens[:j] + [fixed], device=emitted.device)
+        return emitted
+
+
+@dataclass(frozen=True)
+class TokensAfterStop(ReferenceSpeculativeLoop):
+    """Stop tokens do not end the generation: tokens are emitted after EOS."""
+
+    name: str = "mutant: tokens_after_stop"
+
+    def stop_at(self, emitted, policy):
+        return emitted.numel(), False
+
+
 CACHE_MUTANTS = (NoCropAfterRejection(), CropOffByOne(), PositionsNotRewound(), DraftCacheNotTrimmed())
-LOOP_MUTANTS = CACHE_MUTANTS + (SoftmaxQGreedyDraft(), SoftmaxQTopKDraft())
+POLICY_MUTANTS = (PolicyOnDraftOnly(), PolicyOnBonusOnly(), TemperatureTwice(), MaskOnDraftOnly(),
+                  MaskAfterAcceptance(), TokensAfterStop())
+LOOP_MUTANTS = CACHE_MUTANTS + (SoftmaxQGreedyDraft(), SoftmaxQTopKDraft()) + POLICY_MUTANTS

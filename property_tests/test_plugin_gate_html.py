@@ -34,7 +34,7 @@ def _outcome(case) -> str:
     return "failed" if kinds & {"Failure", "Error"} else ("skipped" if "Skipped" in kinds else "passed")
 
 
-@pytest.mark.parametrize("workers", [None, "2"], ids=["serial", "xdist_n2"])
+@pytest.mark.parametrize("workers", [None, pytest.param("2", marks=pytest.mark.slow)], ids=["serial", "xdist_n2"])
 def test_example_project_fails_exactly_the_planted_defect(tmp_path, workers):
     code, cases = _pytest_example(tmp_path, *(["-n", workers] if workers else []))
     assert code == 1

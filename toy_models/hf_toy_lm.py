@@ -160,11 +160,21 @@ def prompt_for_state(world: ContextWorld, length: int, seed: int, initial_state:
 class ModelWorld:
     """A ``ContextWorld`` presented as two transformers models and a prompt of real token ids:
     the world's ``prompt_state`` is the state the prompt leads to, so the enumerated sequence
-    law is the law of the first ``length`` generated tokens."""
+    law is the law of the first ``length`` generated tokens. A world with its own ``policy``
+    (``toy_models.grammar``) is always generated under it."""
 
     name: str
     world: ContextWorld
     prompt: tuple[int, ...]
+    policy: object = None  # a DecodingPolicy the world must be generated under (a grammar's mask)
+    validate: object = None  # outputs -> bool: every output must pass (a grammar's validity)
+    max_new_tokens: int | None = None  # default: length (a stop-token world leaves room past the stop)
+    # extra laws checked on outputs: (name, description, output tuple -> hashable cell)
+    marginals: tuple = ()
+
+    @property
+    def new_tokens(self) -> int:
+        return self.max_new_tokens or self.world.length
 
     @property
     def description(self) -> str:

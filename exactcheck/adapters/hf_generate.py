@@ -10,8 +10,12 @@
   not used (candidates come from n-grams of the prompt).
 - ``TargetGenerate``: plain ``target.generate`` without a draft, the baseline.
 
-Sampling passes ``top_k=0`` and ``top_p=1.0`` explicitly: transformers fills an unset ``top_k``
-with its global default 50, which is not the policy "softmax(logits / T)". Every call passes an
+The decoding policy (``exactcheck.policy``) becomes transformers' own settings: temperature,
+``top_k`` (0 when unset), ``top_p`` (1.0 when unset), ``min_p``, ``sequence_bias`` for the
+logit bias, ``bad_words_ids`` for banned tokens, ``eos_token_id`` for stop tokens, and a
+``LogitsProcessor`` (``PolicyMask``) for a state-dependent mask. ``top_k`` and ``top_p`` are
+passed explicitly because transformers fills an unset ``top_k`` with its global default 50, which
+is not the policy "softmax(logits / T)". Every call passes an
 all-ones attention mask (transformers otherwise infers one from ``pad_token_id``, which in a toy
 vocabulary is a real token) and draws its randomness from the global torch generator, seeded
 with the call's seed inside ``torch.random.fork_rng`` so the caller's global state is untouched.
@@ -24,22 +28,56 @@ import torch
 
 from exactcheck.generator import DecodingPolicy, Generation
 
-__all__ = ["AssistedGeneration", "PromptLookup", "TargetGenerate"]
+__all__ = ["AssistedGeneration", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
 
 
-def _policy_kwargs(policy: DecodingPolicy) -> dict:
+class PolicyMask:
+    """A transformers logits processor applying a policy's state-dependent mask (and nothing
+    else): tokens the mask forbids after the generated prefix get -inf."""
+
+    def __init__(self, policy: DecodingPolicy, prompt_length: int):
+        self.policy, self.prompt_length = policy, prompt_length
+
+    def __call__(self, input_ids, scores):
+        out = scores.clone()
+        for row in range(input_ids.shape[0]):
+            prefix = tuple(input_ids[row, self.prompt_length:].tolist())
+            forbidden = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
+            forbidden[list(self.policy.mask(prefix))] = False
+            out[row] = out[row].masked_fill(forbidden, -float("inf"))
+        return out
+
+
+def policy_kwargs(policy: DecodingPolicy, prompt_length: int) -> dict:
+    """``generate`` keyword arguments that realise ``policy`` with transformers' own processors."""
+    from transformers import LogitsProcessorList
     if policy.greedy:
-        return dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    return dict(do_sample=True, temperature=policy.temperature, top_k=0, top_p=1.0)
+        kwargs = dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        kwargs = dict(do_sample=True, temperature=policy.temperature, top_k=policy.top_k or 0,
+                      top_p=1.0 if policy.top_p is None else policy.top_p)
+        if policy.min_p is not None:
+            kwargs["min_p"] = policy.min_p
+    if policy.logit_bias:
+        kwargs["sequence_bias"] = {(token,): bias for token, bias in policy.logit_bias}
+    if policy.banned_tokens:
+        kwargs["bad_words_ids"] = [[token] for token in policy.banned_tokens]
+    if policy.stop_tokens:
+        kwargs["eos_token_id"] = list(policy.stop_tokens)
+        kwargs["pad_token_id"] = policy.stop_tokens[0]
+    if policy.mask is not None:
+        kwargs["logits_processor"] = LogitsProcessorList([PolicyMask(policy, prompt_length)])
+    return kwargs
 
 
 def _generate(model, input_ids, policy, max_new_tokens, seed, **kwargs) -> Generation:
     devices = [model.device] if model.device.type == "cuda" else []
+    minimum = 0 if policy.stop_tokens else max_new_tokens  # with a stop token, stopping early is the law
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(seed)
         out = model.generate(input_ids.to(model.device), attention_mask=torch.ones_like(input_ids, device=model.device),
-                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             return_dict_in_generate=True, **_policy_kwargs(policy), **kwargs)
+                             max_new_tokens=max_new_tokens, min_new_tokens=minimum,
+                             return_dict_in_generate=True, **policy_kwargs(policy, input_ids.shape[-1]), **kwargs)
     return Generation(out.sequences, target_cache=getattr(out, "cache", None))
 
 

@@ -1,0 +1,141 @@
+"""The decoding policy: the law a generator must sample from, computed exactly in float64.
+
+``DecodingPolicy`` holds temperature (0 = greedy), top-k, top-p, min-p, a logit bias, banned
+tokens, stop tokens and an optional state-dependent mask (``mask(prefix) -> allowed ids``, the
+prefix being the tokens generated so far). ``probabilities(logits, prefixes)`` turns logit rows
+into the policy's law, in this order (transformers 5.x applies its processors in the same
+order: processors, then your logits processors, then the sampling warpers):
+
+1. logit bias added; banned tokens and tokens outside the mask set to -inf;
+2. divided by the temperature;
+3. top-k: tokens whose logit is below the k-th largest are removed (ties at the boundary are
+   all kept, so more than k tokens can remain);
+4. top-p: tokens sorted by probability, ascending (ties in token-id order); a token is removed
+   when the cumulative probability up to and including it is <= 1 - top_p (at least one kept);
+5. min-p: tokens with probability < min_p x the largest probability are removed;
+6. softmax of what remains. Greedy: all mass on the largest remaining logit (ties: lowest id).
+
+Stop tokens end a generation: the stop token is emitted and nothing after it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING"]
+
+
+@dataclass(frozen=True)
+class DecodingPolicy:
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    banned_tokens: tuple[int, ...] = ()
+    stop_tokens: tuple[int, ...] = ()
+    mask: Callable[[tuple[int, ...]], Sequence[int]] | None = None
+    name: str | None = None  # how checks are named (default: from the settings)
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def plain(self) -> bool:
+        """Sampling at temperature 1 with no transform: the model's own law."""
+        return self == SAMPLING
+
+    def label(self) -> str:
+        """A short name for check names (``sequence@<label>``)."""
+        if self.name:
+            return self.name
+        parts = ["greedy" if self.greedy else f"t{self.temperature:g}"]
+        for key, value in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p)):
+            if value is not None:
+                parts.append(f"{key}{value:g}")
+        if self.logit_bias:
+            parts.append("bias")
+        if self.banned_tokens:
+            parts.append("banned")
+        if self.stop_tokens:
+            parts.append("stop")
+        if self.mask is not None:
+            parts.append("mask")
+        return "_".join(parts)
+
+    def describe(self) -> str:
+        if self.greedy and self.label() == "greedy":
+            return "greedy"
+        if self.plain:
+            return "sampling, temperature 1"
+        return "policy " + self.label()
+
+    def probabilities(self, logits: torch.Tensor, prefixes: Sequence[tuple[int, ...]] | None = None) -> torch.Tensor:
+        """The policy's law of each logit row ``[n, V]``, in float64. ``prefixes[i]`` is the
+        generated prefix row i conditions on (needed only with a mask)."""
+        x = self.scores(logits, prefixes)
+        vocab = x.shape[-1]
+        if self.greedy:
+            return torch.nn.functional.one_hot(x.argmax(-1), vocab).to(torch.float64)
+        x = x / self.temperature
+        if self.top_k is not None and self.top_k < vocab:
+            kth = x.topk(self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, -math.inf)
+        if self.top_p is not None and self.top_p < 1:
+            probs = torch.softmax(x, -1)
+            order = torch.sort(probs, dim=-1, stable=True).indices  # ascending, ties by id
+            cumulative = probs.gather(-1, order).cumsum(-1)
+            remove_sorted = cumulative <= 1 - self.top_p
+            remove_sorted[..., -1] = False
+            remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+            x = x.masked_fill(remove, -math.inf)
+        if self.min_p is not None and self.min_p > 0:
+            probs = torch.softmax(x, -1)
+            x = x.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), -math.inf)
+        return torch.softmax(x, -1)
+
+    def scores(self, logits: torch.Tensor, prefixes: Sequence[tuple[int, ...]] | None = None) -> torch.Tensor:
+        """Step 1 alone: the float64 logits with the bias added and banned or masked tokens at
+        -inf (what greedy decoding takes the argmax of)."""
+        x = logits.to(torch.float64).clone()
+        for token, bias in self.logit_bias:
+            x[..., token] += bias
+        if self.banned_tokens:
+            x[..., list(self.banned_tokens)] = -math.inf
+        if self.mask is not None:
+            if prefixes is None:
+                raise ValueError("a masked policy needs the prefix of every row")
+            allowed = torch.zeros_like(x, dtype=torch.bool)
+            for i, prefix in enumerate(prefixes):
+                allowed[i, list(self.mask(tuple(prefix)))] = True
+            if not allowed.any(-1).all():
+                raise ValueError("the mask allows no token after some prefix")
+            x = x.masked_fill(~allowed, -math.inf)
+        return x
+
+    def transform(self, probs: np.ndarray, prefixes: Sequence[tuple[int, ...]] | None = None) -> np.ndarray:
+        """The policy's law from model rows given as probabilities ``[n, V]`` (float64)."""
+        with np.errstate(divide="ignore"):
+            logits = torch.from_numpy(np.log(np.asarray(probs, dtype=np.float64)))
+        shape = logits.shape
+        out = self.probabilities(logits.reshape(-1, shape[-1]), prefixes)
+        return out.reshape(shape).numpy()
+
+
+GREEDY = DecodingPolicy(0.0)
+SAMPLING = DecodingPolicy(1.0)
