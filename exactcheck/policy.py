@@ -1,8 +1,8 @@
 """The decoding policy: the law a generator must sample from, computed exactly in float64.
 
 ``DecodingPolicy`` holds temperature (0 = greedy), top-k, top-p, min-p, a logit bias, banned
-tokens, stop tokens and an optional state-dependent mask (``mask(prefix) -> allowed ids``, the
-prefix being the tokens generated so far). ``probabilities(logits, prefixes)`` turns logit rows
+tokens, stop tokens and an optional state-dependent mask (``mask(prefix) -> allowed ids``, or a
+bool tensor over the vocabulary, the prefix being the tokens generated so far). ``probabilities(logits, prefixes)`` turns logit rows
 into the policy's law, in this order (transformers 5.x applies its processors in the same
 order: processors, then your logits processors, then the sampling warpers):
 
@@ -122,7 +122,11 @@ class DecodingPolicy:
                 raise ValueError("a masked policy needs the prefix of every row")
             allowed = torch.zeros_like(x, dtype=torch.bool)
             for i, prefix in enumerate(prefixes):
-                allowed[i, list(self.mask(tuple(prefix)))] = True
+                ids = self.mask(tuple(prefix))
+                if isinstance(ids, torch.Tensor) and ids.dtype == torch.bool:
+                    allowed[i] = ids.to(allowed.device)
+                else:
+                    allowed[i, list(ids)] = True
             if not allowed.any(-1).all():
                 raise ValueError("the mask allows no token after some prefix")
             x = x.masked_fill(~allowed, -math.inf)

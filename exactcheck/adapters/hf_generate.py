@@ -42,8 +42,12 @@ class PolicyMask:
         out = scores.clone()
         for row in range(input_ids.shape[0]):
             prefix = tuple(input_ids[row, self.prompt_length:].tolist())
-            forbidden = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
-            forbidden[list(self.policy.mask(prefix))] = False
+            ids = self.policy.mask(prefix)
+            if isinstance(ids, torch.Tensor) and ids.dtype == torch.bool:
+                forbidden = ~ids.to(scores.device)
+            else:
+                forbidden = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
+                forbidden[list(ids)] = False
             out[row] = out[row].masked_fill(forbidden, -float("inf"))
         return out
 

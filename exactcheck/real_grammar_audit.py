@@ -1,0 +1,178 @@
+"""A generator audited under a real grammar engine on a real model: SmolLM2 with an xgrammar
+JSON-schema mask (``exactcheck.adapters.xgrammar_mask``), applied to the logits through the
+decoding policy (a transformers logits processor in the transformers adapter).
+
+Checks (one ``AuditResult``):
+
+- ``greedy_identity``: greedy under the mask (temperature 0, stop at the tokenizer's stop
+  token) equals the target's own masked greedy decode, at several draft lengths;
+- ``valid_outputs``: every greedy and sampled output is JSON of the schema (checked by
+  ``json.loads`` and a hand-written schema check, not by xgrammar) followed by a stop token;
+- ``pit_target_order`` and ``surprisal``: chain-rule tests of the sampled outputs (temperature 1
+  under the mask). For each output, one teacher-forced forward of the target gives every
+  position's logits; the policy turns them into the masked law p_t in float64. Randomised PIT
+  U_t = P_t(tokens more likely than x_t) + V_t p_t(x_t) (ties by id) is i.i.d. uniform when
+  every x_t came from p_t (Kolmogorov-Smirnov); the summed surprisal minus its exact mean, over
+  its exact standard deviation, is asymptotically N(0, 1). Holm at alpha over the two.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+import time
+
+import torch
+from scipy import stats
+
+from exactcheck import __version__
+from exactcheck.audit import AuditResult, _apply_holm
+from exactcheck.errors import SubjectError
+from exactcheck.generator import call_generator, generator_name
+from exactcheck.greedy_identity import greedy_identity
+from exactcheck.policy import DecodingPolicy
+from exactcheck.suite import derive_seed
+from exactcheck.verdict import Outcome, Verdict
+
+__all__ = ["run_grammar_audit", "JSON_PROMPTS", "pit_and_surprisal"]
+
+JSON_PROMPTS = (
+    "Give me a user as JSON:", "A user record in JSON:", "Create a JSON object for a new team member:",
+    "Output one user as compact JSON:", "JSON for an administrator account:", "Here is a JSON user:",
+    "Return a JSON object describing a person:", "User profile (JSON):",
+)
+
+
+def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outputs, seed: int):
+    """(PIT values, surprisal sum, its exact mean, its exact variance) over ``outputs`` (lists
+    of generated ids after ``prompt``), with the masked law recomputed by teacher forcing."""
+    g = torch.Generator().manual_seed(seed)
+    values, total, mean, var = [], 0.0, 0.0, 0.0
+    for out in outputs:
+        ids = torch.cat([prompt, torch.tensor(out[:-1], dtype=prompt.dtype)])[None]
+        with torch.no_grad():
+            logits = target(input_ids=ids.to(target.device), use_cache=False).logits[0, prompt.numel() - 1:]
+        rows = policy.probabilities(logits, [tuple(out[:t]) for t in range(len(out))])
+        for t, token in enumerate(out):
+            p = rows[t]
+            px = p[token]
+            ids_ = torch.arange(p.numel())
+            above = float(p[(p > px) | ((p == px) & (ids_ < token))].sum())
+            values.append(above + float(torch.rand(1, generator=g, dtype=torch.float64)) * float(px))
+            support = p[p > 0]
+            logs = support.log()
+            entropy = float(-(support * logs).sum())
+            total += -math.log(float(px))
+            mean += entropy
+            var += float((support * logs ** 2).sum()) - entropy ** 2
+    return values, total, mean, var
+
+
+def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
+                      new_tokens: int = 64, seed: int = 0, alpha: float = 1e-3, progress: bool = True,
+                      loaded=None) -> AuditResult:
+    """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
+    xgrammar mask of ``FOUR_PROPERTY_SCHEMA``."""
+    import sys
+
+    from exactcheck.adapters.xgrammar_mask import XGrammarMask, matches_schema
+    from toy_models import real_models
+    clock = time.perf_counter()
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    target, tokenizer = loaded or real_models.smollm2()
+    draft = real_models.first_layers_draft(target, 4)
+    vocab = target.config.vocab_size
+    mask = XGrammarMask(tokenizer, vocab_size=vocab)
+    greedy_policy = DecodingPolicy(0.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema_greedy")
+    sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
+    prompt_ids = [tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
+    world = "smollm2-json"
+    reproduce = f"exactcheck grammar --prompts {prompts} --samples {samples} --seed {seed}"
+    base = dict(world=world, seed=seed, reproduce=reproduce)
+    texts = []
+
+    def text(new) -> str:
+        return tokenizer.decode([t for t in new if t not in mask.stop_tokens])
+
+    def keep(i, k, new, generation):
+        texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
+
+    def show(done, total, _name):
+        if progress:
+            print(f"exactcheck: grammar greedy identity [{done}/{total}] ({time.perf_counter() - clock:.0f} s)",
+                  file=sys.stderr, flush=True)
+
+    result = greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
+                             policy=greedy_policy, on_generation=keep, progress=show)
+    condition = f"{prompts} prompts x draft lengths {list(draft_lengths)}, up to {new_tokens} tokens, masked greedy"
+    if result.failures or result.defects:
+        summary = "; ".join(list(result.failures[:2]) + [d.describe() for d in result.defects[:2]])
+        identity = Verdict(check=f"{world}/greedy_identity", law="greedy_identity", condition=condition,
+                           outcome=Outcome.DEFECT if result.defects else Outcome.CRASHED, pvalue=0.0,
+                           samples=result.runs, summary=summary, **base)
+    else:
+        ties = f"; {len(result.ties)} numerical ties" if result.ties else ""
+        identity = Verdict(check=f"{world}/greedy_identity", law="greedy_identity", condition=condition,
+                           outcome=Outcome.EXACT, pvalue=1.0, samples=result.runs, summary=(
+                               f"{result.identical} of {result.runs} runs identical to the target's masked greedy "
+                               f"decode{ties}"), **base)
+    outputs, failures = [], []
+    for i in range(samples):
+        prompt = prompt_ids[i % len(prompt_ids)]
+        try:
+            new, _ = call_generator(generator, target, draft, prompt[None], sample_policy, new_tokens,
+                                    derive_seed(seed, f"sample/{i}"), vocab)
+        except SubjectError as exc:
+            failures.append(str(exc))
+            continue
+        outputs.append((i % len(prompt_ids), new.tolist()))
+        texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
+        if progress:
+            print(f"exactcheck: grammar samples [{i + 1}/{samples}] ({time.perf_counter() - clock:.0f} s)",
+                  file=sys.stderr, flush=True)
+    # an output that reached max_new_tokens without a stop token was cut by the length limit (the
+    # policy's law includes that); every output that stopped must be JSON of the schema
+    stopped = [t for t, done in texts if done]
+    truncated = len(texts) - len(stopped)
+    invalid = [t for t in stopped if not matches_schema(t)]
+    validity = Verdict(check=f"{world}/valid_outputs", law="valid_outputs", samples=len(texts),
+                       condition=f"greedy and sampled outputs that stopped: JSON of the schema (max {new_tokens} tokens)",
+                       outcome=Outcome.DEFECT if invalid else Outcome.EXACT, pvalue=0.0 if invalid else 1.0,
+                       summary=(f"{len(stopped) - len(invalid)} of {len(stopped)} stopped outputs valid JSON of the schema"
+                                + (f"; {truncated} cut by max_new_tokens={new_tokens}" if truncated else "")
+                                + (f"; first invalid: {invalid[0]!r}" if invalid else "")), **base)
+    verdicts = [identity, validity]
+    if failures:
+        verdicts.append(Verdict(check=f"{world}/contract", law="contract", condition="every sampled generation",
+                                outcome=Outcome.CRASHED if failures[0].startswith("subject raised")
+                                else Outcome.CONTRACT_VIOLATION, pvalue=0.0, samples=samples,
+                                summary=f"{len(failures)} generations failed; first: {failures[0]}", **base))
+    if outputs:
+        pit, total, mean, var = [], 0.0, 0.0, 0.0
+        for index in sorted({i for i, _ in outputs}):
+            values, t, m, v = pit_and_surprisal(target, sample_policy, prompt_ids[index],
+                                                [o for i, o in outputs if i == index], derive_seed(seed, f"pit/{index}"))
+            pit += values
+            total, mean, var = total + t, mean + m, var + v
+        ks = stats.kstest(pit, "uniform")
+        z = (total - mean) / math.sqrt(var) if var > 0 else 0.0
+        cond = f"{len(outputs)} sampled outputs, {len(pit)} tokens, masked law by teacher forcing"
+        verdicts.append(Verdict(check=f"{world}/pit_target_order", law="pit_target_order", condition=cond,
+                                outcome=Outcome.EXACT, samples=len(pit), statistic=float(ks.statistic),
+                                statistic_name="Kolmogorov-Smirnov D (randomised PIT)", pvalue=float(ks.pvalue),
+                                summary=f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}", **base))
+        verdicts.append(Verdict(check=f"{world}/surprisal", law="surprisal", condition=cond, outcome=Outcome.EXACT,
+                                samples=len(pit), statistic=z, statistic_name="z (surprisal, exact moments)",
+                                pvalue=float(2 * stats.norm.sf(abs(z))),
+                                summary=f"z = {z:.3f}, p = {2 * stats.norm.sf(abs(z)):.3g}", **base))
+    import importlib.metadata
+
+    import transformers
+    environment = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                   "xgrammar": importlib.metadata.version("xgrammar"),
+                   "python": platform.python_version(), "machine": platform.machine(),
+                   "outputs": [t for t, _ in texts][:12]}
+    return AuditResult(subject=generator_name(generator), level="grammar", seed=seed, alpha=alpha, device="cpu",
+                       verdicts=tuple(_apply_holm(verdicts, alpha, alpha)), started=started,
+                       duration_s=time.perf_counter() - clock, environment=environment,
+                       samples_planned=samples, samples_drawn=len(outputs))
