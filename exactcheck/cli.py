@@ -353,7 +353,7 @@ def _list(_args) -> int:
         print(f"  properties/{name}")
     from exactcheck.speculative_loop import LOOP_MUTANTS
     try:
-        from toy_models.hf_toy_lm import model_worlds
+        from exactcheck.generator_audit import all_model_worlds as model_worlds
     except ImportError:  # transformers is not installed: no end-to-end worlds
         model_worlds = tuple
     print("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
@@ -363,7 +363,8 @@ def _list(_args) -> int:
     for name, g in builtin_generators().items():
         print(f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else ""))
     for m in LOOP_MUTANTS:
-        print(f"  loop-mutant:{m.name.split(': ')[1]:<14} {type(m).__doc__.strip()}")
+        doc = " ".join(type(m).__doc__.split())
+        print(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
     print(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
     print("mutants:")
     for m in MUTANTS.values():
