@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+import sys
 import time
 
 import torch
@@ -106,7 +107,7 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     def show(done, total, _name):
         if progress:
             print(f"exactcheck: greedy identity on {model}: [{done}/{total}] ({time.perf_counter() - clock:.0f} s)",
-                  file=__import__("sys").stderr, flush=True)
+                  file=sys.stderr, flush=True)
 
     caches = _FinalCaches(target, chosen)
     result = greedy_identity(generator, target, draft, chosen, lengths, new_tokens, seed, vocab, pairs=pairs,
