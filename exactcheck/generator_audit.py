@@ -163,21 +163,9 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
     new_tokens = GREEDY_NEW_TOKENS if world.policy is None else world.new_tokens
     result = greedy_identity(generator, target, draft, prompts, lengths, new_tokens, seed, world.vocab_size,
                              policy=policy)
-    common = dict(base, check=f"{world.name}/greedy_identity", law="greedy_identity", samples=result.runs,
-                  condition=(f"{len(prompts)} prompts x draft lengths "
-                             f"{'1..8' if has_length else '(its own)'}, {new_tokens} new tokens, {policy.describe()}"))
-    if result.failures:
-        crashed = result.failures[0].split(": ", 1)[-1].startswith("subject raised")
-        return Verdict(outcome=Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION, pvalue=0.0,
-                       summary=f"{len(result.failures)} runs failed; first: {result.failures[0]}", **common)
-    if result.defects:
-        return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
-            (f"lossy by design ({lossy}): " if lossy else "") + f"{len(result.defects)} of {result.runs} runs diverge from the target's greedy decode; first: "
-            f"{result.defects[0].describe()}"), **common)
-    ties = f"; {len(result.ties)} divergences, all numerical ties: {result.ties[0].describe()}" if result.ties else ""
-    return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
-        f"{result.identical} of {result.runs} runs identical to the target's greedy decode "
-        f"({result.tokens:,} tokens){ties}"), **common)
+    condition = (f"{len(prompts)} prompts x draft lengths {'1..8' if has_length else '(its own)'}, "
+                 f"{new_tokens} new tokens, {policy.describe()}")
+    return result.verdict(f"{world.name}/greedy_identity", condition, lossy, **base)
 
 
 def run_generator_audit(generator, *, subject_name: str | None = None, level: Level | str = Level.QUICK,

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.errors import SubjectError
+from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.generator import GREEDY, call_generator, generator_name, with_draft_length
+from exactcheck.verdict import Outcome, Verdict
 
 __all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
 
@@ -56,6 +57,7 @@ class GreedyIdentityResult:
     divergences: tuple[Divergence, ...]
     failures: tuple[str, ...]  # contract violations or crashes, described
     tokens: int  # new tokens compared
+    first_failure_crashed: bool = False  # the first failure was a crash (else a contract violation)
 
     @property
     def defects(self) -> tuple[Divergence, ...]:
@@ -64,6 +66,25 @@ class GreedyIdentityResult:
     @property
     def ties(self) -> tuple[Divergence, ...]:
         return tuple(d for d in self.divergences if d.classification == "numerical tie")
+
+    def verdict(self, check: str, condition: str, lossy: str | None = None, **base) -> Verdict:
+        """The deterministic verdict of this sweep (spends none of alpha): a failed run (crash or
+        contract violation) first, then divergences classified as defects; numerical ties are
+        reported in a passing verdict."""
+        common = dict(base, check=check, law="greedy_identity", condition=condition, samples=self.runs)
+        if self.failures:
+            return Verdict(outcome=Outcome.CRASHED if self.first_failure_crashed else Outcome.CONTRACT_VIOLATION,
+                           pvalue=0.0, summary=f"{len(self.failures)} runs failed; first: {self.failures[0]}",
+                           **common)
+        if self.defects:
+            return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+                (f"lossy by design ({lossy}): " if lossy else "")
+                + f"{len(self.defects)} of {self.runs} runs diverge from the target's greedy decode; "
+                + "; ".join(d.describe() for d in self.defects[:3])), **common)
+        ties = ("; numerical ties: " + "; ".join(d.describe() for d in self.ties)) if self.ties else ""
+        return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
+            f"{self.identical} of {self.runs} runs identical to the target's greedy decode "
+            f"({self.tokens:,} tokens){ties}"), **common)
 
 
 def _logits(model, prefix: torch.Tensor) -> torch.Tensor:
@@ -119,6 +140,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
     target64 = None
     runs = identical = tokens = 0
     divergences, failures = [], []
+    crashed = False
     for index, (i, k) in enumerate(pairs):
         prompt = prompts[i]
         if i not in expected:
@@ -129,6 +151,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
             got, generation = call_generator(subject, target, draft, prompt[None], policy, max_new_tokens,
                                              seed, vocab_size)
         except SubjectError as exc:
+            crashed = crashed if failures else isinstance(exc, SubjectCrashed)
             failures.append(f"prompt {i}, draft length {k}: {exc}")
             continue
         if on_generation is not None:
@@ -147,4 +170,4 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
             divergences.append(Divergence(i, k, j, expected[i][j], got[j], margin, gap, kind))
         if progress is not None:
             progress(index + 1, len(pairs), generator_name(generator))
-    return GreedyIdentityResult(runs, identical, tuple(divergences), tuple(failures), tokens)
+    return GreedyIdentityResult(runs, identical, tuple(divergences), tuple(failures), tokens, crashed)

@@ -105,17 +105,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     result = greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
                              policy=greedy_policy, on_generation=keep, progress=show)
     condition = f"{prompts} prompts x draft lengths {list(draft_lengths)}, up to {new_tokens} tokens, masked greedy"
-    if result.failures or result.defects:
-        summary = "; ".join(list(result.failures[:2]) + [d.describe() for d in result.defects[:2]])
-        identity = Verdict(check=f"{world}/greedy_identity", law="greedy_identity", condition=condition,
-                           outcome=Outcome.DEFECT if result.defects else Outcome.CRASHED, pvalue=0.0,
-                           samples=result.runs, summary=summary, **base)
-    else:
-        ties = f"; {len(result.ties)} numerical ties" if result.ties else ""
-        identity = Verdict(check=f"{world}/greedy_identity", law="greedy_identity", condition=condition,
-                           outcome=Outcome.EXACT, pvalue=1.0, samples=result.runs, summary=(
-                               f"{result.identical} of {result.runs} runs identical to the target's masked greedy "
-                               f"decode{ties}"), **base)
+    identity = result.verdict(f"{world}/greedy_identity", condition, **base)
     outputs, failures = [], []
     for i in range(samples):
         prompt = prompt_ids[i % len(prompt_ids)]

@@ -116,26 +116,11 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     reproduce = (f"exactcheck greedy --model {model} --prompts {prompts} --new-tokens {new_tokens}"
                  + (f" --per-prompt {per_prompt}" if per_prompt else ""))
     used = sorted({k for _, k in pairs if k is not None})
-    common = dict(world=model, seed=seed, reproduce=reproduce, samples=result.runs)
+    common = dict(world=model, seed=seed, reproduce=reproduce)
     condition = (f"{prompts} prompts x draft lengths {used[0]}..{used[-1]}"
                  + (f" ({per_prompt} per prompt, in rotation)" if per_prompt else "")
                  + f", {new_tokens} new tokens") if used else f"{prompts} prompts, {new_tokens} new tokens"
-    if result.failures:
-        crashed = result.failures[0].split(": ", 1)[-1].startswith("subject raised")
-        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
-                           outcome=Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION, pvalue=0.0,
-                           summary=f"{len(result.failures)} runs failed; first: {result.failures[0]}", **common)
-    elif result.defects:
-        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
-                           outcome=Outcome.DEFECT, pvalue=0.0, summary=(
-                               f"{len(result.defects)} of {result.runs} runs diverge (defects); "
-                               + "; ".join(d.describe() for d in result.defects[:3])), **common)
-    else:
-        ties = ("; numerical ties: " + "; ".join(d.describe() for d in result.ties)) if result.ties else ""
-        identity = Verdict(check=f"{model}/greedy_identity", law="greedy_identity", condition=condition,
-                           outcome=Outcome.EXACT, pvalue=1.0, summary=(
-                               f"{result.identical} of {result.runs} runs identical to the target's greedy "
-                               f"decode ({result.tokens:,} tokens){ties}"), **common)
+    identity = result.verdict(f"{model}/greedy_identity", condition, **common)
     breaches, checked = caches.breaches, caches.checked
     cache_common = dict(common, samples=checked, check=f"{model}/final_cache", law="final_cache",
                         condition="final target cache vs a fresh recompute, one run per draft length")
