@@ -33,7 +33,7 @@ from exactcheck.drive import SequenceSamples
 from exactcheck.sampling import inverse_cdf
 
 __all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
-           "chain_rule_tests", "CHAIN_RULE_TESTS"]
+           "chain_rule_tests", "row_statistics", "z_test", "CHAIN_RULE_TESTS"]
 
 CHAIN_RULE_TESTS = ("pit_target_order", "pit_ratio_order", "surprisal", "log_draft_ratio",
                     "draft_top_agreement")
@@ -136,8 +136,14 @@ def teacher_forced(world: ChainWorld, sequences: torch.Tensor, fast: bool = True
 
 def _generic(world, previous, position, token) -> dict[str, torch.Tensor]:
     """The O(V) computation from the row tensors."""
-    p = world.target_rows(previous, position).double()
-    q = world.draft_rows(previous, position).double()
+    return row_statistics(world.target_rows(previous, position), world.draft_rows(previous, position), token)
+
+
+def row_statistics(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token chain-rule quantities from target rows ``p`` and draft rows ``q`` ([N, V]) and
+    the emitted ``token`` [N]: PIT parts (ties by id), surprisal and log-ratio with their exact
+    conditional moments, draft-top agreement."""
+    p, q = p.double(), q.double()
     ids = torch.arange(p.shape[1])[None, :]
     x = token[:, None]
     p_x = p.gather(1, x)
@@ -165,7 +171,7 @@ def _generic(world, previous, position, token) -> dict[str, torch.Tensor]:
     }
 
 
-def _z_test(name: str, values: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+def z_test(name: str, values: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
             what: str) -> ChainRuleTest:
     deviation = float((values - mean).sum())
     spread = math.sqrt(max(float(var.clamp(min=0).sum()), 1e-300))
@@ -188,10 +194,10 @@ def chain_rule_tests(world: ChainWorld, sequences: torch.Tensor, seed: int,
         ks = stats.kstest(u, "uniform")
         tests.append(ChainRuleTest(name, float(ks.statistic), "Kolmogorov-Smirnov D", float(ks.pvalue),
                                    u.size, f"PIT in {order} order: mean {u.mean():.4f} (exact 0.5)"))
-    tests.append(_z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"],
+    tests.append(z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"],
                          "surprisal -log p(x)"))
-    tests.append(_z_test("log_draft_ratio", t["llr"], t["llr_mean"], t["llr_var"], "log q(x)/p(x)"))
+    tests.append(z_test("log_draft_ratio", t["llr"], t["llr_mean"], t["llr_var"], "log q(x)/p(x)"))
     agree = t["agree_mean"]
-    tests.append(_z_test("draft_top_agreement", t["agree"], agree, agree * (1 - agree),
+    tests.append(z_test("draft_top_agreement", t["agree"], agree, agree * (1 - agree),
                          "x equals the draft's most likely token"))
     return tests

@@ -18,7 +18,6 @@ Checks (one ``AuditResult``):
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import platform
 import time
 
@@ -27,6 +26,7 @@ from scipy import stats
 
 from exactcheck import __version__
 from exactcheck.audit import AuditResult, _apply_holm
+from exactcheck.chain_rule import row_statistics, z_test
 from exactcheck.errors import SubjectError
 from exactcheck.generator import call_generator, generator_name
 from exactcheck.greedy_identity import greedy_identity
@@ -43,29 +43,19 @@ JSON_PROMPTS = (
 )
 
 
-def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outputs, seed: int):
-    """(PIT values, surprisal sum, its exact mean, its exact variance) over ``outputs`` (lists
-    of generated ids after ``prompt``), with the masked law recomputed by teacher forcing."""
-    g = torch.Generator().manual_seed(seed)
-    values, total, mean, var = [], 0.0, 0.0, 0.0
+def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outputs):
+    """Per-token chain-rule quantities (``chain_rule.row_statistics``) of ``outputs`` (lists of
+    generated ids after ``prompt``), the masked law recomputed by one teacher-forced forward each;
+    concatenated over the outputs."""
+    parts = []
     for out in outputs:
         ids = torch.cat([prompt, torch.tensor(out[:-1], dtype=prompt.dtype)])[None]
         with torch.no_grad():
             logits = target(input_ids=ids.to(target.device), use_cache=False).logits[0, prompt.numel() - 1:]
-        rows = policy.probabilities(logits, [tuple(out[:t]) for t in range(len(out))])
-        for t, token in enumerate(out):
-            p = rows[t]
-            px = p[token]
-            ids_ = torch.arange(p.numel())
-            above = float(p[(p > px) | ((p == px) & (ids_ < token))].sum())
-            values.append(above + float(torch.rand(1, generator=g, dtype=torch.float64)) * float(px))
-            support = p[p > 0]
-            logs = support.log()
-            entropy = float(-(support * logs).sum())
-            total += -math.log(float(px))
-            mean += entropy
-            var += float((support * logs ** 2).sum()) - entropy ** 2
-    return values, total, mean, var
+        rows = policy.probabilities(logits, [tuple(out[:t]) for t in range(len(out))]).cpu()
+        parts.append(row_statistics(rows, rows, torch.tensor(out)))
+    return {key: torch.cat([part[key] for part in parts]) for key in ("p", "below_p", "surprisal",
+                                                                      "surprisal_mean", "surprisal_var")}
 
 
 def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
@@ -138,23 +128,22 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                                 else Outcome.CONTRACT_VIOLATION, pvalue=0.0, samples=samples,
                                 summary=f"{len(failures)} generations failed; first: {failures[0]}", **base))
     if outputs:
-        pit, total, mean, var = [], 0.0, 0.0, 0.0
-        for index in sorted({i for i, _ in outputs}):
-            values, t, m, v = pit_and_surprisal(target, sample_policy, prompt_ids[index],
-                                                [o for i, o in outputs if i == index], derive_seed(seed, f"pit/{index}"))
-            pit += values
-            total, mean, var = total + t, mean + m, var + v
+        parts = [pit_and_surprisal(target, sample_policy, prompt_ids[index], [o for i, o in outputs if i == index])
+                 for index in sorted({i for i, _ in outputs})]
+        t = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        v = torch.rand(t["p"].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(derive_seed(seed, "pit")))
+        pit = (t["below_p"] + v * t["p"]).clamp(0, 1).numpy()
         ks = stats.kstest(pit, "uniform")
-        z = (total - mean) / math.sqrt(var) if var > 0 else 0.0
-        cond = f"{len(outputs)} sampled outputs, {len(pit)} tokens, masked law by teacher forcing"
+        surprisal = z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"], "surprisal -log p(x)")
+        cond = f"{len(outputs)} sampled outputs, {pit.size} tokens, masked law by teacher forcing"
         verdicts.append(Verdict(check=f"{world}/pit_target_order", law="pit_target_order", condition=cond,
-                                outcome=Outcome.EXACT, samples=len(pit), statistic=float(ks.statistic),
+                                outcome=Outcome.EXACT, samples=pit.size, statistic=float(ks.statistic),
                                 statistic_name="Kolmogorov-Smirnov D (randomised PIT)", pvalue=float(ks.pvalue),
                                 summary=f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}", **base))
         verdicts.append(Verdict(check=f"{world}/surprisal", law="surprisal", condition=cond, outcome=Outcome.EXACT,
-                                samples=len(pit), statistic=z, statistic_name="z (surprisal, exact moments)",
-                                pvalue=float(2 * stats.norm.sf(abs(z))),
-                                summary=f"z = {z:.3f}, p = {2 * stats.norm.sf(abs(z)):.3g}", **base))
+                                samples=pit.size, statistic=surprisal.statistic, statistic_name=surprisal.statistic_name,
+                                pvalue=surprisal.pvalue,
+                                summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base))
     import importlib.metadata
 
     import transformers
