@@ -79,15 +79,21 @@ def call_verifier(verifier: Verifier, target_probs: torch.Tensor, draft_probs: t
     return validate_output(out, draft_tokens, target_probs.shape[-1])
 
 
+def _logits(probs: torch.Tensor) -> torch.Tensor:
+    return torch.log(probs.double()).to(probs.dtype)
+
+
 def from_logits(fn: Callable[..., torch.Tensor]) -> Verifier:
     """Adapt a verifier that takes logits ``(target_logits, draft_logits, draft_tokens, generator)``.
 
-    The logits given are ``log(probs)`` in the probabilities' dtype, ``-inf`` where a probability
-    is 0, so ``softmax`` of them recovers the rows up to rounding.
+    The logits given are ``log(probs)`` computed in float64 and rounded once to the
+    probabilities' dtype (fp16 rows give fp16 logits, as a half-precision engine hands them),
+    ``-inf`` where a probability is 0, so ``softmax`` of them recovers the rows up to that one
+    rounding; the adapter adds no error of its own.
     """
 
     def verifier(target_probs, draft_probs, draft_tokens, generator):
-        return fn(torch.log(target_probs), torch.log(draft_probs), draft_tokens, generator)
+        return fn(_logits(target_probs), _logits(draft_probs), draft_tokens, generator)
 
     verifier.__name__ = getattr(fn, "__name__", "logits_verifier")
     verifier.__doc__ = fn.__doc__

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import enum
+import os
+import traceback
 
 __all__ = [
     "ExactcheckError",
@@ -10,6 +12,7 @@ __all__ = [
     "SubjectCrashed",
     "ContractViolation",
     "Violation",
+    "subject_frames",
 ]
 
 
@@ -25,11 +28,26 @@ class SubjectError(ExactcheckError):
     """The subject under test misbehaved; the audit turns this into a verdict, not a traceback."""
 
 
+# exactcheck's own driving code: frames here are not the subject's
+_DRIVER_FILES = tuple(os.path.join(os.path.dirname(__file__), name)
+                      for name in ("contract.py", "generator.py", "randomness.py"))
+MAX_FRAMES = 8
+
+
+def subject_frames(exc: BaseException) -> tuple[str, ...]:
+    """The frames of ``exc``'s traceback below exactcheck's driver, as "file:line in function:
+    code", innermost last (at most ``MAX_FRAMES``)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _DRIVER_FILES]
+    return tuple(f"{f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
+                 for f in frames[-MAX_FRAMES:])
+
+
 class SubjectCrashed(SubjectError):
-    """The subject raised an exception while being driven."""
+    """The subject raised an exception while being driven; ``frames`` are its own frames."""
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+        self.frames = subject_frames(exc)
         super().__init__(f"subject raised {type(exc).__name__}: {exc}")
 
 

@@ -191,6 +191,20 @@ class UninitialisedUnseededRows(ReferenceVerifier):
         return u
 
 
+class ExponentialRaceNaN(ReferenceVerifier):
+    """The correction is drawn by an exponential race, argmax(r / E) with E ~ Exp(1) in float32,
+    over the whole row: an exponential of exactly 0 on a zero-mass token makes 0/0 = NaN, which
+    argmax takes, so a token the target forbids is emitted (one float32 draw, about 2^-24).
+    ``final_uniforms`` hands the generator on and ``sample_final`` draws the exponentials."""
+
+    def final_uniforms(self, batch, generator, device, u_accept, n, row_generators=None):
+        return generator
+
+    def sample_final(self, rows, generator):
+        e = torch.empty(rows.shape, dtype=torch.float32, device=rows.device).exponential_(generator=generator)
+        return (rows / e.double()).argmax(1)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -218,6 +232,7 @@ _CLASSES = {
     "ratio_in_half_precision": RatioInHalfPrecision,
     "tiny_q_accepted": TinyDraftProbabilityAccepted,
     "uninitialised_unseeded_rows": UninitialisedUnseededRows,
+    "exponential_race_nan": ExponentialRaceNaN,
 }
 
 MUTANTS: dict[str, Mutant] = {

@@ -1,24 +1,34 @@
 """Deterministic properties of a verifier, searched with hypothesis under forced random numbers.
 
 Each property is checked first on a fixed corpus of small edge cases (one per row kind and draft
-relation), then on cases hypothesis generates, with the subject's random
-numbers forced to one boundary value (``exactcheck.randomness``). A counterexample is shrunk by
-hypothesis to a minimal case and kept as a reproducer that ``exactcheck replay`` re-runs. No
-sampling luck is involved: a property either holds on every case tried or a case breaks it.
+relation), then on cases hypothesis generates, with the subject's random numbers forced to one
+boundary value (``exactcheck.randomness``: the value is one the draw can return in its dtype). A
+counterexample is shrunk by hypothesis to a minimal case and kept as a reproducer that
+``exactcheck replay`` re-runs. No sampling luck is involved.
 
 Properties:
 * ``contract`` — the output keeps the step contract (shape, int64, ids in [0, V) or -1 padding,
   drafts emitted as given) and the subject does not crash, on every case and forced value;
 * ``no_forbidden_token`` — no emitted token has target probability 0 at its position;
-* ``acceptance`` — with every uniform equal to c, the number of accepted drafts is the number of
-  leading positions with c < p/q (rows whose ratio lies within 2^-18 of c, or whose normalised and
-  raw ratios straddle c, are skipped). This assumes acceptance compares the uniform with the ratio
-  directly (u < p/q or u <= p/q), as the Leviathan paper, vLLM, SGLang and transformers do;
+* ``acceptance`` — with every uniform forced to c, the number of accepted drafts is the number of
+  leading positions where an exact convention accepts: u < p/q with u = c, or with u = 1 - c (the
+  same comparison on the mirrored uniform, as ``u = 1 - torch.rand()`` code does); strict or not
+  is a tie, and ties are not judged (ratios within a margin of u that follows the precision of
+  the rows handed in). A case fails only if *no* convention explains every judged row;
 * ``row_independence`` — under forced values, row b's output is the same alone as in its batch;
 * ``seeded_rows`` — for subjects that take ``row_generators`` (one ``torch.Generator`` or None per
   row): identical rows give identical outputs under forced values whether seeded or not, with
   uninitialised memory poisoned;
-* ``same_seed`` — unforced, the same seeds (generator and torch's global RNG) give the same output.
+* ``same_seed`` — unforced, the same generator seed gives the same output, whatever the state of
+  torch's global generator (a **reproducibility** finding: it says nothing of the law).
+
+Trust rules. A property that needs every draw forced (acceptance, row_independence, seeded_rows)
+is *not judged* on a case where a draw escaped the forcing (``DrawLog.complete``), never failed.
+A ``contract`` or ``no_forbidden_token`` failure is re-run forcing fewer draws (the others drawn
+from the generator as usual) until no smaller set of forced draws breaks it; its
+``reachability`` is the probability of that set (``exactcheck.reachability``), and a failure whose
+trigger is rarer than the floor is kept as unreachable boundary behaviour, while the search goes on
+for a reachable one.
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ import inspect
 import math
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from hypothesis import HealthCheck, find, settings
@@ -34,20 +44,27 @@ from hypothesis.errors import NoSuchExample
 
 from exactcheck.contract import PADDING, Verifier, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
-from exactcheck.randomness import boundary_value, controlled_randomness
+from exactcheck.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
+from exactcheck.reachability import Reachability, forced_draws, structural
 from exactcheck.strategies import VerifyCase, edge_corpus, verify_cases
 
 __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
-           "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA", "UNFORCED"]
+           "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
+           "UNFORCED", "tie_margin"]
 
-REPRODUCER_SCHEMA = "exactcheck.reproducer/1"
+REPRODUCER_SCHEMA = "exactcheck.reproducer/2"
 FORCED_VALUES = ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus")
 PROPERTIES = ("contract", "no_forbidden_token", "acceptance", "row_independence", "seeded_rows",
               "same_seed")
 UNFORCED = ("same_seed",)
+NEED_COMPLETE = ("acceptance", "row_independence", "seeded_rows")  # judged only if every draw was forced
+SHRUNK = ("contract", "no_forbidden_token")  # judged on outputs alone: the forced set can shrink
 VACUOUS = "not judged"
 RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from row 0's p/q
-TIE_MARGIN = 2.0 ** -18  # acceptance decisions this close to c are not judged
+TIE_MARGIN = 2.0 ** -18  # smallest relative margin around a tie (float32 and float64 rows)
+SHRINK_CALLS = 160  # budget of subject calls for shrinking one forced set
+CONFIRM_SEEDS = 4  # the shrunk set is re-run with this many generator seeds
+UNREACHABLE_ENOUGH = 3  # after this many unreachable counterexamples under one value, move on
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,9 @@ class PropertyFailure:
     message: str
     row: int | None = None
     output: list | None = None
+    reachability: Reachability | None = None
+    forced: tuple[int, ...] | None = None  # the minimal forced element indices (None: all)
+    frames: tuple[str, ...] = ()  # a crash: the subject's own frames
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,7 @@ class PropertyResult:
     examples: int
     failure: PropertyFailure | None
     note: str = ""  # e.g. what could not be controlled, or why the property did not apply
+    unreachable: PropertyFailure | None = None  # a failure whose trigger is below the floor
 
 
 def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bool) -> torch.Tensor:
@@ -81,20 +102,33 @@ def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bo
     return torch.where(qi > 0, pi / qi, torch.full_like(pi, math.inf))
 
 
-def forced_uniform(value: str, case_tensors) -> float:
-    """The constant a forced value stands for on this case: ``ratio`` is exactly p/q of row 0's
-    first draft (normalised rows, float64); ``ratio_minus``/``ratio_plus`` sit 2^-14 below/above."""
+def tie_margin(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Relative margin [B, k] around p/q within which a decision is a numerical tie, following
+    the precision of the rows handed in: a subject may compute p/q in that precision, or from
+    logits rounded to it (error about |log p| + |log q| units of rounding). At least 2^-18."""
+    eps = torch.finfo(p.dtype).eps / 2 if p.dtype.is_floating_point else 2.0 ** -24
+    pi = p[:, :-1].double().gather(2, tokens[..., None])[..., 0]
+    qi = q.double().gather(2, tokens[..., None])[..., 0]
+    logs = pi.clamp(min=1e-300).log().abs() + qi.clamp(min=1e-300).log().abs()
+    return (8 * eps * (2 + logs)).clamp(min=TIE_MARGIN)
+
+
+def forced_uniform(value: str, case_tensors) -> str | float:
+    """What a forced value stands for on this case: ``ratio`` is exactly p/q of row 0's first
+    draft (normalised rows, float64); ``ratio_minus``/``ratio_plus`` sit 2^-14 below/above; the
+    named boundaries stay names, resolved in each draw's dtype."""
     if value in ("ratio", "ratio_minus", "ratio_plus"):
         p, q, tokens = case_tensors
         r = float(_ratio(p[:1], q[:1], tokens[:1], normalise=True)[0, 0].clamp(max=1.0))
         c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
-        return min(max(c, 0.0), boundary_value("one_minus_ulp"))
-    return boundary_value(value)
+        return min(max(c, 0.0), 1.0)
+    return value
 
 
-def _record(draws: Counter | None, log) -> None:
+def _record(draws: Counter | None, log: DrawLog) -> None:
     if draws is not None:
         draws.update(log.uncontrolled)
+        draws.update(log.escaped)
         draws["(controlled)"] += sum(log.controlled.values())
 
 
@@ -103,7 +137,7 @@ def _first(bad: torch.Tensor) -> int | None:
     return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
 
 
-def _no_forbidden_token(out, tensors, c) -> tuple[int, str] | None:
+def _no_forbidden_token(out, tensors, log: DrawLog) -> tuple[int, str] | None:
     p, _, tokens = tensors
     emitted = out != PADDING
     prob = p.gather(2, out.clamp(min=0)[..., None])[..., 0]
@@ -115,25 +149,35 @@ def _no_forbidden_token(out, tensors, c) -> tuple[int, str] | None:
                  f"{[float(x) for x in prob[row][emitted[row]]]}")
 
 
-def _acceptance(out, tensors, c) -> tuple[int, str] | None:
+def _acceptance(out, tensors, log: DrawLog) -> tuple[int, str, float] | None:
+    """A wrong acceptance decision that no exact convention explains: (row, message, the
+    delivered uniform it was judged at), or None."""
     p, q, tokens = tensors
+    values = sorted(log.values())
+    if not values:
+        return None
     accepted = (out != PADDING).sum(1) - 1
     raw, norm = _ratio(p, q, tokens, False), _ratio(p, q, tokens, True)
     low, high = torch.minimum(raw, norm), torch.maximum(raw, norm)
-    ambiguous = (c >= low * (1 - TIE_MARGIN)) & (c <= high * (1 + TIE_MARGIN))
-    oracle = (c < norm).to(torch.int64).cumprod(1).sum(1)
-    # a row is judged only if no decision up to its first rejection is ambiguous
+    margin = tie_margin(p, q, tokens)
     k = tokens.shape[1]
-    upto = torch.arange(k)[None] <= oracle.clamp(max=k - 1)[:, None]
-    row = _first(~(ambiguous & upto).any(1) & (accepted != oracle))
-    if row is None:
-        return None
+    first = None
+    for d in values:
+        for u in (d, 1.0 - d):  # u itself, or the mirrored uniform 1 - u
+            ambiguous = (u >= low * (1 - margin)) & (u <= high * (1 + margin))
+            oracle = (u < norm).to(torch.int64).cumprod(1).sum(1)
+            # a row is judged only if no decision up to its first rejection is a tie
+            upto = torch.arange(k)[None] <= oracle.clamp(max=k - 1)[:, None]
+            row = _first(~(ambiguous & upto).any(1) & (accepted != oracle))
+            if row is None:
+                return None  # this convention explains every judged row
+            if first is None:
+                first = (row, d, int(oracle[row]))
+    row, d, expected = first
     ratios = [float(f"{float(x):.9g}") for x in norm[row]]
-    return row, (f"with every uniform = {c!r}, row {row} accepted {int(accepted[row])} drafts; "
-                 f"p/q at its drafts is {ratios}, so exactly {int(oracle[row])} should be accepted")
-
-
-_OUTPUT_CHECKS = {"no_forbidden_token": _no_forbidden_token, "acceptance": _acceptance}
+    return row, (f"with every uniform = {d!r}, row {row} accepted {int(accepted[row])} drafts; "
+                 f"p/q at its drafts is {ratios}, so exactly {expected} should be accepted "
+                 f"(no exact convention, u or 1 - u, strict or not, explains every row)"), d
 
 
 def _accepts_row_generators(subject) -> bool:
@@ -143,110 +187,250 @@ def _accepts_row_generators(subject) -> bool:
         return False
 
 
+def _forced_call(subject, tensors, c, seed, *, only=None, **options):
+    """Call the subject with draws forced to ``c`` (or only the elements ``only``); returns
+    (output or the subject's error, the draw log)."""
+    gen = torch.Generator().manual_seed(seed)
+    handed = [gen, *(options.get("row_generators") or ())]
+    with controlled_randomness(c, only=only, generators=handed) as log:
+        try:
+            out = call_verifier(subject, *tensors, gen, **options)
+        except (SubjectCrashed, ContractViolation) as exc:
+            out = exc
+    return out, log
+
+
+def _broken_output(name: str, out, tensors, log) -> tuple[int | None, str] | None:
+    """Whether an output (or the error raised instead) breaks ``contract`` or
+    ``no_forbidden_token``."""
+    if isinstance(out, Exception):
+        return (getattr(out, "row", None), str(out)) if name == "contract" else None
+    if name == "contract":
+        return None
+    return _no_forbidden_token(out, tensors, log)
+
+
+def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> Reachability:
+    """The per-call probability that the forced elements ``chosen`` take their values."""
+    probabilities, dtypes, functions, value = [], [], [], None
+    offset = 0
+    chosen = sorted(chosen)
+    for draw in log.draws:
+        inside = [i for i in chosen if offset <= i < offset + draw.numel]
+        if inside:
+            probabilities += [value_probability(draw.value, draw.dtype)] * len(inside)
+            dtypes += [str(draw.dtype).replace("torch.", "")] * len(inside)
+            functions.append(draw.entry)
+            value = draw.value
+        offset += draw.numel
+    reach = forced_draws(probabilities, dtypes, functions, value, minimal)
+    if reach.draws and confirmed < 1:
+        reach = replace(reach, probability=reach.probability * confirmed)
+    return reach
+
+
+def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: DrawLog,
+                   options: dict) -> tuple[tuple[int, ...], Reachability]:
+    """The fewest forced elements that still break ``name`` (delta debugging over element
+    indices, the other draws coming from the generator), and its reachability."""
+    calls = [0]
+
+    def fails(only, s=seed) -> bool:
+        calls[0] += 1
+        tensors = case.tensors()
+        out, log = _forced_call(subject, tensors, c, s, only=frozenset(only), **options)
+        return _broken_output(name, out, tensors, log) is not None
+
+    if fails(()):
+        return (), forced_draws([], [], [], None)
+    current = list(range(full.elements))
+    n = 2
+    while len(current) >= 2 and calls[0] < SHRINK_CALLS:
+        size = math.ceil(len(current) / n)
+        chunks = [current[i:i + size] for i in range(0, len(current), size)]
+        for chunk in chunks:
+            if calls[0] >= SHRINK_CALLS:
+                break
+            if fails(chunk):
+                current, n = chunk, 2
+                break
+        else:
+            for chunk in chunks if n > 2 else ():
+                if calls[0] >= SHRINK_CALLS:
+                    break
+                rest = [i for i in current if i not in set(chunk)]
+                if fails(rest):
+                    current, n = rest, max(n - 1, 2)
+                    break
+            else:
+                if n >= len(current):
+                    break
+                n = min(2 * n, len(current))
+    minimal = len(current) <= 1 or calls[0] < SHRINK_CALLS
+    confirmed = (1 + sum(fails(current, seed + 1 + i) for i in range(CONFIRM_SEEDS - 1))) / CONFIRM_SEEDS
+    return tuple(current), _reachability_of(full, current, minimal, confirmed)
+
+
 def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | None,
                    seed: int = 0, draws: Counter | None = None) -> PropertyFailure | None:
-    """Check one property on one case; None when it holds. ``draws`` collects the names of
-    random entry points the subject used that could not be forced."""
+    """Check one property on one case; None when it holds (or could not be judged). ``draws``
+    collects the names of random sources the subject used that could not be forced."""
     tensors = case.tensors()
-    p, q, tokens = tensors
 
-    def fail(message, row=None, out=None):
+    def fail(message, row=None, out=None, reach=None, forced=None, frames=()):
         return PropertyFailure(name, value, case, message, row,
-                               None if out is None else out[row if row is not None else 0].tolist())
+                               None if out is None else out[row if row is not None else 0].tolist(),
+                               reach, forced, frames)
 
-    try:
-        if name == "same_seed":
-            outs = []
-            for _ in range(2):
-                state = torch.random.get_rng_state()
-                torch.manual_seed(seed)
-                try:
-                    outs.append(call_verifier(subject, p, q, tokens, torch.Generator().manual_seed(seed)))
-                finally:
-                    torch.random.set_rng_state(state)
-            row = _first((outs[0] != outs[1]).any(1))
-            if row is not None:
-                return fail(f"two runs with the same seeds differ at row {row}: "
-                            f"{outs[0][row].tolist()} then {outs[1][row].tolist()}", row, outs[1])
-            return None
-        c = forced_uniform(value, tensors)
-        gen = torch.Generator().manual_seed(seed)
-        if name == "seeded_rows":
-            # row 0 repeated, alternately unseeded and seeded (at least one of each)
-            gens = [torch.Generator().manual_seed(seed + b) if b % 2 else None
-                    for b in range(max(case.batch, 2))]
-            same = tuple(t[:1].expand(len(gens), *t.shape[1:]).contiguous() for t in tensors)
-            with controlled_randomness(c) as log:
-                out = call_verifier(subject, *same, gen, row_generators=gens)
-            _record(draws, log)
-            row = _first((out != out[:1]).any(1))
-            if row is not None:
-                return fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
-                            f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
-                            f"gave {out[row].tolist()}", row, out)
-            return None
-        with controlled_randomness(c) as log:
-            out = call_verifier(subject, p, q, tokens, gen)
-        _record(draws, log)
-        if name == "contract":
-            return None
-        if name in _OUTPUT_CHECKS:
-            if name == "acceptance" and log.uncontrolled:
-                return None  # acceptance may not have used a controlled uniform
-            found = _OUTPUT_CHECKS[name](out, tensors, c)
-            return None if found is None else fail(found[1], found[0], out)
-        if name == "row_independence":
-            for row in range(out.shape[0]):
-                with controlled_randomness(c):
-                    alone = call_verifier(subject, p[row:row + 1], q[row:row + 1], tokens[row:row + 1],
-                                  torch.Generator().manual_seed(seed))
-                if not torch.equal(alone[0], out[row]):
-                    return fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
-                                f"but {alone[0].tolist()} alone, with every uniform = {c!r}", row, out)
-            return None
+    def not_judged(log: DrawLog) -> bool:
+        if log.complete:
+            return False
+        if draws is not None:
+            draws["(not judged)"] += 1
+        return True
+
+    if name == "same_seed":
+        return _same_seed(subject, tensors, seed, fail)
+    if name not in PROPERTIES:
         raise ValueError(f"unknown property {name!r}")
-    except (SubjectCrashed, ContractViolation) as exc:
-        # crashes and broken outputs are the contract property's findings, reported once there;
-        # other properties count the case as not judged
+    c = forced_uniform(value, tensors)
+    options = {}
+    if name == "seeded_rows":
+        # row 0 repeated, alternately unseeded and seeded (at least one of each)
+        options["row_generators"] = [torch.Generator().manual_seed(seed + b) if b % 2 else None
+                                     for b in range(max(case.batch, 2))]
+        tensors = tuple(t[:1].expand(len(options["row_generators"]), *t.shape[1:]).contiguous()
+                        for t in tensors)
+    out, log = _forced_call(subject, tensors, c, seed, **options)
+    _record(draws, log)
+    if isinstance(out, Exception) and name != "contract":
+        # crashes and broken outputs are the contract property's findings, reported once there
         if draws is not None:
             draws["(broken)"] += 1
-        return fail(str(exc), getattr(exc, "row", None)) if name == "contract" else None
+        return None
+    if name in SHRUNK:
+        found = _broken_output(name, out, tensors, log)
+        if found is None:
+            return None
+        forced, reach = _shrink_forced(subject, name, case, c, seed, log, options)
+        if isinstance(out, Exception):
+            return fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ()))
+        return fail(found[1], found[0], out, reach, forced)
+    if not_judged(log):
+        return None
+    if name == "acceptance":
+        found = _acceptance(out, tensors, log)
+        if found is None:
+            return None
+        row, message, d = found
+        dtype = next(draw.dtype for draw in log.draws if draw.value == d)
+        reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
+                             ["the acceptance uniform"], d)
+        return fail(message, row, out, reach)
+    if name == "seeded_rows":
+        gens = options["row_generators"]
+        row = _first((out != out[:1]).any(1))
+        if row is None:
+            return None
+        return fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
+                    f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
+                    f"gave {out[row].tolist()}", row, out,
+                    structural("identical rows differ at identical random numbers on every such call: "
+                               "the law of some rows depends on whether they are seeded"))
+    p, q, tokens = tensors
+    for row in range(out.shape[0]):  # row_independence
+        alone, alone_log = _forced_call(subject, (p[row:row + 1], q[row:row + 1], tokens[row:row + 1]),
+                                        c, seed)
+        if isinstance(alone, Exception) or not_judged(alone_log):
+            return None
+        if not torch.equal(alone[0], out[row]):
+            return fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
+                        f"but {alone[0].tolist()} alone, with every uniform forced to "
+                        f"{sorted(log.values())}", row, out,
+                        structural("a row's output depends on the other rows of its batch at "
+                                   "identical random numbers"))
+    return None
+
+
+def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
+    """Two calls with the same generator seed, torch's global generator in two different
+    states; numpy and Python's ``random`` left as they are."""
+    outs, sources = [], []
+    for attempt in range(2):
+        state = torch.random.get_rng_state()
+        torch.manual_seed(seed + 7919 * attempt)
+        try:
+            with watched_randomness() as seen:
+                try:
+                    outs.append(call_verifier(subject, *tensors, torch.Generator().manual_seed(seed)))
+                except (SubjectCrashed, ContractViolation):
+                    return None  # the contract property reports it
+        finally:
+            torch.random.set_rng_state(state)
+        sources += [s for s in seen if s not in sources]
+    row = _first((outs[0] != outs[1]).any(1))
+    if row is None:
+        return None
+    drew = ("; it drew from " + ", ".join(sources)) if sources else (
+        "; no draw outside its generator was seen (state kept between calls, or an entropy "
+        "source exactcheck does not watch)")
+    return fail(f"two runs with the same generator seed differ at row {row}: "
+                f"{outs[0][row].tolist()} then {outs[1][row].tolist()}{drew}", row, outs[1],
+                structural("on every call: the output does not follow the generator's seed"))
 
 
 def search(subject: Verifier, name: str, examples: int, seed: int = 0) -> PropertyResult:
     """Search one property under each forced value in turn (``examples`` cases each), stopping
-    at the first counterexample, which is shrunk."""
+    at the first reachable counterexample, which is shrunk."""
     if name == "seeded_rows" and not _accepts_row_generators(subject):
         return PropertyResult(name, None, 0, None,
                               "not applicable: the subject takes no row_generators argument")
-    tried, notes = 0, set()
+    tried, notes, unreachable = 0, set(), None
     for value in ((None,) if name in UNFORCED else FORCED_VALUES):
         result = search_property(subject, name, value, examples, seed)
         tried += result.examples
         notes.add(result.note)
+        unreachable = unreachable or result.unreachable
         if result.failure is not None:
             return PropertyResult(name, value, tried, result.failure, result.note)
     if all(n.startswith(VACUOUS) for n in notes):  # nothing was judged under any value
-        return PropertyResult(name, None, 0, None, notes.pop())
-    return PropertyResult(name, None, tried, None, "; ".join(sorted(n for n in notes if n)))
+        return PropertyResult(name, None, 0, None, notes.pop(), unreachable)
+    return PropertyResult(name, None, tried, None, "; ".join(sorted(n for n in notes if n)),
+                          unreachable)
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
                     seed: int = 0) -> PropertyResult:
-    """Search ``examples`` cases for a counterexample to one property under one forced value;
-    shrink what is found."""
+    """Search ``examples`` cases for a reachable counterexample to one property under one forced
+    value; shrink what is found. Failures whose trigger is below the reachability floor are kept
+    apart (``PropertyResult.unreachable``) and the search goes on, until ``UNREACHABLE_ENOUGH``
+    of them have been seen under this value (each costs a shrink)."""
     failures: list[PropertyFailure] = []
+    unreachable: list[PropertyFailure] = []
     tried = [0]
     draws: Counter = Counter()
-    for case in edge_corpus():  # deterministic first: each edge class, every time
+
+    def check(case: VerifyCase) -> PropertyFailure | None:
+        if len(unreachable) >= UNREACHABLE_ENOUGH:
+            return None  # every counterexample so far needs a joint event: stop shrinking more
         tried[0] += 1
         failure = check_property(subject, name, case, value, seed, draws)
+        if failure is not None and failure.reachability is not None and not failure.reachability.reachable:
+            unreachable.append(failure)
+            return None
+        return failure
+
+    def result(failure):
+        return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]),
+                              unreachable[0] if unreachable else None)
+
+    for case in edge_corpus():  # deterministic first: each edge class, every time
+        failure = check(case)
         if failure is not None:
-            return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]))
+            return result(failure)
 
     def broken(case: VerifyCase) -> bool:
-        tried[0] += 1
-        failure = check_property(subject, name, case, value, seed, draws)
+        failure = check(case)
         if failure is not None:
             failures.append(failure)
         return failure is not None
@@ -256,9 +440,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     try:
         minimal = find(verify_cases(), broken, settings=config, random=random.Random(seed))
     except NoSuchExample:
-        return PropertyResult(name, value, tried[0], None, _draw_note(name, draws, tried[0]))
-    failure = next(f for f in reversed(failures) if f.case == minimal)
-    return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]))
+        return result(None)
+    return result(next(f for f in reversed(failures) if f.case == minimal))
 
 
 def _draw_note(name: str, draws: Counter, tried: int) -> str:
@@ -268,9 +451,15 @@ def _draw_note(name: str, draws: Counter, tried: int) -> str:
     if name in UNFORCED:
         return ""
     controlled = draws.pop("(controlled)", 0)
+    skipped = draws.pop("(not judged)", 0)
     parts = []
+    if skipped and skipped >= tried - broken:
+        return (f"{VACUOUS}: on every case a draw escaped the forcing ("
+                + ", ".join(sorted(draws)) + ")")
     if not controlled:
         parts.append("the subject made no draw exactcheck could force")
+    if skipped:
+        parts.append(f"not judged on {skipped} of {tried} cases, where a draw escaped the forcing")
     if draws:
         parts.append("not forced: " + ", ".join(sorted(draws)))
     return "; ".join(parts)
@@ -284,14 +473,16 @@ def reproducer(subject_name: str, failure: PropertyFailure, seed: int) -> dict:
         "schema": REPRODUCER_SCHEMA, "subject": subject_name, "property": failure.property,
         "value": failure.value, "seed": seed, "case": failure.case.to_dict(),
         "message": failure.message, "row": failure.row, "output": failure.output,
+        "forced_elements": None if failure.forced is None else list(failure.forced),
+        "reachability": None if failure.reachability is None else failure.reachability.to_dict(),
         "inputs": {"target_probs": p.tolist(), "draft_probs": q.tolist(),
                    "draft_tokens": tokens.tolist()} if small else None,
     }
 
 
 def replay_reproducer(subject: Verifier, data: dict) -> PropertyFailure | None:
-    """Re-run a reproducer's property on its case against ``subject``."""
-    if data.get("schema") != REPRODUCER_SCHEMA:
+    """Re-run a reproducer's property on its case against ``subject`` (every draw forced)."""
+    if data.get("schema") not in (REPRODUCER_SCHEMA, "exactcheck.reproducer/1"):
         raise ValueError(f"not an exactcheck reproducer (schema {data.get('schema')!r})")
     return check_property(subject, data["property"], VerifyCase(**data["case"]), data["value"],
                           data["seed"])

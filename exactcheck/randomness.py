@@ -1,4 +1,4 @@
-"""Control a black-box subject's random numbers: force every draw to a chosen boundary value.
+"""Control a black-box subject's random numbers: force its draws to a chosen boundary value.
 
 Within ``controlled_randomness(value)`` these entry points return the boundary value instead of a
 random one, whether called with a ``torch.Generator`` or not:
@@ -8,42 +8,105 @@ random one, whether called with a ``torch.Generator`` or not:
 * ``torch.multinomial``: the token the inverse CDF gives at ``u`` on each row (first token of
   positive mass at u = 0, last at u just below 1).
 
-Draws through ``torch.randn``, ``torch.randint``, ``torch.bernoulli``, ``torch.normal``,
-``torch.poisson``, ``Tensor.random_``, ``Tensor.normal_``, ``Tensor.bernoulli_``, numpy or custom
-kernels are *not* controlled; they are counted, by name, so a verdict can say what was not
-forced. Uninitialised memory from ``torch.empty``/``empty_like``/``Tensor.new_empty`` is poisoned
-(NaN for floating tensors, -1 for integer ones), so code that reads memory it never wrote shows it.
+**The value delivered is one the draw can return.** A float32 uniform is a multiple of 2^-24 in
+[0, 1) and a float64 one a multiple of 2^-53 (torch's CPU generator); a requested value is rounded
+down onto that grid, so ``one_minus_ulp`` is 1 - 2^-24 in a float32 draw and 1 - 2^-53 in a
+float64 one, never 1.0. Each draw's delivered value, dtype and size are logged (``DrawLog.draws``)
+so an oracle judges the value the subject actually received, and a finding can say how likely its
+trigger is (``reachability``: the per-draw probability of that value in that dtype).
 
-Boundary values: ``zero``; ``one_minus_ulp`` (the largest value below 1 in the draw's dtype); or
-an explicit float in [0, 1) (used for exactly p/q, and values just below or above it).
+**Forcing leaves the subject's generators alone.** The forced entry points draw nothing from the
+generator they are given, so after a fully forced call every generator the subject was handed,
+torch's global generator, numpy's and Python's global generators must be where they were. If one
+moved, a draw escaped the forcing (TorchScript, a compiled kernel, an entry point not wrapped
+here, numpy, ``random``); ``DrawLog.escaped`` names it, and a property that needs every draw
+forced is then *not judged* on that case, never failed.
+
+**Partial forcing** (``only=`` a set of element indices, counted over the controlled draws of the
+call in order) forces just those elements; the rest come from the subject's own generator as
+usual. ``exactcheck.properties`` uses it to find the fewest forced draws that still break a
+property.
+
+Draws through ``torch.randn``, ``torch.randint``, ``torch.bernoulli``, ``torch.normal``,
+``torch.poisson``, ``Tensor.random_``, ``Tensor.normal_``, ``Tensor.bernoulli_`` are *not*
+controlled; they are counted by name. Uninitialised memory from ``torch.empty``/``empty_like``/
+``Tensor.new_empty`` is poisoned (NaN for floating tensors, -1 for integer ones), so code that
+reads memory it never wrote shows it.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-__all__ = ["controlled_randomness", "DrawLog", "boundary_value", "CONTROLLED", "UNCONTROLLED"]
+__all__ = ["controlled_randomness", "watched_randomness", "DrawLog", "Draw", "boundary_value", "deliverable",
+           "value_probability", "CONTROLLED", "UNCONTROLLED", "RNGSnapshot"]
 
 CONTROLLED = ("torch.rand", "torch.rand_like", "Tensor.uniform_", "Tensor.exponential_",
               "torch.multinomial")
 UNCONTROLLED = ("torch.randn", "torch.randint", "torch.bernoulli", "torch.normal", "torch.poisson",
                 "Tensor.random_", "Tensor.normal_", "Tensor.bernoulli_")
 
+# bits of a uniform from torch's CPU generator, per dtype: its values are multiples of 2^-bits
+_GRID_BITS = {torch.float64: 53, torch.float32: 24}
+
+
+def _grid(dtype: torch.dtype) -> float | None:
+    bits = _GRID_BITS.get(dtype)
+    return None if bits is None else 2.0 ** -bits
+
+
+def deliverable(c: float, dtype: torch.dtype) -> float:
+    """The value in [0, 1) a uniform draw of ``dtype`` can return nearest below ``c``: rounded
+    down onto the 2^-24 (float32) or 2^-53 (float64) grid; for half types, rounded to the dtype
+    and moved below 1 if it rounded up to 1."""
+    grid = _grid(dtype)
+    if grid is not None:
+        return min(max(math.floor(c / grid) * grid, 0.0), 1.0 - grid)
+    value = torch.tensor(c, dtype=torch.float64).to(dtype)
+    one = torch.tensor(1.0, dtype=dtype)
+    if bool(value >= one):
+        value = torch.nextafter(one, torch.zeros_like(one))
+    return float(value.clamp(min=0))
+
+
+def value_probability(c: float, dtype: torch.dtype) -> float:
+    """The probability that one uniform draw of ``dtype`` returns exactly ``c`` (a deliverable
+    value): 2^-24 for float32, 2^-53 for float64; for half types an upper bound, the spacing of
+    the dtype just below 1 (2^-11 float16, 2^-8 bfloat16)."""
+    grid = _grid(dtype)
+    if grid is not None:
+        return grid
+    return 1.0 - deliverable(1.0, dtype)
+
 
 def boundary_value(value: str | float, dtype: torch.dtype = torch.float64) -> float:
-    """The uniform a boundary name stands for, in ``dtype``."""
-    if isinstance(value, float):
-        return value
+    """The uniform a boundary name (or an explicit float in [0, 1]) stands for, delivered in
+    ``dtype``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return deliverable(float(value), dtype)
     if value == "zero":
         return 0.0
     if value == "one_minus_ulp":
-        one = torch.tensor(1.0, dtype=dtype)
-        return float(torch.nextafter(one, torch.zeros_like(one)))
+        return deliverable(1.0, dtype)
     raise ValueError(f"boundary value ({value!r}) must be 'zero', 'one_minus_ulp' or a float in [0, 1)")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One call of a controlled entry point: what it was, its dtype and size, and the value its
+    forced elements received (for ``torch.multinomial``, the uniform its inverse CDF used)."""
+
+    entry: str
+    dtype: torch.dtype
+    numel: int
+    value: float
+    forced: int  # how many of its elements were forced (all, unless partial forcing)
 
 
 @dataclass
@@ -52,21 +115,94 @@ class DrawLog:
 
     controlled: Counter = field(default_factory=Counter)
     uncontrolled: Counter = field(default_factory=Counter)
+    draws: list[Draw] = field(default_factory=list)
+    escaped: list[str] = field(default_factory=list)  # filled when the block ends
+
+    @property
+    def elements(self) -> int:
+        """Controlled elements drawn, the index space of partial forcing."""
+        return sum(d.numel for d in self.draws)
+
+    def values(self) -> set[float]:
+        """The distinct uniforms delivered to forced elements."""
+        return {d.value for d in self.draws if d.forced}
+
+    @property
+    def complete(self) -> bool:
+        """Every draw the subject made was forced (nothing uncontrolled, nothing escaped)."""
+        return not self.uncontrolled and not self.escaped
 
     def describe_uncontrolled(self) -> str:
         return ", ".join(f"{name} x{count}" for name, count in sorted(self.uncontrolled.items()))
 
+    def describe_escapes(self) -> str:
+        parts = [f"{name} x{count}" for name, count in sorted(self.uncontrolled.items())]
+        return ", ".join(parts + self.escaped)
 
-def _float_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype if dtype.is_floating_point else torch.float64
+
+class RNGSnapshot:
+    """The state of every random source a subject could draw from without exactcheck forcing
+    it: the generators it was handed, torch's global generator (CPU, and CUDA once used),
+    numpy's global generator and Python's ``random``. ``moved()`` names the ones that changed."""
+
+    def __init__(self, generators=()):
+        self.generators = [g for g in generators if g is not None]
+        self.states = [g.get_state() for g in self.generators]
+        self.torch_cpu = torch.random.get_rng_state()
+        self.torch_cuda = (torch.cuda.get_rng_state_all()
+                           if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        self.numpy = np.random.get_state()[1].copy()
+        self.python = random.getstate()
+
+    def moved(self) -> list[str]:
+        out = []
+        if any(not torch.equal(s, g.get_state()) for g, s in zip(self.generators, self.states)):
+            out.append("a generator handed to the subject moved without a forced draw "
+                       "(a draw inside TorchScript, a compiled kernel or an entry point "
+                       "exactcheck does not wrap, or a reseed)")
+        if not torch.equal(self.torch_cpu, torch.random.get_rng_state()):
+            out.append("torch's global generator")
+        if self.torch_cuda is not None and any(
+                not torch.equal(a, b) for a, b in zip(self.torch_cuda, torch.cuda.get_rng_state_all())):
+            out.append("torch's global CUDA generator")
+        if not np.array_equal(self.numpy, np.random.get_state()[1]):
+            out.append("numpy's global generator")
+        if self.python != random.getstate():
+            out.append("Python's random module")
+        return out
+
+
+# allocation with the shape arguments of torch.rand / torch.rand_like, taken before any patching
+_ALLOCATE = {"rand": torch.empty, "rand_like": torch.empty_like}
+
+
+_FRESH_ENTROPY = "an unseeded numpy Generator (fresh OS entropy)"
+
+
+def _entropy_counter(log: DrawLog, owner, name: str, label: str):
+    """Wrap ``numpy.random.default_rng``: a call without a seed draws fresh OS entropy."""
+    original = getattr(owner, name)
+
+    def fn(seed=None, *args, **kwargs):
+        if seed is None:
+            log.uncontrolled[label] += 1
+        return original(seed, *args, **kwargs)
+    return fn
 
 
 @contextlib.contextmanager
-def controlled_randomness(value: str | float, poison_empty: bool = True):
+def controlled_randomness(value: str | float, poison_empty: bool = True, *, only=None,
+                          generators=()):
     """Force the controllable draws to ``value`` for the duration of the block; yields a
-    ``DrawLog``. Not thread-safe: it swaps attributes of the torch module."""
+    ``DrawLog``. ``only``: force just these element indices (others drawn as usual).
+    ``generators``: the generators handed to the subject, checked for escaped draws when the
+    block ends (with ``only`` set, draws are expected to move them and nothing is checked).
+    Not thread-safe: it swaps attributes of the torch and numpy modules."""
     log = DrawLog()
     saved: dict[tuple[object, str], object] = {}
+    scratch: dict[str, torch.Generator] = {}
+    partial = only is not None
+    only = frozenset(only or ())
 
     def swap(owner, name, fn):
         saved[(owner, name)] = getattr(owner, name)
@@ -75,37 +211,78 @@ def controlled_randomness(value: str | float, poison_empty: bool = True):
     def original(owner, name):
         return saved[(owner, name)]
 
+    def spare(device) -> torch.Generator:
+        """A throwaway generator on ``device``: torch's own multinomial still validates its
+        input, but neither the subject's generator nor the global one moves."""
+        key = str(torch.device(device if device is not None else "cpu"))
+        if key not in scratch:
+            scratch[key] = torch.Generator(device=key)
+        return scratch[key]
+
+    def place(out: torch.Tensor, entry: str, fill_value) -> torch.Tensor:
+        """Record the draw, then write the forced value where it is asked for."""
+        start = log.elements
+        c = boundary_value(value, out.dtype if out.dtype.is_floating_point else torch.float64)
+        if partial:
+            chosen = [i - start for i in only if start <= i < start + out.numel()]
+            if chosen:
+                flat = out.view(-1)
+                flat[torch.tensor(chosen, device=out.device)] = fill_value(c)
+        else:
+            chosen = range(out.numel())
+            out.fill_(fill_value(c))
+        log.controlled[entry] += 1
+        log.draws.append(Draw(entry, out.dtype, out.numel(), c, len(chosen)))
+        return out
+
+    def generated(name, args, kwargs):
+        """The tensor a draw fills: drawn from the subject's generator when partially forcing,
+        else allocated without touching any generator."""
+        if partial:
+            return original(torch, name)(*args, **kwargs)
+        kwargs = {key: v for key, v in kwargs.items() if key != "generator"}
+        return _ALLOCATE[name](*args, **kwargs)
+
     def forced_rand(*args, **kwargs):
-        out = original(torch, "rand")(*args, **kwargs)
-        log.controlled["torch.rand"] += 1
-        return out.fill_(boundary_value(value, out.dtype))
+        return place(generated("rand", args, kwargs), "torch.rand", lambda c: c)
 
     def forced_rand_like(*args, **kwargs):
-        out = original(torch, "rand_like")(*args, **kwargs)
-        log.controlled["torch.rand_like"] += 1
-        return out.fill_(boundary_value(value, out.dtype))
+        return place(generated("rand_like", args, kwargs), "torch.rand_like", lambda c: c)
 
     def forced_uniform_(self, a=0.0, b=1.0, *, generator=None):
-        log.controlled["Tensor.uniform_"] += 1
-        return self.fill_(a + (b - a) * boundary_value(value, self.dtype))
+        if partial:
+            original(torch.Tensor, "uniform_")(self, a, b, generator=generator)
+        return place(self, "Tensor.uniform_", lambda c: a + (b - a) * c)
 
     def forced_exponential_(self, lambd=1.0, *, generator=None):
-        log.controlled["Tensor.exponential_"] += 1
-        u = boundary_value(value, self.dtype)
-        return self.fill_(-math.log1p(-u) / lambd)
+        if partial:
+            original(torch.Tensor, "exponential_")(self, lambd, generator=generator)
+        return place(self, "Tensor.exponential_", lambda c: -math.log1p(-c) / lambd)
 
     def forced_multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
-        # torch's own call first: it raises on NaN, inf, negative or all-zero rows exactly as the
-        # subject would see outside this block; only then is its draw replaced
-        original(torch, "multinomial")(input, num_samples, replacement, generator=generator)
-        log.controlled["torch.multinomial"] += 1
+        # torch's own call first (on a spare generator unless partially forced): it raises on
+        # NaN, inf, negative or all-zero rows exactly as the subject would see outside this block
+        drawn = original(torch, "multinomial")(input, num_samples, replacement,
+                                               generator=generator if partial else spare(input.device))
+        rows = drawn if drawn.dim() == 2 else drawn[None]
         probs = input.double() if input.dim() == 2 else input.double()[None]
+        dtype = input.dtype if input.dtype in _GRID_BITS else torch.float32
+        c = boundary_value(value, dtype)
         cdf = probs.cumsum(1)
-        u = boundary_value(value, torch.float64)
-        token = (cdf <= u * cdf[:, -1:]).sum(1)
+        token = (cdf <= c * cdf[:, -1:]).sum(1)
         last = (cdf < cdf[:, -1:]).sum(1)
-        token = torch.minimum(token, last)
-        result = token[:, None].expand(-1, num_samples).clone()
+        token = torch.minimum(token, last)[:, None].expand(-1, num_samples)
+        start = log.elements
+        if partial:
+            mask = torch.zeros(rows.numel(), dtype=torch.bool)
+            chosen = [i - start for i in only if start <= i < start + rows.numel()]
+            mask[chosen] = True
+            result = torch.where(mask.view(rows.shape).to(rows.device), token.to(rows.device), rows)
+        else:
+            chosen = range(rows.numel())
+            result = token.clone().to(rows.device)
+        log.controlled["torch.multinomial"] += 1
+        log.draws.append(Draw("torch.multinomial", dtype, rows.numel(), c, len(chosen)))
         return result if input.dim() == 2 else result[0]
 
     def counting(owner, name, label):
@@ -130,12 +307,34 @@ def controlled_randomness(value: str | float, poison_empty: bool = True):
         owner_name, name = label.split(".")
         owner = torch if owner_name == "torch" else torch.Tensor
         swap(owner, name, counting(owner, name, label))
+    swap(np.random, "default_rng", _entropy_counter(log, np.random, "default_rng", _FRESH_ENTROPY))
     if poison_empty:
         swap(torch, "empty", poisoned(torch, "empty"))
         swap(torch, "empty_like", poisoned(torch, "empty_like"))
         swap(torch.Tensor, "new_empty", poisoned(torch.Tensor, "new_empty"))
+    snapshot = None if partial else RNGSnapshot(generators)
     try:
         yield log
     finally:
         for (owner, name), fn in saved.items():
             setattr(owner, name, fn)
+        if snapshot is not None:
+            log.escaped.extend(snapshot.moved())
+
+
+@contextlib.contextmanager
+def watched_randomness():
+    """Observe, without forcing anything, which random sources outside the generator it was
+    handed a subject draws from: torch's, numpy's and Python's global generators, and numpy
+    generators seeded from OS entropy. Yields a list, filled when the block ends."""
+    seen: list[str] = []
+    log = DrawLog()
+    saved = np.random.default_rng
+    np.random.default_rng = _entropy_counter(log, np.random, "default_rng", _FRESH_ENTROPY)
+    snapshot = RNGSnapshot()
+    try:
+        yield seen
+    finally:
+        np.random.default_rng = saved
+        seen.extend(snapshot.moved())
+        seen.extend(sorted(log.uncontrolled))

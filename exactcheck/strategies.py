@@ -24,7 +24,7 @@ import torch
 from hypothesis import strategies as st
 
 __all__ = ["VerifyCase", "verify_cases", "probability_rows", "ROW_KINDS", "RELATIONS",
-           "DRAFT_CHOICES", "VOCAB_SIZES", "row_generators", "edge_corpus"]
+           "DRAFT_CHOICES", "VOCAB_SIZES", "INPUT_DTYPES", "row_generators", "edge_corpus"]
 
 # simplest first: hypothesis shrinks sampled_from towards the start of each list
 VOCAB_SIZES = (2, 1, 3, 5, 8, 64, 8193, 151_936)
@@ -32,6 +32,9 @@ ROW_KINDS = ("dirichlet", "zeros", "ties", "one_hot", "head_zero", "denormal", "
 RELATIONS = ("independent", "equal", "nearly_equal", "one_ulp_above", "disjoint",
              "mass_where_p_zero", "tiny_q")
 DRAFT_CHOICES = ("any", "forbidden", "tiny_q")
+# the dtype the rows are handed in (float32 first: hypothesis shrinks towards it); half rows are
+# the float32 rows rounded, with every draft token kept at q > 0
+INPUT_DTYPES = ("float32", "float32", "float32", "float16", "bfloat16")
 MAX_ELEMENTS = 1 << 18  # cap on batch * (k+1) * V for one case (V = 151,936 stays, at B = k = 1)
 
 
@@ -70,12 +73,14 @@ class VerifyCase:
     relation: str
     draft_choice: str
     seed: int
+    dtype: str = "float32"
 
     def tensors(self, device: torch.device | str = "cpu"
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k]) in float32 /
-        int64. Every draft token has q > 0 (it could have been proposed). Fresh tensors each call
-        (small cases are built once and copied)."""
+        """(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k]) in the case's
+        dtype (float32 unless it says float16 / bfloat16) / int64. Every draft token has q > 0
+        (it could have been proposed). Fresh tensors each call (small cases are built once and
+        copied)."""
         small = self.batch * (self.draft_length + 1) * self.vocab_size <= _CACHED_ELEMENTS
         built = _built(self) if small else self._build()
         return tuple(t.clone().to(device) for t in built)
@@ -111,7 +116,9 @@ class VerifyCase:
                              * (1 - 1e-7 * tiny.sum(-1, keepdims=True)))
             q = q / q.sum(-1, keepdims=True)
             q32 = torch.tensor(q, dtype=torch.float32)
-        tokens = self._drafts(rng, p32[:, :k], q32)
+        if self.dtype != "float32":  # rounded once; drafts are chosen where q stayed positive
+            p32, q32 = p32.to(getattr(torch, self.dtype)), q32.to(getattr(torch, self.dtype))
+        tokens = self._drafts(rng, p32[:, :k].float(), q32.float())
         return p32, q32, tokens
 
     def _drafts(self, rng, p32: torch.Tensor, q32: torch.Tensor) -> torch.Tensor:
@@ -140,7 +147,8 @@ def _built(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @st.composite
 def verify_cases(draw, vocab_sizes=VOCAB_SIZES, max_draft_length: int = 16, max_batch: int = 8,
-                 row_kinds=ROW_KINDS, relations=RELATIONS, draft_choices=DRAFT_CHOICES):
+                 row_kinds=ROW_KINDS, relations=RELATIONS, draft_choices=DRAFT_CHOICES,
+                 input_dtypes=INPUT_DTYPES):
     """``VerifyCase``s covering zeros, ties, denormals, one-hot rows, fp16/bf16-rounded rows,
     p == q bitwise, q within one ulp of p, q one ulp above p everywhere (zero residual), disjoint
     supports, draft mass where p = 0, tiny q, drafts on forbidden or tiny-q tokens, vocabulary
@@ -152,7 +160,7 @@ def verify_cases(draw, vocab_sizes=VOCAB_SIZES, max_draft_length: int = 16, max_
         batch, k = (batch // 2, k) if batch > 1 else (batch, k // 2)
     return VerifyCase(vocab, k, batch, draw(st.sampled_from(row_kinds)),
                       draw(st.sampled_from(relations)), draw(st.sampled_from(draft_choices)),
-                      draw(st.integers(0, 2**31 - 1)))
+                      draw(st.integers(0, 2**31 - 1)), draw(st.sampled_from(input_dtypes)))
 
 
 def edge_corpus() -> list[VerifyCase]:
@@ -163,6 +171,8 @@ def edge_corpus() -> list[VerifyCase]:
     cases = [VerifyCase(3, 2, 2, kind, relation, choice.get(relation, "any"), 0)
              for relation in RELATIONS for kind in ROW_KINDS]
     cases += [VerifyCase(3, 2, 2, kind, "independent", "forbidden", 0) for kind in ROW_KINDS]
+    cases += [VerifyCase(3, 2, 2, "dirichlet", relation, "any", 0, dtype)
+              for dtype in ("float16", "bfloat16") for relation in ("independent", "equal", "tiny_q")]
     return cases
 
 

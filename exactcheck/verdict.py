@@ -5,7 +5,9 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Outcome", "Verdict", "CellDeviation"]
+from exactcheck.reachability import Reachability
+
+__all__ = ["Outcome", "Category", "Verdict", "CellDeviation"]
 
 
 class Outcome(enum.Enum):
@@ -14,6 +16,7 @@ class Outcome(enum.Enum):
     CONTRACT_VIOLATION = "contract-violation"
     CRASHED = "crashed"
     INCONCLUSIVE = "inconclusive"
+    UNREACHABLE = "unreachable-boundary"
 
     @property
     def failed(self) -> bool:
@@ -27,7 +30,30 @@ class Outcome(enum.Enum):
             Outcome.CONTRACT_VIOLATION: "the subject's output broke the verifier contract",
             Outcome.CRASHED: "the subject raised an exception",
             Outcome.INCONCLUSIVE: "the check could not be carried out; it neither passes nor fails",
+            Outcome.UNREACHABLE: ("a boundary behaviour whose trigger is rarer than the reachability "
+                                  "floor: shown, never failing"),
         }[self]
+
+
+class Category(enum.Enum):
+    """What a finding is about. An audit's pass/fail follows ``EXACTNESS`` unless more
+    categories are required (``--require reproducible``, ``--require input-handling``)."""
+
+    EXACTNESS = "exactness"  # laws, forbidden tokens, acceptance decisions, contract, crashes
+    REPRODUCIBILITY = "reproducibility"  # the same seed gives the same output
+    INPUT_HANDLING = "input-handling"  # NaN, inf, negative, all-zero rows
+
+    @classmethod
+    def parse(cls, name: str) -> "Category":
+        """A category from its value or the CLI's words (``reproducible`` for reproducibility)."""
+        aliases = {"reproducible": cls.REPRODUCIBILITY, "inputs": cls.INPUT_HANDLING}
+        if name in aliases:
+            return aliases[name]
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"category ({name!r}) must be one of exactness, reproducible, "
+                             "input-handling") from None
 
 
 @dataclass(frozen=True)
@@ -66,6 +92,11 @@ class Verdict:
     # observed vs expected counts on up to 32 cells (the likeliest and the most deviating), kept
     # for failed statistical checks and accepted-length laws: what the HTML report plots
     law_cells: tuple[CellDeviation, ...] = field(default_factory=tuple)
+    category: Category = Category.EXACTNESS
+    # deterministic findings: how likely their trigger is in real use
+    reachability: Reachability | None = None
+    # a crash: the subject's own frames ("file:line in function"), innermost last
+    traceback: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """Failure message in a fixed shape: a verdict line, a blank line, one fact per line
@@ -75,9 +106,13 @@ class Verdict:
         if self.statistic is not None:
             dof = f" on {self.df} degrees of freedom" if self.df is not None else ""
             lines.append(f"{self.statistic_name}: {_num(self.statistic)}{dof}")
-        if self.statistic is None and self.pvalue == 0:
+        if self.statistic is None and self.pvalue == 0 and self.reachability is None:
             lines.append("deterministic finding: impossible for an exact subject (p = 0); "
                          "it spends none of alpha")
+        elif self.statistic is None and self.reachability is not None:
+            lines.append("deterministic finding: an exact subject never does this at these random "
+                         "numbers (p = 0; it spends none of alpha)")
+            lines.append(f"reachability: {self.reachability.describe()}")
         elif self.statistic is not None and self.df is None and self.statistic_name.startswith("log e-value"):
             lines.append(f"anytime-valid p-value 1/e: {_num(self.pvalue)} (Bonferroni-adjusted "
                          f"{_num(self.adjusted_pvalue)}, alpha share {_num(self.alpha_share)})")
@@ -95,15 +130,23 @@ class Verdict:
         if self.reproducer is not None:
             case = self.reproducer["case"]
             lines.append("minimal case: " + ", ".join(f"{k}={v}" for k, v in case.items()))
-            lines.append(f"forced uniform: {self.reproducer['value']}")
+            forced = self.reproducer.get("forced_elements")
+            lines.append(f"forced uniform: {self.reproducer['value']}" + (
+                "" if forced is None else f"; fewest forced draws that still break it: {len(forced)} "
+                f"(element {', '.join(map(str, forced[:8]))}{', ...' if len(forced) > 8 else ''} of the call's draws)"))
         for dev in self.evidence[:5]:
             lines.append(f"  {dev.cell}: observed {dev.observed:,}, expected {dev.expected:,.1f}")
+        if self.traceback:
+            lines.append("raised at (the subject's frames, innermost last):")
+            lines += [f"  {frame}" for frame in self.traceback]
         lines.append(f"reproduce: {self.reproduce}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["outcome"] = self.outcome.value
+        data["category"] = self.category.value
+        data["traceback"] = list(self.traceback)
         data["tv_interval"] = list(self.tv_interval) if self.tv_interval else None
         for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
             if data[key] is not None and not math.isfinite(data[key]):
@@ -114,6 +157,9 @@ class Verdict:
     def from_dict(cls, data: dict) -> "Verdict":
         data = dict(data)
         data["outcome"] = Outcome(data["outcome"])
+        data["category"] = Category(data.get("category", "exactness"))
+        data["reachability"] = Reachability(**data["reachability"]) if data.get("reachability") else None
+        data["traceback"] = tuple(data.get("traceback", ()))
         data["tv_interval"] = tuple(data["tv_interval"]) if data["tv_interval"] else None
         data["evidence"] = tuple(CellDeviation(**e) for e in data["evidence"])
         data["law_cells"] = tuple(CellDeviation(**e) for e in data.get("law_cells", ()))
