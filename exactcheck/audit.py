@@ -29,13 +29,16 @@ from exactcheck.progress import Progress
 from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
 from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
+from exactcheck.reachability import Reachability, observed_in, structural
 from exactcheck.suite import Level, default_worlds, derive_seed, large_worlds
-from exactcheck.verdict import CellDeviation, Outcome, Verdict
+from exactcheck.verdict import Category, CellDeviation, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path"]
+__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path",
+           "resolve_require", "DEFAULT_REQUIRE"]
 
 DEFAULT_ALPHA = 1e-3
+DEFAULT_REQUIRE = (Category.EXACTNESS.value,)
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
 
@@ -56,10 +59,28 @@ class AuditResult:
     samples_planned: int = 0  # trials over all worlds at the full budget
     samples_drawn: int = 0  # trials actually driven (less when the audit stopped early)
     stopped_at: str | None = None  # the check whose evidence stopped the audit
+    # the finding categories that decide pass/fail (Category values); others are shown only
+    require: tuple[str, ...] = DEFAULT_REQUIRE
+
+    def gates(self, verdict: Verdict) -> bool:
+        """Whether ``verdict`` fails this audit: a failed outcome in a required category."""
+        return verdict.outcome.failed and verdict.category.value in self.require
 
     @property
     def failed(self) -> tuple[Verdict, ...]:
-        return tuple(v for v in self.verdicts if v.outcome.failed)
+        return tuple(v for v in self.verdicts if self.gates(v))
+
+    @property
+    def not_required(self) -> tuple[Verdict, ...]:
+        """Findings in categories this audit does not gate on (shown, not failing)."""
+        return tuple(v for v in self.verdicts if v.outcome.failed and not self.gates(v))
+
+    @property
+    def undrivable(self) -> bool:
+        """The subject crashed on every world it was driven through: it could not be driven."""
+        driven = [v for v in self.verdicts if v.world not in ("properties", "inputs")]
+        return (self.samples_drawn == 0 and any(v.outcome is Outcome.CRASHED for v in driven)
+                and all(v.outcome in (Outcome.CRASHED, Outcome.INCONCLUSIVE) for v in driven))
 
     @property
     def passed(self) -> bool:
@@ -81,6 +102,15 @@ def _resolve_level(level: Level | str) -> Level:
         return level if isinstance(level, Level) else Level(level)
     except ValueError:
         raise UsageError(f"level ({level!r}) must be one of quick, standard, release") from None
+
+
+def resolve_require(require) -> tuple[str, ...]:
+    """The categories an audit gates on: exactness always, plus those named."""
+    try:
+        named = {Category.parse(r).value for r in (require or ())}
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return tuple(c.value for c in Category if c.value in named | {Category.EXACTNESS.value})
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -147,7 +177,8 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
               level: Level | str = Level.STANDARD, seed: int = 0, alpha: float = DEFAULT_ALPHA,
               device: str | torch.device = "cpu", worlds: list[str] | None = None,
               properties: bool = True, progress: bool = True, stop_early: bool = True,
-              detect_tv: float | None = None, max_samples: int | None = None) -> AuditResult:
+              detect_tv: float | None = None, max_samples: int | None = None,
+              require=DEFAULT_REQUIRE) -> AuditResult:
     """Audit a step-level verifier on the built-in worlds and return every verdict.
 
     The budget: every world gets the trials its laws need to detect ``detect_tv`` (default: the
@@ -161,7 +192,11 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     world once to its budget and spends all of alpha on Holm.
 
     ``properties=False`` skips the deterministic property search (``exactcheck.properties``);
-    it cannot change the false-alarm rate, which only the statistical checks spend."""
+    it cannot change the false-alarm rate, which only the statistical checks spend.
+
+    ``require``: the finding categories that fail the audit (exactness always; add
+    "reproducible" and/or "input-handling"); findings in other categories are reported only."""
+    required = resolve_require(require)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     if not 0 < alpha < 1:
@@ -250,7 +285,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         bar.step(f"properties/{prop}")
 
     if properties and (not worlds or "inputs" in worlds):
-        pending.append(_inputs_verdict(probe_invalid_inputs(subject, seed), reproduce("inputs")))
+        pending.append(_inputs_verdict(subject, seed, reproduce("inputs")))
         bar.step("inputs")
 
     verdicts = keep_plots_where_needed(_apply_holm(pending, alpha, holm_alpha))
@@ -264,7 +299,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         environment={"exactcheck": __version__, "torch": torch.__version__,
                      "python": platform.python_version(), "platform": platform.platform()},
         detect_tv=target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
-        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped)
+        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=required)
 
 
 def _select(worlds: list[str] | None, properties: bool):
@@ -328,6 +363,8 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
               log_evidence=process.largest if process is not None else None,
               evidence=_evidence(LawComparison(plan, counts), gof.samples),
               law_cells=plot_cells(LawComparison(plan, counts), gof.samples))
+    if gof.impossible:
+        tv["reachability"] = observed_in(gof.impossible, gof.samples, "samples on outcomes of exact probability 0:")
     if evident is not None and evident[0] is run and evident[1] == i:
         log_e = process.largest
         e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0
@@ -382,52 +419,74 @@ def _e(log_e: float) -> str:
 
 def _failure_verdict(exc: Exception, *, world: str, seed: int, reproduce: str, samples: int,
                      law: str = "contract", condition: str = "every verify call") -> Verdict:
-    outcome = Outcome.CRASHED if isinstance(exc, SubjectCrashed) else Outcome.CONTRACT_VIOLATION
+    crashed = isinstance(exc, SubjectCrashed)
     return Verdict(check=f"{world}/{law}", world=world, law=law, condition=condition,
-                   outcome=outcome, summary=str(exc), samples=samples, seed=seed,
-                   reproduce=reproduce, pvalue=0.0)
+                   outcome=Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION,
+                   summary=str(exc), samples=samples, seed=seed, reproduce=reproduce, pvalue=0.0,
+                   traceback=exc.frames if crashed else (),
+                   reachability=structural(f"with ordinary random numbers, on a call of {samples:,} trials"))
 
 
 def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str) -> Verdict:
-    """A deterministic verdict: a shrunk counterexample (p = 0) or none found (p = 1)."""
+    """A deterministic verdict: a shrunk counterexample (p = 0) with its reachability, an
+    unreachable boundary behaviour (shown, not failing), or none found (p = 1)."""
     common = dict(check=f"properties/{result.property}", world="properties", law=result.property,
                   condition="forced uniforms: " + ", ".join(FORCED_VALUE_NAMES)
-                  if result.property != "same_seed" else "unforced, same seeds twice",
-                  samples=result.examples, seed=seed)
+                  if result.property != "same_seed" else "unforced, same generator seed twice",
+                  samples=result.examples, seed=seed,
+                  category=Category.REPRODUCIBILITY if result.property == "same_seed" else Category.EXACTNESS)
     note = f" ({result.note})" if result.note else ""
-    if result.failure is None:
+    failure = result.failure
+    if failure is None and result.unreachable is not None:
+        found = result.unreachable
+        return Verdict(outcome=Outcome.UNREACHABLE, reproducer=reproducer(subject, found, seed),
+                       reachability=found.reachability, reproduce=reproduce, summary=(
+                           f"no reachable counterexample in {result.examples} cases; boundary behaviour "
+                           f"below the reachability floor: {found.message} ({found.reachability.describe()})"),
+                       **common)
+    if failure is None:
         if result.examples == 0:
             return Verdict(outcome=Outcome.INCONCLUSIVE, summary=result.note, reproduce=reproduce,
                            **common)
         return Verdict(outcome=Outcome.EXACT, pvalue=1.0, reproduce=reproduce, summary=(
             f"held on {result.examples} generated cases{note}"), **common)
-    failure = result.failure
     outcome = Outcome.DEFECT
+    frames: tuple[str, ...] = ()
     if result.property == "contract":
-        outcome = Outcome.CRASHED if failure.message.startswith("subject raised") else \
-            Outcome.CONTRACT_VIOLATION
+        crashed = failure.message.startswith("subject raised")
+        outcome = Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION
     record = reproducer(subject, failure, seed)
     value = f" with every uniform {failure.value}" if failure.value else ""
-    return Verdict(outcome=outcome, pvalue=0.0, reproducer=record,
-                   reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'])}",
+    return Verdict(outcome=outcome, pvalue=0.0, reproducer=record, reachability=failure.reachability,
+                   traceback=failure.frames, reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'])}",
                    summary=f"counterexample{value}: {failure.message}", **common)
 
 
-def _inputs_verdict(probes: list[InputProbe], reproduce: str) -> Verdict:
-    """Garbage output on invalid input is a contract violation; silently accepting NaN, inf,
-    negative or all-zero probabilities is reported (inconclusive), refusing them passes."""
+def _inputs_verdict(subject, seed: int, reproduce: str) -> Verdict:
+    """How invalid inputs are handled (category input-handling): garbage output is a contract
+    violation, silently accepting NaN, inf, negative or all-zero probabilities is reported
+    (inconclusive), refusing them passes. A subject that raises on the valid base case too is
+    not credited with refusing anything."""
+    common = dict(check="inputs/invalid", world="inputs", law="invalid",
+                  condition="NaN, inf, negative, all-zero and unnormalised rows", seed=0,
+                  reproduce=reproduce, category=Category.INPUT_HANDLING)
+    probes = probe_invalid_inputs(subject, seed)
+    if probes and probes[0].handling == "broken on valid input":
+        return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, summary=(
+            f"not judged: the subject fails on the valid base case too ({probes[0].detail}), so its "
+            "errors on corrupted inputs say nothing"), **common)
+
     def line(kind):
         return "; ".join(f"{p.corruption} in {p.where}: {p.detail}" for p in probes if p.handling == kind)
 
     garbage = [p for p in probes if p.handling == "garbage"]
     silent = [p for p in probes if p.handling == "accepted" and p.corruption in MUST_REFUSE]
     refused = [p for p in probes if p.handling == "error"]
-    common = dict(check="inputs/invalid", world="inputs", law="invalid", samples=len(probes),
-                  condition="NaN, inf, negative, all-zero and unnormalised rows", seed=0,
-                  reproduce=reproduce)
+    common["samples"] = len(probes)
     if garbage:
         return Verdict(outcome=Outcome.CONTRACT_VIOLATION, pvalue=0.0,
-                       summary="returned garbage for invalid input: " + line("garbage"), **common)
+                       summary="returned garbage for invalid input: " + line("garbage"),
+                       reachability=structural("on every call with such an input"), **common)
     summary = (f"refused {len(refused)} of {len(probes)} corrupted inputs with an exception; "
                + (f"accepted silently: {'; '.join(f'{p.corruption} in {p.where} -> {p.detail}' for p in silent)}"
                   if silent else "accepted only unnormalised rows"))

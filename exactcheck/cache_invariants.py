@@ -13,6 +13,10 @@ final sequence (prompt + generated tokens), an exact generator keeps, at every c
 4. ``draft growth``: at any later draft call of the same round, the cache holds exactly what the
    previous draft call's cache held plus that call's inputs (drafts are fed back one by one).
 
+A call that starts from an empty cache (the model recomputes its prefix: a generator that keeps
+no cache) holds nothing stale, so the growth invariant does not apply to it; a generator whose
+every call starts empty keeps no cache at all, and its rollback is not applicable.
+
 ``final_cache`` compares a cache the generator hands back with a fresh recompute on F: the same
 number of entries (at least len(F) - 1, at most len(F)) and the same keys and values.
 """
@@ -57,7 +61,7 @@ def check_calls(calls, final: list[int] | tuple[int, ...]) -> list[Breach]:
         if call.input_positions is not None and call.input_positions != expected:
             breaches.append(Breach("input positions", i, call.role,
                                    f"inputs given positions {list(call.input_positions)}, cache length {m}"))
-        if call.role == "draft" and previous_draft is not None:
+        if call.role == "draft" and previous_draft is not None and m > 0:
             if call.cached_tokens != previous_draft:
                 breaches.append(Breach("draft growth", i, call.role,
                                        f"cache holds {list(call.cached_tokens)}, expected {list(previous_draft)}"))

@@ -20,7 +20,7 @@ from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
 from exactcheck.planning import default_plan
 from exactcheck.real_model_audit import REAL_MODELS
 from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
-from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, render_audit_markdown, render_selftest_markdown,
+from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, deterministic_finding, render_audit_markdown, render_selftest_markdown,
                                selftest_to_json, write_report, SELFTEST_SCHEMA)
 from exactcheck.selftest import run_selftest
 from exactcheck.suite import Level, default_worlds, large_worlds
@@ -72,6 +72,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="run every world to its budget (default: stop at the first defect "
                              "an anytime-valid test makes evident)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _require(parser)
+
+
+def _require(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--require", action="append", choices=("reproducible", "input-handling"),
+                        default=[], help="also fail on findings of this category (repeatable; by "
+                        "default only exactness findings fail: laws, forbidden tokens, acceptance "
+                        "decisions, contract, crashes)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     e2e.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     e2e.add_argument("--quiet", action="store_true")
+    _require(e2e)
     greedy = sub.add_parser("greedy", help="greedy identity of a generator on real transformer models")
     greedy.add_argument("subject", nargs="?", default="transformers-assisted",
                         help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
@@ -159,9 +168,14 @@ def _print_audit(result: AuditResult) -> None:
               f"{result.samples_planned:,} planned trials drawn{stop}")
     else:
         print(f"  {result.samples_drawn:,} generations")
-    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
+    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT
+               and (result.gates(v) or not v.outcome.failed)]
     for v in notable:
         print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
+    for v in result.not_required:
+        print(f"  {v.category.value} finding (not required; --require "
+              f"{'reproducible' if v.category.value == 'reproducibility' else v.category.value} "
+              f"makes it fail) {v.check}: {v.summary}")
     failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
     for v in failed[:DETAILED_FAILURES]:
         print()
@@ -175,40 +189,48 @@ def _audit(args) -> int:
     result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
                        alpha=args.alpha, device=args.device, worlds=args.world,
                        progress=not args.quiet, stop_early=args.stop_early,
-                       detect_tv=args.detect_tv, max_samples=args.max_samples)
+                       detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require)
     _print_audit(result)
     if args.report:
         stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
         for path in write_report(audit_to_json(result), args.report, stem):
             print(f"report: {path}")
-    driven = [v for v in result.verdicts if v.world not in ("properties", "inputs")]
-    if driven and all(v.outcome is Outcome.CRASHED for v in driven):
-        print("exactcheck: the subject crashed on every world; it could not be driven",
-              file=sys.stderr)
+    if result.undrivable:
+        crash = next(v for v in result.verdicts if v.outcome is Outcome.CRASHED)
+        print(f"exactcheck: error: {args.subject} could not be driven: it crashed on every world "
+              f"({crash.summary})", file=sys.stderr)
+        for frame in crash.traceback:
+            print(f"  {frame}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
 def _selftest(args) -> int:
-    header = f"{'subject':<28} {'result':<9} {'caught by':<42} {'TV':>7} {'adj. p':>8} {'time':>6}"
+    header = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
+              f"{'time':>6}  forced draws / reachability")
     print(header)
     print("-" * len(header))
     start = time.perf_counter()
 
     def show(name: str, audit: AuditResult) -> None:
         short = name.split(":")[-1]
+        forced = ""
         if short == "reference_verifier":
             result = "passes" if audit.passed else "FAILS"
             caught = f"{len(audit.verdicts) - len(audit.failed)}/{len(audit.verdicts)} checks exact"
-            tv = p = "-"
+            tv = p = category = "-"
         else:
             best = audit.strongest_failure()
             result = "detected" if best else "MISSED"
             caught = best.check if best else "-"
+            category = best.category.value if best else "-"
             tv = "-" if not best or best.tv_estimate is None else f"{best.tv_estimate:.4f}"
             p = "-" if not best else f"{best.adjusted_pvalue:.1e}"
-        print(f"{short:<28} {result:<9} {caught:<42} {tv:>7} {p:>8} {audit.duration_s:5.1f}s",
-              flush=True)
+            finding = deterministic_finding(audit)
+            if finding is not None and finding.reachability is not None:
+                forced = f"{finding.check}: {finding.reachability.describe()}"
+        print(f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
+              f"{audit.duration_s:5.1f}s  {forced}", flush=True)
 
     result = run_selftest(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
                           mutants=args.mutant, on_audit=show, stop_early=args.stop_early,
@@ -260,7 +282,7 @@ def _e2e(args) -> int:
     result = run_generator_audit(generator, subject_name=args.subject,
                                  level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
                                  policies=policies, generations=args.generations, greedy=args.greedy,
-                                 progress=not args.quiet)
+                                 progress=not args.quiet, require=args.require)
     _print_audit(result)
     if args.report:
         for path in write_report(audit_to_json(result), args.report, _stem("e2e-", args.subject)):

@@ -52,6 +52,7 @@ class GateSubject:
     alpha: float
     worlds: tuple[str, ...] | None = None
     exempt: tuple[str, ...] = ()
+    require: tuple[str, ...] = ()  # finding categories that gate besides exactness
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
         if name in names:
             raise UsageError(f"{path}: two subjects are named {name!r}")
         names.add(name)
-        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt"}
+        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require"}
         if unknown:
             raise UsageError(f"{path}: subject {name!r} has unknown keys {sorted(unknown)}")
         subjects.append(GateSubject(
@@ -104,8 +105,18 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
             seed=int(entry.get("seed", section.get("seed", 0))),
             alpha=float(entry.get("alpha", section.get("alpha", 1e-3))),
             worlds=tuple(entry["worlds"]) if entry.get("worlds") else None,
-            exempt=tuple(entry.get("exempt", ()))))
+            exempt=tuple(entry.get("exempt", ())),
+            require=_require(path, name, entry.get("require", section.get("require", ())))))
     return subjects
+
+
+def _require(path, name: str, value) -> tuple[str, ...]:
+    from exactcheck.audit import resolve_require
+    values = [value] if isinstance(value, str) else list(value)
+    try:
+        return resolve_require(values)
+    except UsageError as exc:
+        raise UsageError(f"{path}: subject {name!r}: require: {exc}") from None
 
 
 def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None) -> list[GateResult]:
@@ -122,12 +133,13 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
         if subject.kind == "verifier":
             from exactcheck.audit import run_audit
             audit = run_audit(load_subject(subject.target), subject_name=subject.target, level=subject.level,
-                              seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress)
+                              seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress,
+                              require=subject.require)
         else:
             from exactcheck.generator_audit import run_generator_audit
             audit = run_generator_audit(load_generator(subject.target), subject_name=subject.target,
                                         level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                                        worlds=worlds, progress=progress)
+                                        worlds=worlds, progress=progress, require=subject.require)
         results.append(GateResult(subject, audit))
     return results
 
@@ -145,7 +157,9 @@ def junit_xml(results: list[GateResult]) -> str:
             counts["tests"] += 1
             case = ET.SubElement(suite, "testcase", classname=f"exactcheck.{result.subject.name}", name=v.check,
                                  time="0")
-            if v.outcome.failed and result.exempted(v):
+            if v.outcome.failed and not result.audit.gates(v):
+                ET.SubElement(case, "skipped", message=f"{v.category.value} finding, not required: {v.summary}")
+            elif v.outcome.failed and result.exempted(v):
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=f"exempt: {v.outcome.value}: {v.summary}")
             elif v.outcome is Outcome.CRASHED:

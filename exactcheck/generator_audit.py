@@ -27,14 +27,15 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.audit import (DEFAULT_ALPHA, STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
-                              keep_plots_where_needed, plot_cells)
+from exactcheck.audit import (DEFAULT_ALPHA, DEFAULT_REQUIRE, STATISTIC_NAME, AuditResult, _apply_holm, _evidence,
+                              _failure_verdict, keep_plots_where_needed, plot_cells, resolve_require)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
 from exactcheck.generator_drive import GeneratorSamples, drive_generator
 from exactcheck.greedy_identity import greedy_identity
 from exactcheck.laws import LawComparison, LawPlan, policy_sequence_law
 from exactcheck.progress import Progress
+from exactcheck.reachability import observed_in
 from exactcheck.statistics import goodness_of_fit, tv_certificate
 from exactcheck.suite import Level, derive_seed
 from exactcheck.verdict import Outcome, Verdict
@@ -118,7 +119,9 @@ def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict,
             check=f"{run.world.name}/{plan.law}", law=plan.law, condition=condition, samples=gof.samples,
             tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval, detectable_tv=gof.detectable_tv,
             evidence=_evidence(LawComparison(plan, counts), gof.samples),
-            law_cells=plot_cells(LawComparison(plan, counts), gof.samples), **base))
+            law_cells=plot_cells(LawComparison(plan, counts), gof.samples),
+            reachability=observed_in(gof.impossible, gof.samples, "generations on outcomes of exact probability 0:")
+            if gof.impossible else None, **base))
     return verdicts
 
 
@@ -129,7 +132,8 @@ def _validity_verdict(run: GeneratorSamples, base: dict) -> Verdict:
                   condition="every output parses as JSON of the schema and ends with the stop token")
     if invalid:
         return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
-            f"{len(invalid):,} of {run.size:,} outputs are invalid; first: {list(invalid[0])}"), **common)
+            f"{len(invalid):,} of {run.size:,} outputs are invalid; first: {list(invalid[0])}"),
+            reachability=observed_in(len(invalid), run.size, "invalid outputs:"), **common)
     return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=f"{run.size:,} of {run.size:,} outputs valid",
                    **common)
 
@@ -144,10 +148,15 @@ def _rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
         first_i, first = run.breaches[0]
         return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
             f"{len(run.breaches):,} breaches ({', '.join(kinds)}) in {generations:,} of {run.size:,} "
-            f"generations; first, in generation {first_i}: {first.describe()}"), **common)
+            f"generations; first, in generation {first_i}: {first.describe()}"),
+            reachability=observed_in(generations, run.size, "generations with a breach:"), **common)
     if run.forward_calls == 0 and run.final_caches_checked == 0:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             "the generator made no forward call on the probe models and returned no cache"), **common)
+    if not run.keeps_cache:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"not applicable: the generator keeps no cache (each of its {run.forward_calls:,} forward "
+            "calls recomputed its prefix from an empty cache); the laws decide"), **common)
     return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
         "every forward call saw the committed prefix with contiguous positions"
         + (", and every final cache matched a fresh recompute" if run.final_caches_checked else "")), **common)
@@ -171,10 +180,11 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
 def run_generator_audit(generator, *, subject_name: str | None = None, level: Level | str = Level.QUICK,
                         seed: int = 0, alpha: float = DEFAULT_ALPHA, worlds: list[str] | None = None,
                         policies: tuple[DecodingPolicy, ...] = (SAMPLING,), generations: int | None = None,
-                        greedy: bool = True, progress: bool = True) -> AuditResult:
+                        greedy: bool = True, progress: bool = True, require=DEFAULT_REQUIRE) -> AuditResult:
     """Audit an end-to-end generator on the model worlds; see the module docstring.
     ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
     MODULE:CALLABLE); given, reproduce lines are commands."""
+    required = resolve_require(require)
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     if not 0 < alpha < 1:
@@ -235,7 +245,8 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
     return AuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
                        alpha=alpha, device="cpu", verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
-                       samples_planned=n * sum(len(v) for v in plan.values()), samples_drawn=drawn)
+                       samples_planned=n * sum(len(v) for v in plan.values()), samples_drawn=drawn,
+                       require=required)
 
 
 def all_model_worlds() -> list[ModelWorld]:

@@ -33,6 +33,12 @@ class GeneratorSamples:
     forward_calls: int
     breaches: tuple[tuple[int, Breach], ...] = field(default_factory=tuple)
     final_caches_checked: int = 0
+    cached_calls: int = 0  # forward calls that found a non-empty cache
+
+    @property
+    def keeps_cache(self) -> bool:
+        """Whether the generator kept any cache (a call found one filled, or it handed one back)."""
+        return self.cached_calls > 0 or self.final_caches_checked > 0
 
     @property
     def size(self) -> int:
@@ -52,7 +58,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     prompt = world.prompt_ids()
     outputs = []
     breaches: list[tuple[int, Breach]] = []
-    calls = checked = 0
+    calls = checked = cached = 0
     for i in range(n):
         log = [] if probe else None
         target.calls = draft.calls = log
@@ -64,6 +70,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
         outputs.append(tuple(new.tolist()))
         if probe:
             calls += len(log)
+            cached += sum(1 for call in log if call.cached_tokens)
             final = torch.cat([prompt[0], new])
             found = check_calls(log, final.tolist())
             for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
@@ -74,4 +81,4 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
             breaches.extend((i, b) for b in found)
         if progress is not None and (i + 1) % 250 == 0:
             progress(i + 1, n)
-    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked)
+    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)

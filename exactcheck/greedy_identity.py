@@ -24,6 +24,7 @@ import torch
 
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.generator import GREEDY, call_generator, generator_name, with_draft_length
+from exactcheck.reachability import observed_in
 from exactcheck.verdict import Outcome, Verdict
 
 __all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
@@ -75,12 +76,14 @@ class GreedyIdentityResult:
         if self.failures:
             return Verdict(outcome=Outcome.CRASHED if self.first_failure_crashed else Outcome.CONTRACT_VIOLATION,
                            pvalue=0.0, summary=f"{len(self.failures)} runs failed; first: {self.failures[0]}",
+                           reachability=observed_in(len(self.failures), self.runs, "greedy runs that failed:"),
                            **common)
         if self.defects:
             return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
                 (f"lossy by design ({lossy}): " if lossy else "")
                 + f"{len(self.defects)} of {self.runs} runs diverge from the target's greedy decode; "
-                + "; ".join(d.describe() for d in self.defects[:3])), **common)
+                + "; ".join(d.describe() for d in self.defects[:3])),
+                reachability=observed_in(len(self.defects), self.runs, "greedy runs that diverge:"), **common)
         ties = ("; numerical ties: " + "; ".join(d.describe() for d in self.ties)) if self.ties else ""
         return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
             f"{self.identical} of {self.runs} runs identical to the target's greedy decode "

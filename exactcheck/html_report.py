@@ -18,7 +18,7 @@ from exactcheck.verdict import Outcome, Verdict
 __all__ = ["render_audit_html", "render_pr_comment"]
 
 _COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
-            Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700"}
+            Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a"}
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px auto; max-width: 1100px;
@@ -150,7 +150,7 @@ def render_audit_html(data: dict) -> str:
         budget += f"; stopped early on {result.stopped_at}"
     rows = []
     for v in result.verdicts:
-        cls = "failed" if v.outcome.failed else ("inconclusive" if v.outcome is Outcome.INCONCLUSIVE else "")
+        cls = "failed" if result.gates(v) else ("inconclusive" if v.outcome is Outcome.INCONCLUSIVE else "")
         tv = "–" if v.tv_estimate is None else f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})"
         rows.append(f'<tr class="{cls}"><td>{_e(v.check)}</td><td style="color:{_COLOURS[v.outcome]}">'
                     f'<b>{_e(v.outcome.value)}</b></td><td class="num">{v.samples:,}</td><td class="num">{tv}</td>'
@@ -159,7 +159,9 @@ def render_audit_html(data: dict) -> str:
     failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and v.law_cells]
     length_plots = [_law_plot(v) for v in result.verdicts if v.law == "accepted_length" and v.law_cells
                     and not v.outcome.failed]
-    findings = [f"<h3>{_e(v.check)}</h3><pre>{_e(v.describe())}</pre>"
+    findings = [f"<h3>{_e(v.check)} <small>({_e(v.category.value)}"
+                f"{'' if result.gates(v) or not v.outcome.failed else ', not required'})</small></h3>"
+                f"<pre>{_e(v.describe())}</pre>"
                 for v in result.verdicts if v.outcome is not Outcome.EXACT]
     body = [
         f'<h1>exactcheck audit of <code>{_e(result.subject)}</code> '

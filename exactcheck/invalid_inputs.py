@@ -29,7 +29,7 @@ BASE_CASE = VerifyCase(5, 2, 4, "dirichlet", "independent", "any", 0)
 class InputProbe:
     corruption: str
     where: str  # "target" or "draft"
-    handling: str  # "error", "garbage" or "accepted"
+    handling: str  # "error", "garbage", "accepted" (or "broken on valid input")
     detail: str
 
 
@@ -51,8 +51,15 @@ def _corrupt(rows: torch.Tensor, token: int, corruption: str) -> torch.Tensor:
 
 
 def probe_invalid_inputs(subject: Verifier, seed: int = 0) -> list[InputProbe]:
+    """One probe per corruption and place. If the subject raises or breaks the contract on the
+    valid base case itself, a single probe with handling "broken on valid input" is returned:
+    its errors on corrupted inputs would say nothing."""
     p, q, tokens = BASE_CASE.tensors()
     token = int(tokens[0, 0])
+    try:
+        validate_output(subject(p, q, tokens, torch.Generator().manual_seed(seed)), tokens, p.shape[-1])
+    except Exception as exc:  # foreign code: any exception
+        return [InputProbe("none", "valid input", "broken on valid input", f"{type(exc).__name__}: {exc}")]
     probes = []
     for where in ("target", "draft"):
         for corruption in CORRUPTIONS:

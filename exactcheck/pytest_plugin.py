@@ -90,6 +90,9 @@ def pytest_addoption(parser):
     group.addoption("--exactcheck-seed", type=int, default=0, help="root seed of the audits (default 0)")
     group.addoption("--exactcheck-alpha", type=float, default=1e-3,
                     help="false-alarm budget of each subject's audit, shared by its tests (default 1e-3)")
+    group.addoption("--exactcheck-require", action="append", default=[],
+                    choices=("reproducible", "input-handling"),
+                    help="also fail on findings of this category (default: exactness only)")
     group.addoption("--exactcheck-report", metavar="DIR", default=None,
                     help="write each audit's JSON, Markdown and HTML report to DIR")
 
@@ -142,12 +145,13 @@ class ExactcheckSession:
         if spec.kind == "verifier":
             from exactcheck.audit import run_audit
             result = run_audit(subject, subject_name=spec.name, level=level, seed=seed, alpha=alpha,
-                               worlds=worlds, progress=False, **spec.options)
+                               worlds=worlds, progress=False,
+                               require=self.config.getoption("exactcheck_require"), **spec.options)
         else:
             from exactcheck.generator_audit import run_generator_audit
             result = run_generator_audit(subject, subject_name=spec.name if ":" in spec.name else None,
                                          level=level, seed=seed, alpha=alpha, worlds=worlds, progress=False,
-                                         **spec.options)
+                                         require=self.config.getoption("exactcheck_require"), **spec.options)
         directory = self.config.getoption("exactcheck_report")
         if directory:
             from exactcheck.report import audit_to_json, write_report
@@ -167,6 +171,9 @@ class ExactcheckSession:
             pytest.fail(f"exactcheck: the audit of {spec.name} reported no verdict for {check}", pytrace=False)
         if verdict.outcome is Outcome.INCONCLUSIVE:
             pytest.skip(f"inconclusive: {verdict.summary}")
+        if verdict.outcome.failed and not result.gates(verdict):
+            pytest.skip(f"{verdict.category.value} finding, not required (--exactcheck-require makes it "
+                        f"fail): {verdict.summary}")
         if verdict.outcome.failed:
             pytest.fail(f"{spec.name}: {verdict.describe()}", pytrace=False)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exactcheck.audit import AuditResult, reproducer_path
+from exactcheck.audit import DEFAULT_REQUIRE, AuditResult, reproducer_path
 from exactcheck.selftest import SelftestResult
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.verdict import Category, Outcome, Verdict
 
 __all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "audit_to_json", "audit_from_json",
            "render_audit_markdown", "selftest_to_json",
@@ -35,10 +35,13 @@ def audit_to_json(result: AuditResult) -> dict:
             "samples_drawn": result.samples_drawn,
             "stopped_at": result.stopped_at,
         },
+        "require": list(result.require),
         "summary": {
             "passed": result.passed,
             "checks": len(result.verdicts),
             **{o.value: result.count(o) for o in Outcome},
+            "findings_by_category": {c.value: sum(v.outcome.failed and v.category is c for v in result.verdicts)
+                                     for c in Category},
         },
         "verdicts": [v.to_dict() for v in result.verdicts],
     }
@@ -51,6 +54,7 @@ def audit_from_json(data: dict) -> AuditResult:
         subject=data["subject"], level=data["level"], seed=data["seed"], alpha=data["alpha"],
         device=data["device"], verdicts=tuple(Verdict.from_dict(v) for v in data["verdicts"]),
         started=data["started"], duration_s=data["duration_s"], environment=data["environment"],
+        require=tuple(data.get("require", DEFAULT_REQUIRE)),
         **{key: value for key, value in data.get("budget", {}).items()})
 
 
@@ -112,11 +116,17 @@ def render_audit_markdown(data: dict) -> str:
     if deterministic:
         lines += ["", "Deterministic checks that held:", ""]
         lines += [f"- `{v.check}` ({v.condition}): {v.summary}" for v in deterministic]
-    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT]
-    if notable:
-        lines += ["", "## Findings", ""]
-        for v in notable:
-            lines += [f"### {v.check}", "", "```", v.describe(), "```", ""]
+    for category in Category:
+        found = [v for v in result.verdicts if v.outcome.failed and v.category is category]
+        if found:
+            gating = "" if category.value in result.require else " (not required: reported, not failing)"
+            lines += ["", f"## {category.value.capitalize()} findings{gating}", ""]
+            for v in found:
+                lines += [f"### {v.check}", "", "```", v.describe(), "```", ""]
+    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)]
+    if other:
+        lines += ["", "## Not judged, and unreachable boundary behaviour", ""]
+        lines += [f"- `{v.check}` ({v.outcome.value}): {v.summary}" for v in other]
     lines += ["", "TV is the plug-in estimate ½Σ|p̂ − p| (biased upward by sampling noise); "
               "'detectable TV' is the smallest total variation the check finds with power 0.9 at "
               "its α share; 'certified TV ≤' bounds the true TV at confidence 1 − α "
@@ -124,10 +134,16 @@ def render_audit_markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def deterministic_finding(audit) -> "Verdict | None":
+    """The first failed property verdict of an audit (a forced-value finding), if any."""
+    return next((v for v in audit.failed if v.world == "properties"), None)
+
+
 def selftest_to_json(result: SelftestResult) -> dict:
     rows = []
     for name, defect, audit in result.mutants:
         caught = audit.strongest_failure()
+        forced = deterministic_finding(audit)
         rows.append({
             "mutant": name, "defect": defect, "detected": not audit.passed,
             "failed_checks": len(audit.failed), "checks": len(audit.verdicts),
@@ -136,6 +152,12 @@ def selftest_to_json(result: SelftestResult) -> dict:
             "tv_estimate": caught.tv_estimate if caught else None,
             "adjusted_pvalue": caught.adjusted_pvalue if caught else None,
             "summary": caught.summary if caught else None,
+            "category": caught.category.value if caught else None,
+            "property": forced.check if forced else None,
+            "forced_draws": (len(forced.reproducer["forced_elements"])
+                             if forced and forced.reproducer and forced.reproducer.get("forced_elements") is not None
+                             else None),
+            "reachability": forced.reachability.describe() if forced and forced.reachability else None,
             "duration_s": round(audit.duration_s, 3),
             "samples_drawn": audit.samples_drawn, "samples_planned": audit.samples_planned,
         })
@@ -156,14 +178,15 @@ def render_selftest_markdown(data: dict) -> str:
         f"({ref['duration_s']:.1f} s). "
         f"{sum(r['detected'] for r in data['mutants'])} of {len(data['mutants'])} mutants detected.",
         "",
-        "| mutant | detected | caught by | TV | Holm-adjusted p | failed checks | trials drawn / planned | time |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| mutant | detected | caught by | category | TV | Holm-adjusted p | property | fewest forced draws | reachability | trials drawn / planned | time |",
+        "|---|---|---|---|---:|---:|---|---:|---|---:|---:|",
     ]
     for r in data["mutants"]:
+        forced = "–" if r.get("forced_draws") is None else str(r["forced_draws"])
         lines.append(
             f"| {r['mutant']} | {'yes' if r['detected'] else '**NO**'} | {r['caught_by'] or '–'} | "
-            f"{_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
-            f"{r['failed_checks']}/{r['checks']} | "
+            f"{r.get('category') or '–'} | {_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
+            f"{r.get('property') or '–'} | {forced} | {r.get('reachability') or '–'} | "
             f"{r.get('samples_drawn', 0):,} / {r.get('samples_planned', 0):,} | {r['duration_s']:.1f} s |")
     lines += ["", "## Mutants", ""]
     lines += [f"- **{r['mutant']}**: {r['defect']} — {r['summary'] or 'not detected'}"

@@ -14,7 +14,7 @@ from exactcheck import run_audit
 from exactcheck.adapters.hf_transformers import speculative_sampling_verifier
 from exactcheck.contract import validate_output
 from exactcheck.memory import keep_freed_memory
-from exactcheck.randomness import controlled_randomness
+from exactcheck.randomness import controlled_randomness, value_probability
 from exactcheck.report import audit_to_json, write_report
 from exactcheck.strategies import VerifyCase
 
@@ -35,7 +35,10 @@ def _scenario(verifier, title, p, q, drafts, value):
         record.update(result="returned", output=out.tolist() if len(out) > 1 else out[0].tolist(),
                       target_probs_of_emitted=probs if len(out) > 1 else probs[0],
                       forbidden_emitted=any(x == 0 for row in probs for x in row),
-                      draws=dict(log.controlled))
+                      draws=dict(log.controlled),
+                      delivered=[{"draw": d.entry, "dtype": str(d.dtype).replace("torch.", ""),
+                                  "value": d.value, "per_draw_probability": value_probability(d.value, d.dtype)}
+                                 for d in log.draws])
     except Exception as exc:  # what the subject does is the finding
         record.update(result="raised", error=f"{type(exc).__name__}: {exc}")
     return record
@@ -76,6 +79,9 @@ def _markdown(scenarios: list[dict]) -> str:
             what = f"returned {s['output']}; target probability of each emitted token {s['target_probs_of_emitted']}"
             if s["forbidden_emitted"]:
                 what += " — **a token with p = 0 was emitted**"
+            what += "; uniforms delivered: " + ", ".join(
+                f"{d['draw']} ({d['dtype']}) = {d['value']!r}, probability {d['per_draw_probability']:.3g} per draw"
+                for d in s["delivered"])
         lines.append(f"| {s['scenario']} | {what} |")
     return "\n".join(lines) + "\n"
 

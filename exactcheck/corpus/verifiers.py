@@ -1,0 +1,278 @@
+"""Exact verifiers written differently from ``exactcheck.reference``.
+
+Each one is a correct speculative-sampling step (Leviathan et al.) that an engine engineer might
+write: other uniform conventions (u or 1 - u, strict or not), dtypes (float32, float64 uniforms;
+half-precision logits), forms (ratio, product, log space), residual draws (inverse CDF,
+``torch.multinomial``, exponential race, Gumbel-max), uniforms drawn at once or lazily per
+position, parts in TorchScript or ``torch.compile``, and a per-row loop over a batch-1 function on
+torch's global generator. exactcheck must find no exactness defect in any of them; findings that
+are not about exactness (a subject that does not reproduce under its seed) are reported in their
+own category. ``property_tests/test_correct_corpus.py`` audits each one, and
+``benchmarks/correct_corpus.py`` audits each under many seeds.
+
+Every verifier guards the two boundary cases real code must get right: a draft token with
+p = 0 is never accepted at any reachable uniform, and a residual max(0, p - q) that sums to 0
+(p == q up to rounding) falls back to p itself.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from exactcheck.contract import PADDING, from_logits
+
+__all__ = ["CORRECT_VERIFIERS", "REPRODUCIBILITY_ONLY"]
+
+
+def _at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """rows[b, i, tokens[b, i]] for the first tokens.shape[1] positions."""
+    return rows[:, :tokens.shape[1]].gather(2, tokens[..., None])[..., 0]
+
+
+def _final_rows(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """float64 law of the token after n accepted drafts: normalised max(0, p_n - q_n) (p_n
+    itself when that is all zero), or p_k after k acceptances."""
+    k = q.shape[1]
+    rows = torch.arange(p.shape[0])
+    pn = p[rows, n].double()
+    qn = torch.where((n < k)[:, None], q[rows, n.clamp(max=k - 1)].double(), torch.zeros_like(pn))
+    residual = (pn - qn).clamp(min=0)
+    empty = residual.sum(1) <= 0
+    residual[empty] = pn[empty]
+    return residual / residual.sum(1, keepdim=True)
+
+
+def _assemble(tokens: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    batch, k = tokens.shape
+    out = torch.full((batch, k + 1), PADDING, dtype=torch.int64, device=tokens.device)
+    keep = torch.arange(k, device=tokens.device)[None] < n[:, None]
+    out[:, :k] = torch.where(keep, tokens, PADDING)
+    return out.scatter_(1, n[:, None], last[:, None].to(torch.int64))
+
+
+def _leading(accepted: torch.Tensor) -> torch.Tensor:
+    return accepted.to(torch.int64).cumprod(1).sum(1)
+
+
+def _first_positive(rows: torch.Tensor) -> torch.Tensor:
+    return (rows > 0).to(torch.int8).argmax(1)
+
+
+# -- acceptance conventions -----------------------------------------------------------------------
+
+def mirrored_uniform_product(target_probs, draft_probs, draft_tokens, generator):
+    """u = 1 - torch.rand (float32, so u is in (0, 1]); accept when u * q <= p; the correction
+    by inverse CDF with the same mirrored convention (first token whose cumulative mass reaches u)."""
+    batch, k = draft_tokens.shape
+    u = 1.0 - torch.rand(batch, k, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading((u.double() * q <= p) & (p > 0))
+    rows = _final_rows(target_probs, draft_probs, n)
+    v = 1.0 - torch.rand(batch, generator=generator, device=draft_tokens.device).double()
+    cdf = rows.cumsum(1)
+    last = torch.searchsorted(cdf, (v * cdf[:, -1])[:, None], right=False)[:, 0]
+    last = torch.where(last >= rows.shape[1], rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1), last)
+    return _assemble(draft_tokens, n, last)
+
+
+def float32_ratio_strict(target_probs, draft_probs, draft_tokens, generator):
+    """float32 uniforms against min(1, p/q) computed in float32, strict; the correction by
+    ``torch.multinomial`` on the float32 residual."""
+    batch, k = draft_tokens.shape
+    u = torch.rand(batch, k, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).float(), _at(draft_probs, draft_tokens).float()
+    n = _leading(u < torch.clamp(p / q, max=1.0))
+    rows = _final_rows(target_probs, draft_probs, n).float()
+    last = torch.multinomial(rows, 1, generator=generator)[:, 0]
+    return _assemble(draft_tokens, n, last)
+
+
+def float64_nonstrict_guarded(target_probs, draft_probs, draft_tokens, generator):
+    """float64 uniforms, u <= p/q (non-strict, so p = 0 is excluded explicitly); the correction
+    by inverse CDF counting the cumulative values at or below u."""
+    batch, k = draft_tokens.shape
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading((u <= p / q) & (p > 0))
+    rows = _final_rows(target_probs, draft_probs, n)
+    v = torch.rand(batch, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    cdf = rows.cumsum(1)
+    last = (cdf <= (v * cdf[:, -1])[:, None]).sum(1)
+    positive_last = rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1)
+    return _assemble(draft_tokens, n, torch.minimum(last, positive_last))
+
+
+def _exponential_race(rows: torch.Tensor, generator) -> torch.Tensor:
+    """argmax of rows / E with E ~ Exp(1) (float32): the race's winner has law ``rows``. Zero-mass
+    tokens never take part (an exponential of exactly 0 would make 0/0)."""
+    e = torch.empty(rows.shape, dtype=torch.float32, device=rows.device).exponential_(generator=generator)
+    score = torch.where(rows > 0, rows / e.double(), torch.full_like(rows, -1.0))
+    return score.argmax(1)
+
+
+def log_space(target_probs, draft_probs, draft_tokens, generator):
+    """Acceptance in log space, log u < log p - log q (float64; log 0 = -inf rejects p = 0); the
+    correction by an exponential race."""
+    batch, k = draft_tokens.shape
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(torch.log(u) < torch.log(p) - torch.log(q))
+    return _assemble(draft_tokens, n, _exponential_race(_final_rows(target_probs, draft_probs, n), generator))
+
+
+def gumbel_max_residual(target_probs, draft_probs, draft_tokens, generator):
+    """Acceptance with float64 uniforms; the correction by Gumbel-max over V float32 uniforms,
+    argmax(log r - log(-log u)), over the tokens of positive mass only. If every positive token
+    drew u = 0 exactly (every score -inf) it takes the first positive token."""
+    batch, k = draft_tokens.shape
+    device = draft_tokens.device
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u * q < p)
+    rows = _final_rows(target_probs, draft_probs, n)
+    g = -torch.log(-torch.log(torch.rand(rows.shape, generator=generator, device=device).double()))
+    score = torch.where(rows > 0, rows.log() + g, torch.full_like(rows, -torch.inf))
+    best = score.max(1)
+    last = torch.where(best.values > -torch.inf, best.indices, _first_positive(rows))
+    return _assemble(draft_tokens, n, last)
+
+
+def exponential_race(target_probs, draft_probs, draft_tokens, generator):
+    """float32 uniforms compared with the ratio; the correction by an exponential race over the
+    residual (the trick vLLM's sampler uses), guarded against 0/0."""
+    batch, k = draft_tokens.shape
+    u = torch.rand(batch, k, generator=generator, device=draft_tokens.device).double()
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u < p / q)
+    return _assemble(draft_tokens, n, _exponential_race(_final_rows(target_probs, draft_probs, n), generator))
+
+
+def lazy_per_position(target_probs, draft_probs, draft_tokens, generator):
+    """Uniforms drawn lazily, one float32 uniform per still-running row per position, stopping
+    when every row has rejected; the correction by ``torch.multinomial`` on float64 rows."""
+    batch, k = draft_tokens.shape
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = torch.zeros(batch, dtype=torch.int64, device=draft_tokens.device)
+    running = torch.ones(batch, dtype=torch.bool, device=draft_tokens.device)
+    for i in range(k):
+        idx = running.nonzero()[:, 0]
+        if idx.numel() == 0:
+            break
+        u = torch.rand(idx.numel(), generator=generator, device=draft_tokens.device).double()
+        ok = u * q[idx, i] < p[idx, i]
+        n[idx[ok]] += 1
+        running[idx[~ok]] = False
+    rows = _final_rows(target_probs, draft_probs, n)
+    return _assemble(draft_tokens, n, torch.multinomial(rows, 1, generator=generator)[:, 0])
+
+
+@torch.jit.script
+def _scripted_inverse_cdf(rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Compiled when this module is imported, as TorchScript in engines is."""
+    u = torch.rand(rows.shape[0], dtype=torch.float64, generator=generator, device=rows.device)
+    cdf = rows.cumsum(1)
+    token = (cdf <= (u * cdf[:, -1]).unsqueeze(1)).sum(1)
+    positive_last = rows.shape[1] - 1 - (rows.flip([1]) > 0).to(torch.int8).argmax(1)
+    return torch.minimum(token, positive_last)
+
+
+def jit_residual(target_probs, draft_probs, draft_tokens, generator):
+    """The correction draw is a ``torch.jit.script`` function drawing its own uniform from the
+    generator: exactcheck cannot force that draw (it only sees the generator move)."""
+    batch, k = draft_tokens.shape
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u * q < p)
+    return _assemble(draft_tokens, n, _scripted_inverse_cdf(_final_rows(target_probs, draft_probs, n), generator))
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_inverse_cdf():
+    def pick(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        cdf = rows.cumsum(1)
+        token = (cdf <= (u * cdf[:, -1])[:, None]).sum(1)
+        positive_last = rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1)
+        return torch.minimum(token, positive_last)
+    return torch.compile(pick, dynamic=True)
+
+
+def compiled_residual(target_probs, draft_probs, draft_tokens, generator):
+    """The inverse-CDF pick of the correction runs as a ``torch.compile``d kernel (Inductor);
+    its uniform is drawn outside it. The first call compiles (about 20 s on a 2-core CPU)."""
+    batch, k = draft_tokens.shape
+    device = draft_tokens.device
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u * q < p)
+    v = torch.rand(batch, dtype=torch.float64, generator=generator, device=device)
+    return _assemble(draft_tokens, n, _compiled_inverse_cdf()(_final_rows(target_probs, draft_probs, n), v))
+
+
+# -- logits in, as engines hand them ----------------------------------------------------------------
+
+def _softmax_verifier(compute_dtype):
+    def verify(target_logits, draft_logits, draft_tokens, generator):
+        dtype = compute_dtype or target_logits.dtype
+        p = torch.softmax(target_logits.to(dtype), -1)
+        q = torch.softmax(draft_logits.to(dtype), -1)
+        return float32_ratio_strict(p, q, draft_tokens, generator)
+    return verify
+
+
+logits_float32_softmax = from_logits(_softmax_verifier(torch.float32))
+logits_float32_softmax.__name__ = "logits_float32_softmax"
+logits_float32_softmax.__doc__ = ("Takes logits (float32, or fp16/bf16 when the rows are), "
+                                  "softmax in float32, then the float32-ratio step.")
+logits_native_softmax = from_logits(_softmax_verifier(None))
+logits_native_softmax.__name__ = "logits_native_softmax"
+logits_native_softmax.__doc__ = ("Takes logits and softmaxes them in their own dtype (fp16 or bf16 "
+                                 "when handed half rows), then the float32-ratio step.")
+
+
+# -- other sources of randomness ---------------------------------------------------------------------
+
+def _one_row_global(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """A batch-1 step on torch's global generator (as transformers' ``_speculative_sampling``)."""
+    k = tokens.shape[0]
+    u = torch.rand(k, dtype=torch.float64)
+    pi, qi = p[:k].double().gather(1, tokens[:, None])[:, 0], q.double().gather(1, tokens[:, None])[:, 0]
+    n = int(_leading((u * qi < pi)[None])[0])
+    rows = _final_rows(p[None], q[None], torch.tensor([n]))
+    last = torch.multinomial(rows, 1)[0]
+    return _assemble(tokens[None], torch.tensor([n]), last)[0]
+
+
+def global_rng_per_row(target_probs, draft_probs, draft_tokens, generator):
+    """A per-row loop over a batch-1 function drawing from torch's global generator; it ignores
+    the generator it is handed, so it is exact but does not reproduce under the audit's seed."""
+    return torch.stack([_one_row_global(target_probs[b], draft_probs[b], draft_tokens[b])
+                        for b in range(draft_tokens.shape[0])])
+
+
+def numpy_unseeded(target_probs, draft_probs, draft_tokens, generator):
+    """Exact, with every random number from an unseeded numpy Generator (fresh OS entropy): it
+    ignores the generator it is handed, so nothing exactcheck forces reaches it."""
+    rng = np.random.default_rng()
+    batch, k = draft_tokens.shape
+    u = torch.from_numpy(rng.random((batch, k)))
+    p, q = _at(target_probs, draft_tokens).double().cpu(), _at(draft_probs, draft_tokens).double().cpu()
+    n = _leading(u * q < p)
+    rows = _final_rows(target_probs.cpu(), draft_probs.cpu(), n).numpy()
+    v = rng.random(batch)
+    cdf = rows.cumsum(1)
+    last = np.minimum((cdf <= (v * cdf[:, -1])[:, None]).sum(1),
+                      rows.shape[1] - 1 - (rows[:, ::-1] > 0).argmax(1))
+    return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
+
+
+CORRECT_VERIFIERS = {f.__name__: f for f in (
+    mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
+    gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual,
+    logits_float32_softmax, logits_native_softmax, global_rng_per_row, numpy_unseeded)}
+"""Name -> exact verifier. Each is importable as ``exactcheck.corpus.verifiers:NAME``."""
+
+REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded")
+"""Corpus members whose only finding should be in the reproducibility category (they ignore the
+generator they are handed)."""

@@ -1,0 +1,215 @@
+"""Trust: no finding on correct code, and every finding says how reachable it is.
+
+Each test here failed on the code before the trust work (issues 12, 19, 20): forced values a
+draw cannot return, one uniform convention assumed, a precision-blind tie margin, draws the
+forcing never reached, joint-forcing events of probability 2^(-24 V), cache-free generators,
+and subjects that cannot be driven.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from exactcheck import run_audit
+from exactcheck.cli import main
+from exactcheck.contract import from_logits
+from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY, float32_ratio_strict,
+                                         gumbel_max_residual, jit_residual, logits_native_softmax,
+                                         mirrored_uniform_product, numpy_unseeded)
+from exactcheck.mutants import mutant
+from exactcheck.properties import check_property, search
+from exactcheck.randomness import controlled_randomness, deliverable
+from exactcheck.reachability import FLOOR
+from exactcheck.strategies import VerifyCase
+from exactcheck.verdict import Category, Outcome
+
+FAST_WORLDS = ["three_token", "properties", "inputs"]
+
+
+def test_forced_values_are_values_the_draw_can_return():
+    gen = torch.Generator().manual_seed(0)
+    with controlled_randomness("one_minus_ulp", generators=[gen]) as log:
+        u32 = torch.rand(3, generator=gen)
+        u64 = torch.rand(3, dtype=torch.float64, generator=gen)
+        e32 = torch.empty(2).exponential_(generator=gen)
+    assert float(u32.max()) == 1 - 2 ** -24 and float(u32.max()) < 1.0
+    assert float(u64.max()) == 1 - 2 ** -53
+    assert bool(torch.isfinite(e32).all())  # -log(1 - u) of a deliverable u is finite
+    assert {d.value for d in log.draws} == {1 - 2 ** -24, 1 - 2 ** -53}
+    assert deliverable(0.3, torch.float32) * 2 ** 24 == math.floor(0.3 * 2 ** 24)
+    assert log.complete  # the forced draws moved no generator
+
+
+def test_forcing_leaves_generators_alone_and_sees_escaped_draws():
+    gen = torch.Generator().manual_seed(1)
+    before = gen.get_state()
+    with controlled_randomness("zero", generators=[gen]) as log:
+        torch.rand(4, generator=gen)
+        torch.multinomial(torch.tensor([0.2, 0.8]), 1, generator=gen)
+    assert torch.equal(before, gen.get_state()) and log.complete
+    with controlled_randomness("zero", generators=[gen]) as log:
+        torch.randn(2, generator=gen)  # uncontrolled: counted, and the generator moved
+    assert not log.complete and "torch.randn" in log.describe_escapes()
+    with controlled_randomness("zero", generators=[gen]) as log:
+        jit_residual(*VerifyCase(4, 2, 2, "dirichlet", "independent", "any", 0).tensors(), gen)
+    assert any("TorchScript" in e for e in log.escaped)
+
+
+@pytest.mark.parametrize("name", [n for n in CORRECT_VERIFIERS if n != "compiled_residual"])
+def test_correct_corpus_has_no_exactness_finding(name):
+    """Every exact verifier in the corpus: no deterministic exactness finding (the properties,
+    the invalid-input probe) and an exact three-token law, at the quick level."""
+    audit = run_audit(CORRECT_VERIFIERS[name], level="quick", seed=0, worlds=FAST_WORLDS, progress=False)
+    exactness = [v for v in audit.verdicts if v.outcome.failed and v.category is Category.EXACTNESS]
+    assert not exactness, [v.describe() for v in exactness]
+    assert audit.passed
+    others = {v.check for v in audit.verdicts if v.outcome.failed}
+    assert others <= ({"properties/same_seed"} if name in REPRODUCIBILITY_ONLY else set()), others
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CORRECT_VERIFIERS))
+def test_correct_corpus_passes_the_whole_quick_audit(name):
+    audit = run_audit(CORRECT_VERIFIERS[name], level="quick", seed=0, progress=False)
+    assert audit.passed, [v.describe() for v in audit.failed]
+
+
+def test_the_two_first_false_findings_are_gone():
+    """float32 uniforms with u < min(1, p/q) under one_minus_ulp, and u = 1 - rand with
+    u * q <= p under uniform 0: both judged, neither flagged (issue 12, cases 1 and 2)."""
+    case = VerifyCase(3, 2, 1, "dirichlet", "independent", "any", 7)
+    for subject, value in ((float32_ratio_strict, "one_minus_ulp"), (mirrored_uniform_product, "zero")):
+        assert check_property(subject, "acceptance", case, value) is None
+    assert search(mirrored_uniform_product, "acceptance", 40, 0).failure is None
+
+
+def test_tie_margin_follows_the_precision_handed_in():
+    """fp16 / bf16 rows, given to a verifier that takes logits and softmaxes them in their own
+    dtype: ratios move by ~1e-3, and no acceptance decision is called wrong (issue 12, case 3)."""
+    for dtype in ("float16", "bfloat16"):
+        for relation in ("equal", "independent", "nearly_equal"):
+            case = VerifyCase(8, 3, 3, "dirichlet", relation, "any", 3, dtype)
+            for value in ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus"):
+                assert check_property(logits_native_softmax, "acceptance", case, value) is None
+    # and the mutant that computes p/q in float16 on float32 rows is still caught
+    assert search(mutant("ratio_in_half_precision"), "acceptance", 50, 0).failure is not None
+
+
+def test_from_logits_adds_no_error_of_its_own():
+    rows = torch.tensor([[0.1, 0.2, 0.7]], dtype=torch.float16)
+    seen = {}
+
+    def grab(target_logits, draft_logits, draft_tokens, generator):
+        seen["logits"] = target_logits
+        return torch.zeros(1, 2, dtype=torch.int64)
+
+    from_logits(grab)(rows[None].expand(1, 2, 3), rows[None], torch.zeros(1, 1, dtype=torch.int64), None)
+    assert seen["logits"].dtype == torch.float16
+    assert torch.equal(seen["logits"][0, 0], torch.log(rows[0].double()).to(torch.float16))
+
+
+def test_escaped_draws_make_a_property_inconclusive_never_a_defect():
+    audit = run_audit(jit_residual, level="quick", seed=0, worlds=["properties"], progress=False)
+    verdicts = {v.check: v for v in audit.verdicts}
+    assert verdicts["properties/row_independence"].outcome is Outcome.INCONCLUSIVE
+    assert "TorchScript" in verdicts["properties/row_independence"].summary
+    assert audit.passed
+
+
+def test_gumbel_max_passes_and_exponential_race_nan_is_found_with_one_draw():
+    assert search(gumbel_max_residual, "no_forbidden_token", 50, 0).failure is None
+    found = search(mutant("exponential_race_nan"), "no_forbidden_token", 50, 0).failure
+    assert found is not None
+    reach = found.reachability
+    assert reach.draws == 1 and len(found.forced) == 1
+    assert reach.draw_function == "Tensor.exponential_" and reach.dtype == "float32"
+    assert 2 ** -26 <= reach.probability <= 2 ** -24
+
+
+def all_zero_race(target_probs, draft_probs, draft_tokens, generator):
+    """Exact except when all of (at least 8) float32 uniforms are exactly 0 at once: then it
+    emits token 0 whatever its probability (a joint-forcing event of probability 2^-192)."""
+    out = mirrored_uniform_product(target_probs, draft_probs, draft_tokens, generator)
+    u = torch.rand(out.shape[0], max(target_probs.shape[-1], 8), generator=generator)
+    stuck = (u == 0).all(1)
+    out[stuck, 0] = 0
+    out[stuck, 1:] = -1
+    return out
+
+
+def test_a_joint_forcing_event_is_unreachable_boundary_behaviour():
+    result = search(all_zero_race, "no_forbidden_token", 30, 0)
+    assert result.failure is None and result.unreachable is not None
+    reach = result.unreachable.reachability
+    assert reach.draws >= 8 and reach.probability < FLOOR and not reach.reachable
+    audit = run_audit(all_zero_race, level="quick", seed=0, worlds=["properties/no_forbidden_token"],
+                      progress=False)
+    (verdict,) = audit.verdicts
+    assert verdict.outcome is Outcome.UNREACHABLE and audit.passed
+    assert verdict.reachability.probability < FLOOR
+
+
+def test_every_deterministic_finding_carries_its_reachability():
+    audit = run_audit(mutant("accept_on_equal_uniform"), level="quick", seed=0,
+                      worlds=["properties/no_forbidden_token"], progress=False)
+    (verdict,) = audit.verdicts
+    data = verdict.to_dict()
+    assert data["reachability"]["per_draw_probability"] == 2 ** -53
+    assert data["reachability"]["draws"] == 1 and data["reachability"]["dtype"] == "float64"
+    assert "2^-53" in verdict.describe()
+    assert "impossible for an exact subject" not in verdict.describe()
+
+
+def test_reproducibility_is_its_own_category(capsys):
+    args = ["audit", "exactcheck.corpus.verifiers:numpy_unseeded", "--level", "quick", "--quiet",
+            "--world", "three_token", "--world", "properties"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "reproducibility finding" in out and "properties/same_seed" in out
+    assert "unseeded numpy Generator" in out
+    assert main(args + ["--require", "reproducible"]) == 1
+    audit = run_audit(numpy_unseeded, level="quick", seed=0, worlds=["properties/same_seed"], progress=False,
+                      require=["reproducible"])
+    assert not audit.passed and audit.failed[0].category is Category.REPRODUCIBILITY
+
+
+def wrong_signature(target_probs, draft_probs):
+    return target_probs
+
+
+def always_raises(target_probs, draft_probs, draft_tokens, generator):
+    raise RuntimeError("kernel launch failed")
+
+
+@pytest.mark.parametrize("subject", ["wrong_signature", "always_raises"])
+def test_a_subject_that_cannot_be_driven_exits_2_with_its_frames(subject, capsys):
+    code = main(["audit", f"test_trust:{subject}", "--level", "quick", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "could not be driven" in err
+    if subject == "always_raises":
+        assert "test_trust.py:" in err and "in always_raises" in err
+    audit = run_audit(always_raises, level="quick", seed=0, worlds=["three_token", "inputs"], progress=False)
+    inputs = next(v for v in audit.verdicts if v.check == "inputs/invalid")
+    assert inputs.outcome is Outcome.INCONCLUSIVE and "valid base case" in inputs.summary
+
+
+def test_crash_verdict_shows_the_subjects_frames(tmp_path):
+    audit = run_audit(always_raises, level="quick", seed=0, worlds=["three_token"], progress=False)
+    crash = next(v for v in audit.verdicts if v.outcome is Outcome.CRASHED)
+    assert any("in always_raises" in frame for frame in crash.traceback)
+    assert "raised at" in crash.describe()
+    from exactcheck.report import audit_to_json
+    assert any("always_raises" in f for f in json.loads(json.dumps(audit_to_json(audit)))["verdicts"][0]["traceback"])
+
+
+def test_cache_free_generator_gets_no_rollback_finding():
+    pytest.importorskip("transformers")
+    from exactcheck.corpus.generators import CacheFreeLoop
+    from exactcheck.generator_audit import run_generator_audit
+    audit = run_generator_audit(CacheFreeLoop(), level="quick", generations=200, worlds=["hf_v4_l3_k2"],
+                                greedy=False, progress=False)
+    rollback = next(v for v in audit.verdicts if v.law == "cache_rollback")
+    assert rollback.outcome is Outcome.INCONCLUSIVE and rollback.summary.startswith("not applicable")
+    assert audit.passed
