@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
     import torch
     torch.set_num_threads(1)  # one core per worker: timings stay comparable across --jobs
-    from exactcheck.verdict import Category, Outcome
+    from exactcheck.report.verdict import Category, Outcome
     start = time.perf_counter()
     if kind == "verifier":
         from exactcheck import run_audit
@@ -35,7 +35,7 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
         audit = run_audit(CORRECT_VERIFIERS[name], level=level, seed=seed, progress=False)
     else:
         from exactcheck.corpus.generators import correct_generators
-        from exactcheck.generator_audit import run_generator_audit
+        from exactcheck.e2e.audit import run_generator_audit
         audit = run_generator_audit(correct_generators()[name], level=level, seed=seed, progress=False)
     failed = [v for v in audit.verdicts if v.outcome.failed]
     exactness = [v for v in failed if v.category is Category.EXACTNESS]

@@ -18,9 +18,9 @@ import math
 import numpy as np
 
 from exactcheck.audit import _apply_holm
-from exactcheck.generator import SAMPLING
-from exactcheck.generator_audit import _law_verdicts
-from exactcheck.generator_drive import GeneratorSamples
+from exactcheck.e2e.generator import SAMPLING
+from exactcheck.e2e.audit import _law_verdicts
+from exactcheck.e2e.drive import GeneratorSamples
 from toy_models.hf_toy_lm import model_worlds
 
 ALPHAS = (1e-3, 1e-2, 5e-2, 1e-1)

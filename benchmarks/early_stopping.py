@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from exactcheck import run_audit
-from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
+from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,14 +37,14 @@ import time
 import numpy as np
 import torch
 
-from exactcheck.drive import drive_steps
+from exactcheck.step.drive import drive_steps
 from exactcheck.errors import ContractViolation, SubjectCrashed
-from exactcheck.laws import compare, planned_laws
-from exactcheck.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMass, LeakyResidual,
+from exactcheck.stats.laws import compare, planned_laws
+from exactcheck.step.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMass, LeakyResidual,
                                 ScaledAcceptance)
-from exactcheck.reference import reference_verifier
-from exactcheck.sequential import EProcess, batch_schedule
-from exactcheck.statistics import goodness_of_fit, holm, pooling
+from exactcheck.step.reference import reference_verifier
+from exactcheck.stats.sequential import EProcess, batch_schedule
+from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, pooling
 from exactcheck.suite import derive_seed
 from toy_models.step_worlds import long_tail
 
@@ -96,7 +96,7 @@ def vllm_v2_chi2_fails(first: np.ndarray, p: np.ndarray, n: int) -> bool:
 # ---- exactcheck on this world ----------------------------------------------------------------
 
 def exactcheck_fails(world, plans, outputs: torch.Tensor, n: int) -> bool:
-    from exactcheck.drive import StepSamples
+    from exactcheck.step.drive import StepSamples
     samples = StepSamples(world, outputs[:n], outputs[:n, :-1], 0, 1)
     pvalues = []
     for plan in plans:
@@ -108,7 +108,7 @@ def exactcheck_fails(world, plans, outputs: torch.Tensor, n: int) -> bool:
 
 def exactcheck_sequential(world, plans, outputs: torch.Tensor, n: int) -> int | None:
     """Samples at which the audit's sequential procedure flags a defect; None if it never does."""
-    from exactcheck.drive import StepSamples
+    from exactcheck.step.drive import StepSamples
     processes = [EProcess(plan.expected, n * plan.condition_probability) for plan in plans]
     totals = [np.zeros(plan.expected.size, dtype=np.int64) for plan in plans]
     threshold = math.log(2 * len(plans) / ALPHA)

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from exactcheck.drive import drive_sequences
+from exactcheck.step.drive import drive_sequences
 from exactcheck.memory import keep_freed_memory
-from exactcheck.reference import reference_verifier
+from exactcheck.step.reference import reference_verifier
 from toy_models import make_context_world
 
 

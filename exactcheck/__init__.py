@@ -1,34 +1,51 @@
 """exactcheck: audit speculative-decoding implementations for exactness, with stated error rates.
 
-Pipeline: world (``toy_models``) -> ``drive`` -> samples -> ``laws`` -> ``statistics`` ->
-``Verdict`` -> ``report``. ``run_audit`` runs it all for one step-level verifier;
-``exactcheck.generator_audit.run_generator_audit`` for an end-to-end generator (needs transformers,
-imported on use).
+The pipeline, one subpackage a stage: worlds (``toy_models``) -> ``step.drive`` / ``e2e.drive``
+-> samples -> ``stats`` (exact laws, goodness of fit, e-processes, planning) -> ``report.verdict``
+-> ``report`` (JSON, Markdown, HTML). ``exactcheck.plan`` decides what an audit runs and how alpha
+is split; ``run_audit`` executes a step-level verifier audit, ``run_generator_audit`` an
+end-to-end one (needs transformers).
+
+The names below are imported on first use, so ``import exactcheck`` (and the pytest plugin, and
+``exactcheck --help``) costs no torch import.
 """
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
 
-from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit  # noqa: E402
-from exactcheck.contract import PADDING, Verifier, from_logits, validate_output  # noqa: E402
-from exactcheck.errors import (  # noqa: E402
-    ContractViolation, ExactcheckError, SubjectCrashed, SubjectError, UsageError, Violation,
-)
-from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, Generation, Generator  # noqa: E402
-from exactcheck.mutants import MUTANTS  # noqa: E402
-from exactcheck.reference import ReferenceVerifier, reference_verifier  # noqa: E402
-from exactcheck.suite import Level  # noqa: E402
-from exactcheck.verdict import Outcome, Verdict  # noqa: E402
+_PUBLIC = {
+    "run_audit": "exactcheck.audit", "AuditResult": "exactcheck.audit",
+    "DEFAULT_ALPHA": "exactcheck.plan", "Level": "exactcheck.plan", "AuditOptions": "exactcheck.plan",
+    "AuditPlan": "exactcheck.plan", "plan_step_audit": "exactcheck.plan",
+    "plan_generator_audit": "exactcheck.plan",
+    "PADDING": "exactcheck.step.contract", "Verifier": "exactcheck.step.contract",
+    "from_logits": "exactcheck.step.contract", "validate_output": "exactcheck.step.contract",
+    "ContractViolation": "exactcheck.errors", "ExactcheckError": "exactcheck.errors",
+    "SubjectCrashed": "exactcheck.errors", "SubjectError": "exactcheck.errors",
+    "UsageError": "exactcheck.errors", "Violation": "exactcheck.errors",
+    "GREEDY": "exactcheck.e2e.generator", "SAMPLING": "exactcheck.e2e.generator",
+    "DecodingPolicy": "exactcheck.e2e.generator", "Generation": "exactcheck.e2e.generator",
+    "Generator": "exactcheck.e2e.generator",
+    "MUTANTS": "exactcheck.step.mutants",
+    "ReferenceVerifier": "exactcheck.step.reference", "reference_verifier": "exactcheck.step.reference",
+    "Outcome": "exactcheck.report.verdict", "Category": "exactcheck.report.verdict",
+    "Verdict": "exactcheck.report.verdict",
+    "run_generator_audit": "exactcheck.e2e.audit",
+}
 
-__all__ = [
-    "AuditResult", "ContractViolation", "DEFAULT_ALPHA", "DecodingPolicy", "ExactcheckError", "GREEDY",
-    "Generation", "Generator", "Level", "MUTANTS", "SAMPLING",
-    "Outcome", "PADDING", "ReferenceVerifier", "SubjectCrashed", "SubjectError", "UsageError",
-    "Verdict", "Verifier", "Violation", "from_logits", "reference_verifier", "run_audit",
-    "validate_output", "run_generator_audit", "__version__",
-]
+__all__ = sorted(_PUBLIC) + ["__version__"]
 
 
 def __getattr__(name: str):
-    if name == "run_generator_audit":  # imports transformers, so only on use
-        from exactcheck.generator_audit import run_generator_audit
-        return run_generator_audit
-    raise AttributeError(f"module 'exactcheck' has no attribute {name!r}")
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exactcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -17,28 +17,25 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
-from exactcheck.contract import Verifier
-from exactcheck.drive import drive
+from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
+from exactcheck.step.contract import Verifier
+from exactcheck.step.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
-from exactcheck.invalid_inputs import MUST_REFUSE, InputProbe, probe_invalid_inputs
-from exactcheck.laws import LawComparison, LawPlan, compare, planned_laws
-from exactcheck.planning import default_plan
-from exactcheck.sequential import EProcess, batch_schedule
+from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
+from exactcheck.stats.laws import LawComparison, LawPlan, compare, planned_laws
+from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.progress import Progress
-from exactcheck.statistics import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
-from exactcheck.properties import FORCED_VALUES as FORCED_VALUE_NAMES
-from exactcheck.properties import PROPERTIES, PropertyResult, reproducer, search
-from exactcheck.reachability import Reachability, observed_in, structural
-from exactcheck.suite import Level, default_worlds, derive_seed, large_worlds
-from exactcheck.verdict import Category, CellDeviation, Outcome, Verdict
+from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
+from exactcheck.step.properties import FORCED_VALUES as FORCED_VALUE_NAMES
+from exactcheck.step.properties import PropertyResult, reproducer, search
+from exactcheck.reachability import observed_in, structural
+from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
+                             derive_seed, plan_step_audit)
+from exactcheck.suite import default_worlds, large_worlds
+from exactcheck.report.verdict import Category, CellDeviation, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path",
-           "resolve_require", "DEFAULT_REQUIRE"]
-
-DEFAULT_ALPHA = 1e-3
-DEFAULT_REQUIRE = (Category.EXACTNESS.value,)
+__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path", "DEFAULT_REQUIRE"]
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
 
@@ -95,22 +92,6 @@ class AuditResult:
             return None
         return min(self.failed, key=lambda v: (v.adjusted_pvalue if v.adjusted_pvalue is not None
                                                else 0.0, -(v.tv_estimate or 0.0)))
-
-
-def _resolve_level(level: Level | str) -> Level:
-    try:
-        return level if isinstance(level, Level) else Level(level)
-    except ValueError:
-        raise UsageError(f"level ({level!r}) must be one of quick, standard, release") from None
-
-
-def resolve_require(require) -> tuple[str, ...]:
-    """The categories an audit gates on: exactness always, plus those named."""
-    try:
-        named = {Category.parse(r).value for r in (require or ())}
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return tuple(c.value for c in Category if c.value in named | {Category.EXACTNESS.value})
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -173,17 +154,18 @@ class _WorldRun:
         return self.failure is not None or self.drawn >= self.budget
 
 
-def run_audit(subject: Verifier, *, subject_name: str | None = None,
-              level: Level | str = Level.STANDARD, seed: int = 0, alpha: float = DEFAULT_ALPHA,
-              device: str | torch.device = "cpu", worlds: list[str] | None = None,
-              properties: bool = True, progress: bool = True, stop_early: bool = True,
-              detect_tv: float | None = None, max_samples: int | None = None,
-              require=DEFAULT_REQUIRE) -> AuditResult:
+def run_audit(subject: Verifier, *, subject_name: str | None = None, options: AuditOptions | None = None,
+              progress: bool = True, **settings) -> AuditResult:
     """Audit a step-level verifier on the built-in worlds and return every verdict.
 
+    ``options`` (an ``AuditOptions``), or its fields as keywords: ``level`` (default quick),
+    ``seed``, ``alpha``, ``device``, ``worlds``, ``properties``, ``stop_early``, ``detect_tv``,
+    ``max_samples``, ``require``. ``plan_step_audit`` decides what runs and how alpha is split
+    (``exactcheck.plan``); this function executes that plan.
+
     The budget: every world gets the trials its laws need to detect ``detect_tv`` (default: the
-    level's) with power 0.9 at their share of alpha, at most ``max_samples`` (default: the
-    level's cap); see ``exactcheck.planning``.
+    level's) with power 0.9 at their Holm share of alpha, at most ``max_samples`` (default: the
+    level's cap); see ``exactcheck.stats.planning``.
 
     ``stop_early=True`` drives the worlds in growing batches, round robin, and stops the whole
     audit the first time an anytime-valid e-process shows a defect (half of alpha, Bonferroni)
@@ -191,52 +173,50 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
     fixed-budget Pearson test under Holm with the other half. ``stop_early=False`` drives each
     world once to its budget and spends all of alpha on Holm.
 
-    ``properties=False`` skips the deterministic property search (``exactcheck.properties``);
+    ``properties=False`` skips the deterministic property search (``exactcheck.step.properties``);
     it cannot change the false-alarm rate, which only the statistical checks spend.
 
     ``require``: the finding categories that fail the audit (exactness always; add
     "reproducible" and/or "input-handling"); findings in other categories are reported only."""
-    required = resolve_require(require)
+    if options is None:
+        options = AuditOptions.build(**settings)
+    elif settings:
+        raise UsageError(f"give options or keyword settings, not both ({sorted(settings)})")
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
-    if not 0 < alpha < 1:
-        raise UsageError(f"alpha ({alpha}) must be in (0, 1)")
-    level, device = _resolve_level(level), _resolve_device(device)
-    target_tv = level.detect_tv if detect_tv is None else detect_tv
-    if not 0 < target_tv <= 1:
-        raise UsageError(f"detect_tv ({detect_tv}) must be in (0, 1]")
-    cap = level.max_samples if max_samples is None else int(max_samples)
-    if cap < 1:
-        raise UsageError(f"max_samples ({max_samples}) must be positive")
+    device = _resolve_device(options.device)
+    return run_plan(subject, plan_step_audit(options), subject_name, device, progress)
+
+
+def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None = None,
+             device: torch.device = torch.device("cpu"), progress: bool = True) -> AuditResult:
+    """Execute a step-audit plan (``exactcheck.plan.plan_step_audit``) on ``subject``."""
+    options, budget = audit_plan.options, audit_plan.budget
+    level, seed, stop_early = options.level, options.seed, options.stop_early
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
-    chosen, chains, searched = _select(worlds, properties)
-    # planned on every built-in world, so a world's budget (and its samples) is the same when
-    # it is audited alone with --world
-    budget = default_plan(target_tv, alpha, cap, level.min_samples)
+    worlds_by_name = {w.name: w for w in default_worlds()}
+    kinds = {c.world: c.kind for c in audit_plan.checks}
+    chains = [w for w in large_worlds() if kinds.get(w.name) is CheckKind.CHAIN_RULE]
+    searched = [c.law for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
     runs = []
-    for world in chosen:
-        n = budget.samples(world.name)
+    for world_name, n in audit_plan.samples:
+        if kinds.get(world_name) is not CheckKind.LAW:
+            continue
+        world = worlds_by_name[world_name]
         plans = planned_laws(world, n)
         world_seed = derive_seed(seed, world.name)
         runs.append(_WorldRun(
             world, world_seed, n, plans, batch_schedule(n) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
             [EProcess(p.expected, n * p.condition_probability) if stop_early else None for p in plans]))
-    checks = sum(len(r.plans) for r in runs) + len(chains) * len(CHAIN_RULE_TESTS)
-    holm_alpha = alpha / 2 if stop_early else alpha
-    first_share = holm_alpha / max(checks, 1)
-    threshold = math.log(2 * max(checks, 1) / alpha)  # e-value bar: Bonferroni at alpha / 2
+    threshold = budget.log_e_threshold
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     bar = Progress(sum(len(r.batches) for r in runs) + len(chains) + len(searched) + bool(searched),
                    enabled=progress)
 
     def reproduce(world: str) -> str:
-        if ":" in name:  # an importable MODULE:CALLABLE
-            return (f"exactcheck audit {name} --level {level.value} --seed {seed} "
-                    f"--alpha {alpha:g} --world {world}" + ("" if stop_early else " --no-stop-early"))
-        return (f"run_audit({name}, level={level.value!r}, seed={seed}, alpha={alpha:g}, "
-                f"worlds=[{world!r}]" + (")" if stop_early else ", stop_early=False)"))
+        return options.reproduce(name, world)
 
     evident: tuple[_WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
@@ -271,7 +251,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
             pending.append(run.failure)
             continue
         for i, plan in enumerate(run.plans):
-            pending.append(_law_verdict(run, i, base, first_share, alpha, checks, evident))
+            pending.append(_law_verdict(run, i, base, budget, evident))
 
     for world in chains:
         pending.extend(_chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
@@ -284,58 +264,30 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None,
         pending.append(_property_verdict(result, name, prop_seed, reproduce(f"properties/{prop}")))
         bar.step(f"properties/{prop}")
 
-    if properties and (not worlds or "inputs" in worlds):
+    if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks):
         pending.append(_inputs_verdict(subject, seed, reproduce("inputs")))
         bar.step("inputs")
 
-    verdicts = keep_plots_where_needed(_apply_holm(pending, alpha, holm_alpha))
+    verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     stopped = None
     if evident:
         run, i = evident
         stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
     return AuditResult(
-        subject=name, level=level.value, seed=seed, alpha=alpha, device=str(device),
+        subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
         verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
         environment={"exactcheck": __version__, "torch": torch.__version__,
                      "python": platform.python_version(), "platform": platform.platform()},
-        detect_tv=target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
-        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=required)
+        detect_tv=options.target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
+        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=options.require)
 
 
-def _select(worlds: list[str] | None, properties: bool):
-    """(step/context worlds, chain-rule worlds, properties) an audit with these options runs."""
-    chosen = default_worlds()
-    chains = []
-    searched = list(PROPERTIES) if properties else []
-    if worlds:
-        large = large_worlds()
-        known = ([w.name for w in chosen] + [w.name for w in large] + ["properties", "inputs"]
-                 + [f"properties/{p}" for p in PROPERTIES])
-        unknown = set(worlds) - set(known)
-        if unknown:
-            raise UsageError(f"unknown world(s) {sorted(unknown)}; known: {known}")
-        chosen = [w for w in chosen if w.name in worlds]
-        chains = [w for w in large if w.name in worlds]
-        searched = [p for p in searched if f"properties/{p}" in worlds or "properties" in worlds]
-    return chosen, chains, searched
-
-
-def planned_checks(level: Level | str = Level.STANDARD, alpha: float = DEFAULT_ALPHA,
-                   worlds: list[str] | None = None, properties: bool = True,
-                   detect_tv: float | None = None, max_samples: int | None = None) -> list[str]:
-    """The names of the checks ``run_audit`` with these options will report, in its order,
-    without running anything. A world on which the subject crashes or breaks the contract is
-    reported by one ``WORLD/contract`` verdict in place of its laws."""
-    level = _resolve_level(level)
-    chosen, chains, searched = _select(worlds, properties)
-    budget = default_plan(level.detect_tv if detect_tv is None else detect_tv, alpha,
-                          level.max_samples if max_samples is None else int(max_samples), level.min_samples)
-    names = [f"{w.name}/{plan.law}" for w in chosen for plan in planned_laws(w, budget.samples(w.name))]
-    names += [f"{w.name}/{test}" for w in chains for test in CHAIN_RULE_TESTS]
-    names += [f"properties/{p}" for p in searched]
-    if properties and (not worlds or "inputs" in worlds):
-        names.append("inputs/invalid")
-    return names
+def planned_checks(**settings) -> list[str]:
+    """The names of the checks ``run_audit`` with these settings will report, in its order,
+    without running anything (``plan_step_audit(...).names``). A world on which the subject
+    crashes or breaks the contract is reported by one ``WORLD/contract`` verdict in place of its
+    laws."""
+    return plan_step_audit(AuditOptions.build(**settings)).names
 
 
 def _drive_failure(exc: Exception, run: _WorldRun, size: int, reproduce: str) -> Verdict:
@@ -349,12 +301,12 @@ def _drive_failure(exc: Exception, run: _WorldRun, size: int, reproduce: str) ->
     return _failure_verdict(exc, samples=size, **base)
 
 
-def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: float,
-                 checks: int, evident: tuple[_WorldRun, int] | None) -> Verdict:
+def _law_verdict(run: _WorldRun, i: int, base: dict, budget: AlphaBudget,
+                 evident: tuple[_WorldRun, int] | None) -> Verdict:
     """The verdict of law ``i`` of ``run``: an e-process detection, a fixed-budget test (its
     p-value still to go through Holm), or not run to its budget because the audit stopped."""
     plan, counts = run.plans[i], run.counts[i]
-    gof = goodness_of_fit(counts, plan.expected, first_share)
+    gof = goodness_of_fit(counts, plan.expected, budget.first_share)
     common = dict(base, check=f"{run.world.name}/{plan.law}", law=plan.law,
                   condition=plan.condition, samples=gof.samples)
     process = run.processes[i]
@@ -373,7 +325,8 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
                    f"{run.budget:,} planned trials (stopped early)")
         return Verdict(outcome=Outcome.DEFECT, summary=summary, statistic=log_e,
                        statistic_name=E_STATISTIC_NAME, pvalue=e_p,
-                       adjusted_pvalue=min(1.0, 2 * checks * e_p), alpha_share=alpha / (2 * checks),
+                       adjusted_pvalue=min(1.0, e_p / budget.e_share * budget.alpha),
+                       alpha_share=budget.e_share,
                        **tv, **common)
     if run.drawn < run.budget:
         where = "" if evident is None else f" at {evident[0].world.name}" + (
@@ -386,7 +339,7 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, first_share: float, alpha: 
             f"no trial met the condition ({plan.condition}) although the exact law expects "
             "it often; see the accepted_length verdict"), **common)
     return Verdict(outcome=Outcome.EXACT, summary=_statistical_summary(gof),
-                   tv_certificate=tv_certificate(counts, plan.expected, alpha),
+                   tv_certificate=tv_certificate(counts, plan.expected, budget.alpha),
                    statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
                    pvalue=gof.pvalue, **tv, **common)
 
@@ -451,10 +404,8 @@ def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce
         return Verdict(outcome=Outcome.EXACT, pvalue=1.0, reproduce=reproduce, summary=(
             f"held on {result.examples} generated cases{note}"), **common)
     outcome = Outcome.DEFECT
-    frames: tuple[str, ...] = ()
     if result.property == "contract":
-        crashed = failure.message.startswith("subject raised")
-        outcome = Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION
+        outcome = Outcome.CRASHED if failure.crashed else Outcome.CONTRACT_VIOLATION
     record = reproducer(subject, failure, seed)
     value = f" with every uniform {failure.value}" if failure.value else ""
     return Verdict(outcome=outcome, pvalue=0.0, reproducer=record, reachability=failure.reachability,
@@ -500,14 +451,14 @@ def reproducer_path(check: str) -> str:
     return "reproducers/" + check.replace("/", "-") + ".json"
 
 
-def _apply_holm(pending: list[Verdict], alpha: float, holm_alpha: float) -> list[Verdict]:
-    """Holm at ``holm_alpha`` over the fixed-budget statistical checks; adjusted p-values are
-    scaled by alpha / holm_alpha so every verdict compares its adjusted p-value with alpha.
+def _apply_holm(pending: list[Verdict], budget: AlphaBudget) -> list[Verdict]:
+    """Holm at the budget's ``holm_alpha`` over the fixed-budget statistical checks; adjusted
+    p-values are scaled by alpha / holm_alpha so every verdict compares its adjusted p-value with alpha.
     E-process detections arrive decided. Deterministic findings (a forbidden outcome, a broken
     contract, a crash, a property counterexample: p = 0; a property that held: p = 1) cannot
     occur by chance on an exact subject, so they spend none of alpha."""
     out = list(pending)
-    scale = alpha / holm_alpha
+    alpha, holm_alpha, scale = budget.alpha, budget.holm_alpha, budget.holm_scale
     for i, v in enumerate(pending):
         if v.adjusted_pvalue is not None:
             continue

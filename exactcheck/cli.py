@@ -6,57 +6,28 @@ or a mutant went undetected); 2 a usage error or a subject that could not be dri
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
+from typing import TYPE_CHECKING
+
 from exactcheck.errors import UsageError
-from exactcheck.memory import keep_freed_memory
-from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
-from exactcheck.planning import default_plan
-from exactcheck.real_model_audit import REAL_MODELS
-from exactcheck.properties import PROPERTIES, REPRODUCER_SCHEMA, replay_reproducer
-from exactcheck.report import (AUDIT_SCHEMA, audit_to_json, deterministic_finding, render_audit_markdown, render_selftest_markdown,
-                               selftest_to_json, write_report, SELFTEST_SCHEMA)
-from exactcheck.selftest import run_selftest
-from exactcheck.suite import Level, default_worlds, large_worlds
-from exactcheck.verdict import Outcome
+from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL, Level
+from exactcheck.subjects import BUILTIN_GENERATORS, REAL_MODELS, builtin_generators, load_generator, load_subject
 
-__all__ = ["main", "load_subject", "load_generator", "builtin_generators"]
+if TYPE_CHECKING:
+    from exactcheck.audit import AuditResult
 
-EXIT_PASS, EXIT_DEFECT, EXIT_USAGE = 0, 1, 2
+__all__ = ["main"]
+
+EXIT_PASS, EXIT_DEFECT, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DETAILED_FAILURES = 3
 
 
-def load_subject(path: str):
-    """Import ``MODULE:CALLABLE`` (the current directory is importable). A class is
-    instantiated with no arguments."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:
-        raise UsageError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if isinstance(obj, type):
-        obj = obj()
-    if not callable(obj):
-        raise UsageError(f"{path} is not callable")
-    return obj
-
-
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--level", default="standard", choices=[lv.value for lv in Level],
+    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=[lv.value for lv in Level],
                         help="the TV every law is planned to detect: quick 0.05, standard 0.01, "
                              "release 0.003 (see `exactcheck plan`)")
     parser.add_argument("--detect-tv", type=float, metavar="EPS",
@@ -87,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "Audit a speculative-decoding verifier for exactness, with a stated false-alarm rate."))
     sub = parser.add_subparsers(dest="command", required=True)
     audit = sub.add_parser("audit", help="audit one verifier given as MODULE:CALLABLE")
-    audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.reference:reference_verifier")
+    audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.step.reference:reference_verifier")
     audit.add_argument("--world", action="append", metavar="NAME",
                        help="only this world (repeatable); see `exactcheck list`")
     _common(audit)
@@ -96,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     _common(selftest)
     sub.add_parser("list", help="list the worlds and mutants")
     plan = sub.add_parser("plan", help="print the sample budget of an audit without running it")
-    plan.add_argument("--level", default="standard", choices=[lv.value for lv in Level])
+    plan.add_argument("--level", default=DEFAULT_LEVEL, choices=[lv.value for lv in Level])
     plan.add_argument("--detect-tv", type=float, metavar="EPS")
     plan.add_argument("--max-samples", type=int, metavar="N")
     plan.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
@@ -106,9 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the subject to run it against (default: the one that failed)")
     e2e = sub.add_parser("e2e", help="audit an end-to-end generator (transformers generate, a loop) on the "
                                      "toy model worlds: sequence laws, cache rollback, greedy identity")
-    e2e.add_argument("subject", help="a built-in generator (" + ", ".join(builtin_generators()) + ", or "
+    e2e.add_argument("subject", help="a built-in generator (" + ", ".join(BUILTIN_GENERATORS) + ", or "
                      "loop-mutant:NAME) or MODULE:CALLABLE")
-    e2e.add_argument("--level", default="quick", choices=[lv.value for lv in Level],
+    e2e.add_argument("--level", default=DEFAULT_LEVEL, choices=[lv.value for lv in Level],
                      help="sampled generations per world: quick 2,000, standard 8,000, release 40,000")
     e2e.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
     e2e.add_argument("--temperature", type=float, action="append", metavar="T",
@@ -158,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_audit(result: AuditResult) -> None:
+    from exactcheck.report.verdict import Outcome
     status = "PASSED" if result.passed else "FAILED"
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     print(f"exactcheck audit {result.subject}: {status} ({counts}; level {result.level}, "
@@ -185,6 +157,10 @@ def _print_audit(result: AuditResult) -> None:
 
 
 def _audit(args) -> int:
+    from exactcheck.audit import run_audit
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import audit_to_json
+    from exactcheck.report.verdict import Outcome
     subject = load_subject(args.subject)
     result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
                        alpha=args.alpha, device=args.device, worlds=args.world,
@@ -206,6 +182,9 @@ def _audit(args) -> int:
 
 
 def _selftest(args) -> int:
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import deterministic_finding, selftest_to_json
+    from exactcheck.step.selftest import run_selftest
     header = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
               f"{'time':>6}  forced draws / reachability")
     print(header)
@@ -245,37 +224,15 @@ def _selftest(args) -> int:
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
-def load_generator(name: str):
-    """A built-in generator by name, a loop mutant (``loop-mutant:NAME``) or MODULE:CALLABLE."""
-    builtin = builtin_generators()
-    if name in builtin:
-        return builtin[name]
-    if name.startswith("loop-mutant:"):
-        from exactcheck.speculative_loop import LOOP_MUTANTS
-        wanted = name.split(":", 1)[1]
-        for m in LOOP_MUTANTS:
-            if m.name == f"mutant: {wanted}":
-                return m
-        raise UsageError(f"unknown loop mutant {wanted!r}; known: "
-                         f"{[m.name.split(': ')[1] for m in LOOP_MUTANTS]}")
-    return load_subject(name)
-
-
-def builtin_generators() -> dict:
-    from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
-    from exactcheck.speculative_loop import ReferenceSpeculativeLoop
-    return {"reference-loop": ReferenceSpeculativeLoop(), "transformers-assisted": AssistedGeneration(),
-            "transformers-prompt-lookup": PromptLookup(),
-            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
-
-
 def _stem(prefix: str, name: str) -> str:
     return prefix + "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
 
 def _e2e(args) -> int:
-    from exactcheck.generator import DecodingPolicy
-    from exactcheck.generator_audit import run_generator_audit
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import audit_to_json
+    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.e2e.audit import run_generator_audit
     generator = load_generator(args.subject)
     policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
     policies += tuple(_parse_policy(spec) for spec in (args.policy or []))
@@ -291,7 +248,10 @@ def _e2e(args) -> int:
 
 
 def _grammar(args) -> int:
-    from exactcheck.real_grammar_audit import run_grammar_audit
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import audit_to_json
+    from exactcheck.report.verdict import Outcome
+    from exactcheck.e2e.real_grammar import run_grammar_audit
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
                                seed=args.seed, progress=not args.quiet)
     _print_audit(result)
@@ -306,7 +266,7 @@ def _grammar(args) -> int:
 
 def _parse_policy(spec: str):
     """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2)."""
-    from exactcheck.generator import DecodingPolicy
+    from exactcheck.e2e.generator import DecodingPolicy
     kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
     settings = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -324,7 +284,9 @@ def _parse_policy(spec: str):
 
 
 def _greedy(args) -> int:
-    from exactcheck.real_model_audit import run_greedy_audit
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import audit_to_json
+    from exactcheck.e2e.real_models import run_greedy_audit
     generator = load_generator(args.subject)
     result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
                               per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet)
@@ -337,6 +299,8 @@ def _greedy(args) -> int:
 
 
 def _gate(args) -> int:
+    from exactcheck.report.files import write_report
+    from exactcheck.report.json_md import audit_to_json
     from exactcheck import gate
     config = Path(args.config)
     subjects = gate.read_config(config, level=args.level)
@@ -364,6 +328,10 @@ def _gate(args) -> int:
 
 
 def _list(_args) -> int:
+    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
+    from exactcheck.step.properties import PROPERTIES
+    from exactcheck.subjects import REAL_MODELS
+    from exactcheck.suite import default_worlds, large_worlds
     print("worlds:")
     for w in default_worlds():
         print(f"  {w.name:<26} {w.description}")
@@ -373,9 +341,9 @@ def _list(_args) -> int:
     print("properties (deterministic, forced random numbers):")
     for name in PROPERTIES:
         print(f"  properties/{name}")
-    from exactcheck.speculative_loop import LOOP_MUTANTS
+    from exactcheck.e2e.loop import LOOP_MUTANTS
     try:
-        from exactcheck.generator_audit import all_model_worlds as model_worlds
+        from exactcheck.e2e.audit import all_model_worlds as model_worlds
     except ImportError:  # transformers is not installed: no end-to-end worlds
         model_worlds = tuple
     print("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
@@ -393,11 +361,12 @@ def _list(_args) -> int:
         print(f"  {m.name:<26} {m.defect}")
     print("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
     for m in SMALL_BIAS_MUTANTS.values():
-        print(f"  {m.name:<26} {m.defect} (exactcheck.mutants:{importable_name(m.name)})")
+        print(f"  {m.name:<26} {m.defect} (exactcheck.step.mutants:{importable_name(m.name)})")
     return EXIT_PASS
 
 
 def _plan(args) -> int:
+    from exactcheck.stats.planning import default_plan
     level = Level(args.level)
     if not 0 < args.alpha < 1:
         raise UsageError(f"alpha ({args.alpha}) must be in (0, 1)")
@@ -412,21 +381,28 @@ def _plan(args) -> int:
 
 
 def _replay(args) -> int:
+    from exactcheck.report.json_md import AUDIT_SCHEMA
+    from exactcheck.step.properties import REPRODUCER_SCHEMA, replay_reproducer
+    data = _read_json(args.file)
     try:
-        data = json.loads(Path(args.file).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {args.file}: {exc}") from exc
-    records = ([v["reproducer"] for v in data.get("verdicts", []) if v.get("reproducer")]
-               if data.get("schema") == AUDIT_SCHEMA else [data])
+        records = ([v["reproducer"] for v in data.get("verdicts", []) if v.get("reproducer")]
+                   if data.get("schema") == AUDIT_SCHEMA else [data])
+    except (AttributeError, TypeError, KeyError):
+        raise UsageError(f"{args.file} is not an exactcheck reproducer or audit report") from None
     if not records:
         raise UsageError(f"{args.file} holds no reproducer")
     failed = False
     for record in records:
-        if record.get("schema") != REPRODUCER_SCHEMA:
+        if not isinstance(record, dict) or record.get("schema") not in (REPRODUCER_SCHEMA, "exactcheck.reproducer/1"):
             raise UsageError(f"{args.file} is not an exactcheck reproducer or audit report")
-        name = args.subject or record["subject"]
-        failure = replay_reproducer(load_subject(name), record)
-        case = ", ".join(f"{k}={v}" for k, v in record["case"].items())
+        try:
+            name = args.subject or record["subject"]
+            subject = load_subject(name)
+            failure = replay_reproducer(subject, record)
+            case = ", ".join(f"{k}={v}" for k, v in record["case"].items())
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{args.file}: a reproducer field is missing or malformed "
+                             f"({type(exc).__name__}: {exc})") from None
         head = f"{record['property']} on [{case}] with uniforms {record['value']}: "
         print(head + ("still fails\n  " + failure.message if failure else f"holds for {name}"))
         failed = failed or failure is not None
@@ -434,7 +410,8 @@ def _replay(args) -> int:
 
 
 def _render(args) -> int:
-    data = json.loads(Path(args.report).read_text())
+    from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
+    data = _read_json(args.report)
     schema = data.get("schema")
     if schema == SELFTEST_SCHEMA:
         if args.format != "markdown":
@@ -443,13 +420,31 @@ def _render(args) -> int:
         return EXIT_PASS
     if schema != AUDIT_SCHEMA:
         raise UsageError(f"{args.report} is not an exactcheck report (schema {schema!r})")
-    from exactcheck.html_report import render_audit_html, render_pr_comment
+    from exactcheck.report.html import render_audit_html, render_pr_comment
     render = {"markdown": render_audit_markdown, "html": render_audit_html, "pr": render_pr_comment}[args.format]
-    print(render(data), end="" if args.format != "markdown" else "\n")
+    try:
+        text = render(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{args.report}: a report field is missing or malformed ({type(exc).__name__}: {exc})") from None
+    print(text, end="" if args.format != "markdown" else "\n")
     return EXIT_PASS
 
 
+def _read_json(path: str) -> dict:
+    """A JSON object from ``path``, or a one-line ``UsageError`` saying why not."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an exactcheck report or reproducer")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
+    from exactcheck.memory import keep_freed_memory
     args = _parser().parse_args(argv)
     keep_freed_memory()
     try:
@@ -459,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("exactcheck: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

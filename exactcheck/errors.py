@@ -29,8 +29,8 @@ class SubjectError(ExactcheckError):
 
 
 # exactcheck's own driving code: frames here are not the subject's
-_DRIVER_FILES = tuple(os.path.join(os.path.dirname(__file__), name)
-                      for name in ("contract.py", "generator.py", "randomness.py"))
+_DRIVER_FILES = tuple(os.path.join(os.path.dirname(__file__), *name.split("/"))
+                      for name in ("step/contract.py", "e2e/generator.py", "step/randomness.py"))
 MAX_FRAMES = 8
 
 
@@ -53,7 +53,7 @@ class SubjectCrashed(SubjectError):
 
 class Violation(enum.Enum):
     """Ways a subject's output can break its contract: the step contract (vLLM's rejection-sampler
-    layout) or the generator contract (``exactcheck.generator``)."""
+    layout) or the generator contract (``exactcheck.e2e.generator``)."""
 
     NOT_A_TENSOR = "output is not a torch.Tensor"
     WRONG_SHAPE = "output shape is not [B, k+1]"

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from exactcheck.audit import AuditResult
 from exactcheck.errors import UsageError
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL
+from exactcheck.report.verdict import Outcome, Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,9 +102,9 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
             raise UsageError(f"{path}: subject {name!r} has unknown keys {sorted(unknown)}")
         subjects.append(GateSubject(
             name=name, kind=kind, target=str(entry[kind]),
-            level=level or entry.get("level", section.get("level", "quick")),
+            level=level or entry.get("level", section.get("level", DEFAULT_LEVEL)),
             seed=int(entry.get("seed", section.get("seed", 0))),
-            alpha=float(entry.get("alpha", section.get("alpha", 1e-3))),
+            alpha=float(entry.get("alpha", section.get("alpha", DEFAULT_ALPHA))),
             worlds=tuple(entry["worlds"]) if entry.get("worlds") else None,
             exempt=tuple(entry.get("exempt", ())),
             require=_require(path, name, entry.get("require", section.get("require", ())))))
@@ -111,19 +112,29 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
 
 
 def _require(path, name: str, value) -> tuple[str, ...]:
-    from exactcheck.audit import resolve_require
-    values = [value] if isinstance(value, str) else list(value)
+    from exactcheck.plan import AuditOptions
     try:
-        return resolve_require(values)
+        return AuditOptions.build(require=[value] if isinstance(value, str) else list(value)).require
     except UsageError as exc:
         raise UsageError(f"{path}: subject {name!r}: require: {exc}") from None
 
 
 def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None) -> list[GateResult]:
-    """Audit every subject (imports resolve from ``root``, default the current directory)."""
-    from exactcheck.cli import load_generator, load_subject
+    """Audit every subject (imports resolve from ``root``, default the current directory). Every
+    subject is loaded and its options checked before any audit runs, so a mistake in the last
+    one costs no audit time."""
+    from exactcheck.plan import AuditOptions
+    from exactcheck.subjects import load_generator, load_subject
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    loaded = {}
+    for subject in subjects:
+        try:
+            AuditOptions.build(level=subject.level, seed=subject.seed, alpha=subject.alpha,
+                               worlds=subject.worlds, require=subject.require)
+            loaded[subject.name] = (load_subject if subject.kind == "verifier" else load_generator)(subject.target)
+        except UsageError as exc:
+            raise UsageError(f"subject {subject.name!r}: {exc}") from None
     results = []
     for subject in subjects:
         if progress:
@@ -132,12 +143,12 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
         worlds = list(subject.worlds) if subject.worlds else None
         if subject.kind == "verifier":
             from exactcheck.audit import run_audit
-            audit = run_audit(load_subject(subject.target), subject_name=subject.target, level=subject.level,
+            audit = run_audit(loaded[subject.name], subject_name=subject.target, level=subject.level,
                               seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress,
                               require=subject.require)
         else:
-            from exactcheck.generator_audit import run_generator_audit
-            audit = run_generator_audit(load_generator(subject.target), subject_name=subject.target,
+            from exactcheck.e2e.audit import run_generator_audit
+            audit = run_generator_audit(loaded[subject.name], subject_name=subject.target,
                                         level=subject.level, seed=subject.seed, alpha=subject.alpha,
                                         worlds=worlds, progress=progress, require=subject.require)
         results.append(GateResult(subject, audit))
@@ -181,7 +192,7 @@ def junit_xml(results: list[GateResult]) -> str:
 
 
 def gate_json(results: list[GateResult]) -> dict:
-    from exactcheck.report import audit_to_json
+    from exactcheck.report.json_md import audit_to_json
     return {
         "schema": "exactcheck.gate/1",
         "passed": all(r.passed for r in results),

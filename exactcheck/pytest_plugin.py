@@ -77,7 +77,7 @@ def verifier_tests(subject, *, name: str | None = None, worlds=None, level: str 
 
 def generator_tests(subject, *, name: str | None = None, worlds=None, level: str | None = None, **options):
     """A test function that pytest expands into one test per check of an end-to-end generator's
-    audit (``exactcheck.generator_audit.run_generator_audit``; needs transformers)."""
+    audit (``exactcheck.e2e.audit.run_generator_audit``; needs transformers)."""
     return _test_function(_spec(subject, "generator", name, worlds, level, options))
 
 
@@ -111,14 +111,13 @@ def pytest_generate_tests(metafunc):
     if spec is None or _CHECK not in metafunc.fixturenames:
         return
     level, _seed, alpha = _settings(metafunc.config, spec)
+    from exactcheck.plan import AuditOptions, plan_generator_audit, plan_step_audit
     if spec.kind == "verifier":
-        from exactcheck.audit import planned_checks
-        keep = {k: v for k, v in spec.options.items() if k in ("properties", "detect_tv", "max_samples")}
-        names = planned_checks(level, alpha, list(spec.worlds) if spec.worlds else None, **keep)
+        keep = {k: v for k, v in spec.options.items() if k in ("properties", "detect_tv", "max_samples", "stop_early")}
+        names = plan_step_audit(AuditOptions.build(level=level, alpha=alpha, worlds=spec.worlds, **keep)).names
     else:
-        from exactcheck.generator_audit import planned_generator_checks
         keep = {k: v for k, v in spec.options.items() if k in ("policies", "greedy")}
-        names = planned_generator_checks(list(spec.worlds) if spec.worlds else None, **keep)
+        names = plan_generator_audit(AuditOptions.build(level=level, alpha=alpha, worlds=spec.worlds), **keep).names
     metafunc.parametrize(_CHECK, names, ids=names)
 
 
@@ -137,7 +136,7 @@ class ExactcheckSession:
         return self.audits[key]
 
     def _run(self, spec: SubjectSpec, level: str, seed: int, alpha: float):
-        from exactcheck.cli import load_generator, load_subject
+        from exactcheck.subjects import load_generator, load_subject
         subject = spec.subject
         if isinstance(subject, str):
             subject = load_subject(subject) if spec.kind == "verifier" else load_generator(subject)
@@ -148,20 +147,21 @@ class ExactcheckSession:
                                worlds=worlds, progress=False,
                                require=self.config.getoption("exactcheck_require"), **spec.options)
         else:
-            from exactcheck.generator_audit import run_generator_audit
+            from exactcheck.e2e.audit import run_generator_audit
             result = run_generator_audit(subject, subject_name=spec.name if ":" in spec.name else None,
                                          level=level, seed=seed, alpha=alpha, worlds=worlds, progress=False,
                                          require=self.config.getoption("exactcheck_require"), **spec.options)
         directory = self.config.getoption("exactcheck_report")
         if directory:
-            from exactcheck.report import audit_to_json, write_report
+            from exactcheck.report.files import write_report
+            from exactcheck.report.json_md import audit_to_json
             stem = "audit-" + "".join(c if c.isalnum() else "-" for c in spec.name).strip("-")
             write_report(audit_to_json(result), directory, stem)
         return result
 
     def report(self, spec: SubjectSpec, check: str) -> None:
         """Pass, fail (with the verdict) or skip the test of ``check``."""
-        from exactcheck.verdict import Outcome
+        from exactcheck.report.verdict import Outcome
         result = self.audit(spec)
         verdict = next((v for v in result.verdicts if v.check == check), None)
         if verdict is None:  # the world failed as a whole: its contract verdict stands for its laws

@@ -4,7 +4,7 @@ A property breaks under forced random numbers; whether that matters depends on h
 draws produce the trigger. For a forced-value finding the trigger is a set of draws taking one
 value each: its probability per call is the product of the per-draw probabilities of those values
 in the draws' dtypes (a float32 uniform is exactly 0 with probability 2^-24, a float64 one with
-2^-53), over the *fewest* forced draws that still break the property (``exactcheck.properties``
+2^-53), over the *fewest* forced draws that still break the property (``exactcheck.step.properties``
 shrinks the forced set). A finding observed with ordinary random numbers (a law's impossible
 outcome, a cache breach) is reachable at its observed frequency. A structural finding (a row's
 output depends on its batch at identical random numbers) does not hinge on a rare value.

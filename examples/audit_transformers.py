@@ -12,11 +12,12 @@ import torch
 
 from exactcheck import run_audit
 from exactcheck.adapters.hf_transformers import speculative_sampling_verifier
-from exactcheck.contract import validate_output
+from exactcheck.step.contract import validate_output
 from exactcheck.memory import keep_freed_memory
-from exactcheck.randomness import controlled_randomness, value_probability
-from exactcheck.report import audit_to_json, write_report
-from exactcheck.strategies import VerifyCase
+from exactcheck.step.randomness import controlled_randomness, value_probability
+from exactcheck.report.files import write_report
+from exactcheck.report.json_md import audit_to_json
+from exactcheck.step.strategies import VerifyCase
 
 
 def _scenario(verifier, title, p, q, drafts, value):
@@ -70,7 +71,7 @@ def boundary_scenarios(verifier) -> list[dict]:
 
 def _markdown(scenarios: list[dict]) -> str:
     lines = ["", "## Boundary behaviour, measured", "",
-             "Each row: one call with explicit rows and every uniform forced (`exactcheck.randomness`).", "",
+             "Each row: one call with explicit rows and every uniform forced (`exactcheck.step.randomness`).", "",
              "| scenario | what happened |", "|---|---|"]
     for s in scenarios:
         if s["result"] == "raised":

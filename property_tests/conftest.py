@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from exactcheck.selftest import run_selftest
+from exactcheck.step.selftest import run_selftest
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from exactcheck.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain, teacher_forced
-from exactcheck.mutants import SMALL_BIAS_MUTANTS
-from exactcheck.reference import reference_verifier
-from exactcheck.statistics import holm
+from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain, teacher_forced
+from exactcheck.step.mutants import SMALL_BIAS_MUTANTS
+from exactcheck.step.reference import reference_verifier
+from exactcheck.stats.goodness_of_fit import holm
 from toy_models.zipf_world import ZipfWorld, zipf_world
 
 SMALL = ZipfWorld("zipf_v2000_l16_k3", 2_000, 16, 3, 1.1, 5)
@@ -71,7 +71,7 @@ def test_v50000_temperature_error_detected_with_few_sequences():
 
 def test_audit_runs_the_large_world_when_named_and_flags_a_temperature_error():
     from exactcheck import run_audit
-    from exactcheck.mutants import temperature_1_05
+    from exactcheck.step.mutants import temperature_1_05
 
     result = run_audit(temperature_1_05, level="quick", worlds=["zipf_v50000_l64_k4"], progress=False)
     chain = [v for v in result.verdicts if v.world == "zipf_v50000_l64_k4"]

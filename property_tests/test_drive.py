@@ -2,9 +2,9 @@
 import numpy as np
 import torch
 
-from exactcheck.drive import drive_sequences, drive_steps
-from exactcheck.reference import reference_verifier
-from exactcheck.statistics import goodness_of_fit
+from exactcheck.step.drive import drive_sequences, drive_steps
+from exactcheck.step.reference import reference_verifier
+from exactcheck.stats.goodness_of_fit import goodness_of_fit
 from toy_models import context_worlds, step_worlds
 
 
@@ -31,7 +31,7 @@ def test_trust_the_draft_law_is_reproduced_exactly():
     """A verifier that accepts every draft emits k draft tokens (from q), then the bonus (from
     p), and so on: token t comes from p when t % (k+1) == k, else from q. Matching that law
     exactly shows the driver commits tokens and advances states correctly."""
-    from exactcheck.mutants import mutant
+    from exactcheck.step.mutants import mutant
 
     world = context_worlds()[0]
     vocab, length, k = world.vocab_size, world.length, world.draft_length

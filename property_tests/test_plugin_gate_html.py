@@ -78,7 +78,7 @@ def test_gate_on_the_example_exits_1_and_writes_junit(tmp_path, monkeypatch, cap
 def test_gate_exemptions_and_config_errors(tmp_path):
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.exactcheck]\nlevel = "quick"\n\n[[tool.exactcheck.subject]]\n'
-                      'name = "m"\nverifier = "exactcheck.mutants:bonus_argmax"\nworlds = ["three_token"]\n'
+                      'name = "m"\nverifier = "exactcheck.step.mutants:bonus_argmax"\nworlds = ["three_token"]\n'
                       'exempt = ["three_token"]\n')
     subjects = read_config(config)
     assert subjects[0].exempt == ("three_token",) and subjects[0].level == "quick"
@@ -91,10 +91,10 @@ def test_gate_exemptions_and_config_errors(tmp_path):
 
 
 def _failing_report(tmp_path) -> Path:
-    assert main(["audit", "exactcheck.mutants:bonus_argmax", "--level", "quick", "--world", "three_token",
+    assert main(["audit", "exactcheck.step.mutants:bonus_argmax", "--level", "quick", "--world", "three_token",
                  "--world", "random_v8_k4", "--world", "ctx_v4_l5_k4", "--no-stop-early", "--report", str(tmp_path),
                  "--quiet"]) == 1
-    return tmp_path / "audit-exactcheck-mutants-bonus_argmax.json"
+    return tmp_path / "audit-exactcheck-step-mutants-bonus_argmax.json"
 
 
 def test_html_and_pr_comment_of_a_failing_audit(tmp_path, capsys):

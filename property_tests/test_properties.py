@@ -8,12 +8,12 @@ from hypothesis import given, settings
 
 from exactcheck import run_audit
 from exactcheck.cli import main
-from exactcheck.mutants import mutant
-from exactcheck.properties import check_property, replay_reproducer, search
-from exactcheck.randomness import controlled_randomness
-from exactcheck.reference import reference_verifier
-from exactcheck.strategies import VerifyCase, edge_corpus, verify_cases
-from exactcheck.verdict import Outcome
+from exactcheck.step.mutants import mutant
+from exactcheck.step.properties import check_property, replay_reproducer, search
+from exactcheck.step.randomness import controlled_randomness
+from exactcheck.step.reference import reference_verifier
+from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
+from exactcheck.report.verdict import Outcome
 
 EDGE = {  # mutant -> (property, forced value the corpus breaks it with)
     "accept_on_equal_uniform": ("no_forbidden_token", "zero"),
@@ -70,7 +70,7 @@ def test_edge_mutant_fails_its_property_deterministically(name):
 
 def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
     for name, (prop, _) in EDGE.items():
-        result = run_audit(mutant(name), subject_name=f"exactcheck.mutants:{name}", level="quick",
+        result = run_audit(mutant(name), subject_name=f"exactcheck.step.mutants:{name}", level="quick",
                            worlds=["properties"], progress=False)
         verdict = next(v for v in result.failed if v.check == f"properties/{prop}")
         assert verdict.reproducer is not None
@@ -80,15 +80,15 @@ def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
 
 
 def test_replay_command(tmp_path, capsys):
-    assert main(["audit", "exactcheck.mutants:zero_residual_to_vocab", "--level", "quick",
+    assert main(["audit", "exactcheck.step.mutants:zero_residual_to_vocab", "--level", "quick",
                  "--world", "properties/contract", "--report", str(tmp_path), "--quiet"]) == 1
     path = tmp_path / "reproducers" / "properties-contract.json"
     record = json.loads(path.read_text())
     assert record["schema"] == "exactcheck.reproducer/2" and record["inputs"] is not None
     assert main(["replay", str(path)]) == 1
     assert "still fails" in capsys.readouterr().out
-    assert main(["replay", str(path), "--subject", "exactcheck.reference:reference_verifier"]) == 0
-    assert main(["replay", str(tmp_path / "audit-exactcheck-mutants-zero_residual_to_vocab.json")]) == 1
+    assert main(["replay", str(path), "--subject", "exactcheck.step.reference:reference_verifier"]) == 0
+    assert main(["replay", str(tmp_path / "audit-exactcheck-step-mutants-zero_residual_to_vocab.json")]) == 1
 
 
 def test_a_subject_without_row_generators_is_not_judged_on_them():

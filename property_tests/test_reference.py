@@ -3,10 +3,10 @@ import numpy as np
 import torch
 
 from exactcheck import Outcome, reference_verifier, run_audit
-from exactcheck.properties import PROPERTIES, search
-from exactcheck.randomness import controlled_randomness
-from exactcheck.drive import drive
-from exactcheck.laws import step_law_parts
+from exactcheck.step.properties import PROPERTIES, search
+from exactcheck.step.randomness import controlled_randomness
+from exactcheck.step.drive import drive
+from exactcheck.stats.laws import step_law_parts
 from toy_models import step_worlds, three_token
 
 

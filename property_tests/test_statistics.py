@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from exactcheck.statistics import MIN_EXPECTED, detectable_tv, goodness_of_fit, holm, pooling
+from exactcheck.stats.goodness_of_fit import MIN_EXPECTED, detectable_tv, goodness_of_fit, holm, pooling
 
 
 def _binomial_band(n: int, rate: float, tail: float = 1e-4) -> tuple[int, int]:
@@ -89,7 +89,7 @@ def test_holm_matches_its_definition():
 
 
 def test_tv_certificate_covers_the_true_tv_at_its_confidence():
-    from exactcheck.statistics import tv_certificate
+    from exactcheck.stats.goodness_of_fit import tv_certificate
 
     rng = np.random.default_rng(13)
     law = rng.dirichlet(np.full(20, 1.0))

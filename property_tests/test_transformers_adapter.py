@@ -8,9 +8,9 @@ pytest.importorskip("transformers")
 
 from exactcheck import run_audit  # noqa: E402
 from exactcheck.adapters.hf_transformers import speculative_sampling_verifier  # noqa: E402
-from exactcheck.properties import check_property  # noqa: E402
-from exactcheck.strategies import VerifyCase  # noqa: E402
-from exactcheck.verdict import Outcome  # noqa: E402
+from exactcheck.step.properties import check_property  # noqa: E402
+from exactcheck.step.strategies import VerifyCase  # noqa: E402
+from exactcheck.report.verdict import Outcome  # noqa: E402
 
 
 def test_adapter_passes_the_statistical_checks_on_small_worlds():

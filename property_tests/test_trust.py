@@ -13,16 +13,16 @@ import torch
 
 from exactcheck import run_audit
 from exactcheck.cli import main
-from exactcheck.contract import from_logits
+from exactcheck.step.contract import from_logits
 from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY, float32_ratio_strict,
                                          gumbel_max_residual, jit_residual, logits_native_softmax,
                                          mirrored_uniform_product, numpy_unseeded)
-from exactcheck.mutants import mutant
-from exactcheck.properties import check_property, search
-from exactcheck.randomness import controlled_randomness, deliverable
+from exactcheck.step.mutants import mutant
+from exactcheck.step.properties import check_property, search
+from exactcheck.step.randomness import controlled_randomness, deliverable
 from exactcheck.reachability import FLOOR
-from exactcheck.strategies import VerifyCase
-from exactcheck.verdict import Category, Outcome
+from exactcheck.step.strategies import VerifyCase
+from exactcheck.report.verdict import Category, Outcome
 
 FAST_WORLDS = ["three_token", "properties", "inputs"]
 
@@ -200,16 +200,28 @@ def test_crash_verdict_shows_the_subjects_frames(tmp_path):
     crash = next(v for v in audit.verdicts if v.outcome is Outcome.CRASHED)
     assert any("in always_raises" in frame for frame in crash.traceback)
     assert "raised at" in crash.describe()
-    from exactcheck.report import audit_to_json
+    from exactcheck.report.json_md import audit_to_json
     assert any("always_raises" in f for f in json.loads(json.dumps(audit_to_json(audit)))["verdicts"][0]["traceback"])
 
 
 def test_cache_free_generator_gets_no_rollback_finding():
     pytest.importorskip("transformers")
     from exactcheck.corpus.generators import CacheFreeLoop
-    from exactcheck.generator_audit import run_generator_audit
+    from exactcheck.e2e.audit import run_generator_audit
     audit = run_generator_audit(CacheFreeLoop(), level="quick", generations=200, worlds=["hf_v4_l3_k2"],
                                 greedy=False, progress=False)
     rollback = next(v for v in audit.verdicts if v.law == "cache_rollback")
     assert rollback.outcome is Outcome.INCONCLUSIVE and rollback.summary.startswith("not applicable")
     assert audit.passed
+
+
+@pytest.mark.parametrize("content", [None, "{not json", "[1, 2]", '{"schema": "exactcheck.reproducer/2"}',
+                                     '{"schema": "exactcheck.audit/1", "verdicts": 3}'])
+@pytest.mark.parametrize("command", ["render", "replay"])
+def test_misuse_of_render_and_replay_is_one_line_and_exit_2(tmp_path, capsys, command, content):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("exactcheck: error:") and err.count("\n") == 1 and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""transformers' own ``generate`` loop as end-to-end generators (``exactcheck.generator``).
+"""transformers' own ``generate`` loop as end-to-end generators (``exactcheck.e2e.generator``).
 
 - ``AssistedGeneration``: ``target.generate(assistant_model=draft)``, greedy or sampling. The
   drafting settings are set where transformers reads them, on ``draft.generation_config``
@@ -10,7 +10,7 @@
   not used (candidates come from n-grams of the prompt).
 - ``TargetGenerate``: plain ``target.generate`` without a draft, the baseline.
 
-The decoding policy (``exactcheck.policy``) becomes transformers' own settings: temperature,
+The decoding policy (``exactcheck.e2e.policy``) becomes transformers' own settings: temperature,
 ``top_k`` (0 when unset), ``top_p`` (1.0 when unset), ``min_p``, ``sequence_bias`` for the
 logit bias, ``bad_words_ids`` for banned tokens, ``eos_token_id`` for stop tokens, and a
 ``LogitsProcessor`` (``PolicyMask``) for a state-dependent mask. ``top_k`` and ``top_p`` are
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.generator import DecodingPolicy, Generation
+from exactcheck.e2e.generator import DecodingPolicy, Generation
 
 __all__ = ["AssistedGeneration", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
 

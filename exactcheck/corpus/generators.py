@@ -1,4 +1,4 @@
-"""Exact end-to-end generators written differently from ``exactcheck.speculative_loop``.
+"""Exact end-to-end generators written differently from ``exactcheck.e2e.loop``.
 
 * ``CacheFreeLoop``: keeps no KV cache at all; every forward call recomputes the whole prefix
   (as many reference implementations do). Verifies with ``mirrored_uniform_product``.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.corpus.verifiers import exponential_race, mirrored_uniform_product
-from exactcheck.generator import DecodingPolicy, Generation
+from exactcheck.e2e.generator import DecodingPolicy, Generation
 
 __all__ = ["CacheFreeLoop", "DraftRecomputeLoop", "CORRECT_GENERATORS", "correct_generators"]
 

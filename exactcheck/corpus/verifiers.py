@@ -1,4 +1,4 @@
-"""Exact verifiers written differently from ``exactcheck.reference``.
+"""Exact verifiers written differently from ``exactcheck.step.reference``.
 
 Each one is a correct speculative-sampling step (Leviathan et al.) that an engine engineer might
 write: other uniform conventions (u or 1 - u, strict or not), dtypes (float32, float64 uniforms;
@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import torch
 
-from exactcheck.contract import PADDING, from_logits
+from exactcheck.step.contract import PADDING, from_logits
 
 __all__ = ["CORRECT_VERIFIERS", "REPRODUCIBILITY_ONLY"]
 

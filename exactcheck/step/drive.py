@@ -19,8 +19,8 @@ from typing import Union
 
 import torch
 
-from exactcheck.contract import PADDING, Verifier, call_verifier
-from exactcheck.sampling import AliasTable, inverse_cdf
+from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.sampling import AliasTable, inverse_cdf
 from toy_models import ContextWorld, StepWorld, ToyLM
 
 __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
@@ -58,7 +58,7 @@ class StepSamples:
 @dataclass(frozen=True)
 class SequenceSamples:
     """The first ``world.length`` tokens of ``n`` independent speculative generations (of a
-    ``ContextWorld`` here, or a large-vocabulary world in ``exactcheck.chain_rule``)."""
+    ``ContextWorld`` here, or a large-vocabulary world in ``exactcheck.stats.chain_rule``)."""
 
     world: ContextWorld
     sequences: torch.Tensor  # [n, L] int64

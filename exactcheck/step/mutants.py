@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.reference import ReferenceVerifier, final_pq, row_at
+from exactcheck.step.reference import ReferenceVerifier, final_pq, row_at
 
 __all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "mutant"]
 
@@ -240,7 +240,6 @@ MUTANTS: dict[str, Mutant] = {
 }
 for _name, _m in MUTANTS.items():
     _m.verifier.name = _name
-    globals()[_name] = _m.verifier  # importable as exactcheck.mutants:NAME
 
 
 def importable_name(name: str) -> str:
@@ -317,4 +316,13 @@ SMALL_BIAS_MUTANTS: dict[str, Mutant] = {
 }
 for _m in SMALL_BIAS_MUTANTS.values():
     _m.verifier.name = _m.name
-    globals()[importable_name(_m.name)] = _m.verifier  # e.g. exactcheck.mutants:temperature_1_05
+
+# importable as exactcheck.step.mutants:NAME (e.g. :trust_draft, :temperature_1_05)
+_BY_ATTRIBUTE = {importable_name(m.name): m.verifier for m in (*MUTANTS.values(), *SMALL_BIAS_MUTANTS.values())}
+
+
+def __getattr__(name: str) -> ReferenceVerifier:
+    try:
+        return _BY_ATTRIBUTE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactcheck.drive import SequenceSamples, StepSamples
+from exactcheck.step.drive import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts", "policy_sequence_law",
@@ -117,7 +117,7 @@ def compare(plan: LawPlan, samples: StepSamples | SequenceSamples) -> LawCompari
 
 def policy_sequence_law(world: ContextWorld, policy, length: int) -> dict[tuple[int, ...], float]:
     """The exact float64 law of a generation of at most ``length`` tokens from ``world``'s
-    target under a decoding policy (``exactcheck.policy``): every outcome, as the tuple of its
+    target under a decoding policy (``exactcheck.e2e.policy``): every outcome, as the tuple of its
     tokens (shorter when it ends with a stop token), with its probability. Each row is the
     policy's transform of the target's float64 row at the prefix's state, with the prefix
     passed to the policy's mask."""

@@ -3,7 +3,7 @@
 ``drive_generator`` calls the generator ``n`` times on the world's prompt (batch size 1: that is
 what transformers' assisted generation supports), each call with its own seed derived from the
 run's seed, and keeps the new tokens of each (``length`` of them, or fewer up to a stop token). With ``probe=True`` the world's models
-record every forward call, and the cache-rollback invariants (``exactcheck.cache_invariants``)
+record every forward call, and the cache-rollback invariants (``exactcheck.e2e.cache_invariants``)
 are checked after each generation, as is any final cache the generator hands back.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exactcheck.cache_invariants import Breach, check_calls, final_cache
-from exactcheck.generator import DecodingPolicy, call_generator
+from exactcheck.e2e.cache_invariants import Breach, check_calls, final_cache
+from exactcheck.e2e.generator import DecodingPolicy, call_generator
 from exactcheck.suite import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exactcheck.laws import planned_laws
-from exactcheck.statistics import POWER, detectable_tv, pooling
+from exactcheck.stats.laws import planned_laws
+from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
 from exactcheck.suite import Level, default_worlds
 from toy_models import ContextWorld, StepWorld
 

@@ -24,7 +24,7 @@ forced is then *not judged* on that case, never failed.
 
 **Partial forcing** (``only=`` a set of element indices, counted over the controlled draws of the
 call in order) forces just those elements; the rest come from the subject's own generator as
-usual. ``exactcheck.properties`` uses it to find the fewest forced draws that still break a
+usual. ``exactcheck.step.properties`` uses it to find the fewest forced draws that still break a
 property.
 
 Draws through ``torch.randn``, ``torch.randint``, ``torch.bernoulli``, ``torch.normal``,

@@ -1,6 +1,6 @@
 """exactcheck's reference speculative loop over real model objects, and its cache-level mutants.
 
-``ReferenceSpeculativeLoop`` is an end-to-end ``Generator`` (``exactcheck.generator``): it drives
+``ReferenceSpeculativeLoop`` is an end-to-end ``Generator`` (``exactcheck.e2e.generator``): it drives
 a target and a draft causal LM (transformers-style ``forward(input_ids, position_ids, cache)``)
 with one transformers ``DynamicCache`` each, and verifies with a step ``Verifier`` (the
 reference verifier unless told otherwise). Each round:
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.generator import DecodingPolicy, Generation
-from exactcheck.reference import ReferenceVerifier
+from exactcheck.e2e.generator import DecodingPolicy, Generation
+from exactcheck.step.reference import ReferenceVerifier
 
 __all__ = ["ReferenceSpeculativeLoop", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",

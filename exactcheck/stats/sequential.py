@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from exactcheck.statistics import pooling
+from exactcheck.stats.goodness_of_fit import pooling
 
 __all__ = ["EProcess", "batch_schedule", "CONCENTRATIONS", "FIRST_BATCH_FRACTION", "GROWTH"]
 

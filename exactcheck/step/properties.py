@@ -2,7 +2,7 @@
 
 Each property is checked first on a fixed corpus of small edge cases (one per row kind and draft
 relation), then on cases hypothesis generates, with the subject's random numbers forced to one
-boundary value (``exactcheck.randomness``: the value is one the draw can return in its dtype). A
+boundary value (``exactcheck.step.randomness``: the value is one the draw can return in its dtype). A
 counterexample is shrunk by hypothesis to a minimal case and kept as a reproducer that
 ``exactcheck replay`` re-runs. No sampling luck is involved.
 
@@ -42,11 +42,11 @@ import torch
 from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
-from exactcheck.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.contract import PADDING, Verifier, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
-from exactcheck.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
+from exactcheck.step.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
 from exactcheck.reachability import Reachability, forced_draws, structural
-from exactcheck.strategies import VerifyCase, edge_corpus, verify_cases
+from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
 __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
            "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
@@ -78,6 +78,7 @@ class PropertyFailure:
     reachability: Reachability | None = None
     forced: tuple[int, ...] | None = None  # the minimal forced element indices (None: all)
     frames: tuple[str, ...] = ()  # a crash: the subject's own frames
+    crashed: bool = False  # the subject raised (else its output broke the contract or the property)
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,9 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
             return None
         forced, reach = _shrink_forced(subject, name, case, c, seed, log, options)
         if isinstance(out, Exception):
-            return fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ()))
+            crash = isinstance(out, SubjectCrashed)
+            return replace(fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ())),
+                           crashed=crash)
         return fail(found[1], found[0], out, reach, forced)
     if not_judged(log):
         return None

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
-from exactcheck.policy import GREEDY, SAMPLING, DecodingPolicy
+from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "Generation", "call_generator",
            "with_draft_length", "is_lossy", "generator_name"]

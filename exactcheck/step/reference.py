@@ -19,7 +19,7 @@ Sampling from a row is by inverse CDF on float64 cumulative sums: token = #{j : 
 picks the first token of positive mass, and a u beyond the last cumulative value (rounding) is
 clamped to the last token of positive mass, so a zero-mass token is never drawn.
 
-The class is split into one method per step so that each mutant in ``exactcheck.mutants``
+The class is split into one method per step so that each mutant in ``exactcheck.step.mutants``
 overrides exactly one of them.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ import math
 
 import torch
 
-from exactcheck.contract import PADDING
-from exactcheck.sampling import sample_rows
+from exactcheck.step.contract import PADDING
+from exactcheck.step.sampling import sample_rows
 
 __all__ = ["ReferenceVerifier", "reference_verifier", "row_at", "at_drafts", "final_pq"]
 

@@ -5,11 +5,11 @@ For every model world (``toy_models.hf_toy_lm.model_worlds``):
 - ``sequence``: ``n`` sampled generations (the level's count) against the world's exact float64
   law of the first ``length`` tokens under the policy (pooled Pearson; Holm over all sequence
   checks at alpha; an impossible sequence is a deterministic finding);
-- ``cache_rollback``: the invariants of ``exactcheck.cache_invariants`` on every forward call of
+- ``cache_rollback``: the invariants of ``exactcheck.e2e.cache_invariants`` on every forward call of
   those generations, and any final cache the generator hands back (deterministic: an exact
   generator never breaks them, so a breach spends none of alpha);
 - ``greedy_identity``: greedy generations from several prompts at draft lengths 1..8 equal the
-  target's own greedy decode (``exactcheck.greedy_identity``); a divergence that float64 shows
+  target's own greedy decode (``exactcheck.e2e.greedy_identity``); a divergence that float64 shows
   to be a numerical tie is reported, not failed.
 
 A generator that declares itself lossy (``lossy = True``, e.g. ``assistant_ensemble_weight`` in
@@ -27,31 +27,31 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.audit import (DEFAULT_ALPHA, DEFAULT_REQUIRE, STATISTIC_NAME, AuditResult, _apply_holm, _evidence,
-                              _failure_verdict, keep_plots_where_needed, plot_cells, resolve_require)
+from exactcheck.audit import (STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
+                              keep_plots_where_needed, plot_cells)
+from exactcheck.plan import AuditOptions, Level, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
-from exactcheck.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
-from exactcheck.generator_drive import GeneratorSamples, drive_generator
-from exactcheck.greedy_identity import greedy_identity
-from exactcheck.laws import LawComparison, LawPlan, policy_sequence_law
+from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
+from exactcheck.e2e.drive import GeneratorSamples, drive_generator
+from exactcheck.e2e.greedy_identity import greedy_identity
+from exactcheck.stats.laws import LawComparison, LawPlan, policy_sequence_law
 from exactcheck.progress import Progress
 from exactcheck.reachability import observed_in
-from exactcheck.statistics import goodness_of_fit, tv_certificate
-from exactcheck.suite import Level, derive_seed
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
+from exactcheck.report.verdict import Outcome, Verdict
 from toy_models.hf_toy_lm import ModelWorld, model_worlds, prompt_for_state
 
 __all__ = ["run_generator_audit", "planned_generator_checks", "GENERATIONS", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
            "GREEDY_NEW_TOKENS"]
 
 # Sampled generations per world and level (about 8 ms each through transformers' generate).
-GENERATIONS = {Level.QUICK: 2_000, Level.STANDARD: 8_000, Level.RELEASE: 40_000}
+GENERATIONS = {level: level.generations for level in Level}  # per world and level (exactcheck.plan.Level)
 GREEDY_PROMPTS = 6
 GREEDY_DRAFT_LENGTHS = tuple(range(1, 9))
 GREEDY_NEW_TOKENS = 8
 
 
-def _suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
+def policy_suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
     """Check-name suffix of a policy: none for plain sampling or the world's own policy."""
     if policy == SAMPLING or (world is not None and policy is world.policy):
         return ""
@@ -98,7 +98,7 @@ def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict,
         laws.append((name, f"{description}, {describe}", np.array([marginal[c] for c in cells] + [0.0]),
                      np.array([position.get(cell(o), len(cells)) for o in run.outputs], dtype=np.int64),
                      lambda i, cells=cells: str(cells[i]) if i < len(cells) else "any other"))
-    suffix = _suffix(policy, run.world)
+    suffix = policy_suffix(policy, run.world)
     verdicts = []
     for name, condition, expected, index_, label in laws:
         counts = np.bincount(index_, minlength=expected.size).astype(np.int64)
@@ -177,64 +177,57 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
     return result.verdict(f"{world.name}/greedy_identity", condition, lossy, **base)
 
 
-def run_generator_audit(generator, *, subject_name: str | None = None, level: Level | str = Level.QUICK,
-                        seed: int = 0, alpha: float = DEFAULT_ALPHA, worlds: list[str] | None = None,
-                        policies: tuple[DecodingPolicy, ...] = (SAMPLING,), generations: int | None = None,
-                        greedy: bool = True, progress: bool = True, require=DEFAULT_REQUIRE) -> AuditResult:
+def run_generator_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
+                        policies: tuple[DecodingPolicy, ...] = (SAMPLING,), greedy: bool = True,
+                        progress: bool = True, **settings) -> AuditResult:
     """Audit an end-to-end generator on the model worlds; see the module docstring.
+    ``options`` (an ``AuditOptions``) or its fields as keywords (``level``, ``seed``, ``alpha``,
+    ``worlds``, ``generations``, ``require``); ``plan_generator_audit`` decides what runs.
     ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
     MODULE:CALLABLE); given, reproduce lines are commands."""
-    required = resolve_require(require)
+    if options is None:
+        options = AuditOptions.build(**settings)
+    elif settings:
+        raise UsageError(f"give options or keyword settings, not both ({sorted(settings)})")
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
-    if not 0 < alpha < 1:
-        raise UsageError(f"alpha ({alpha}) must be in (0, 1)")
-    level = level if isinstance(level, Level) else Level(level)
-    n = GENERATIONS[level] if generations is None else int(generations)
-    if n < 1:
-        raise UsageError(f"generations ({generations}) must be positive")
-    chosen = list(all_model_worlds())
-    if worlds:
-        unknown = set(worlds) - {w.name for w in chosen}
-        if unknown:
-            raise UsageError(f"unknown model world(s) {sorted(unknown)}; known: {[w.name for w in chosen]}")
-        chosen = [w for w in chosen if w.name in worlds]
+    plan = plan_generator_audit(options, policies, greedy)
+    level, seed, budget = options.level, options.seed, plan.budget
+    n = level.generations if options.generations is None else int(options.generations)
+    chosen = [w for w in all_model_worlds() if any(c.world == w.name for c in plan.checks)]
     name = generator_name(generator)
     lossy = generator_name(generator) if is_lossy(generator) else None
-    plan = {w.name: ((w.policy,) if w.policy is not None else tuple(policies)) for w in chosen}
-    share = alpha / max(1, sum(2 + bool(p.stop_tokens) + len(w.marginals) for w in chosen for p in plan[w.name]))
+    world_policies = {w.name: ((w.policy,) if w.policy is not None else tuple(policies)) for w in chosen}
+    share = budget.first_share
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(sum(len(plan[w.name]) + greedy for w in chosen), enabled=progress)
+    bar = Progress(sum(len(world_policies[w.name]) + greedy for w in chosen), enabled=progress)
     pending: list[Verdict] = []
     drawn = 0
     for world in chosen:
         world_seed = derive_seed(seed, world.name)
-        extra = "" if generations is None else f" --generations {n}"
-        reproduce = (f"exactcheck e2e {subject_name} --level {level.value} --seed {seed} --alpha {alpha:g} "
-                     f"--world {world.name}{extra}" if subject_name else
-                     f"run_generator_audit({name}, level={level.value!r}, seed={seed}, worlds=[{world.name!r}])")
+        reproduce = options.reproduce(subject_name or name, world.name, "e2e", importable=subject_name is not None)
         base = dict(world=world.name, seed=world_seed, reproduce=reproduce)
-        for policy in plan[world.name]:
+        for policy in world_policies[world.name]:
+            suffix = policy_suffix(policy, world)
             try:
-                run = drive_generator(generator, world, n,
-                                      derive_seed(world_seed, "sampling" + _suffix(policy, world)), policy)
+                run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy)
             except SubjectError as exc:
                 pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
                                                 samples=n, condition="every generation"))
-                bar.step(f"{world.name}/sampling{_suffix(policy, world)}")
+                bar.step(f"{world.name}/sampling{suffix}")
                 continue
             drawn += run.size
-            pending.extend(_law_verdicts(run, share, alpha, base, lossy))
+            pending.extend(_law_verdicts(run, share, budget.alpha, base, lossy))
             if world.validate is not None:
                 pending.append(_validity_verdict(run, base))
-            if policy is plan[world.name][0]:
+            if policy is world_policies[world.name][0]:
                 pending.append(_rollback_verdict(run, base))
-            bar.step(f"{world.name}/sampling{_suffix(policy, world)}")
+            bar.step(f"{world.name}/sampling{suffix}")
         if greedy:
             pending.append(_greedy_verdict(generator, world, world_seed, base, lossy))
             bar.step(f"{world.name}/greedy_identity")
-    verdicts = keep_plots_where_needed(_apply_holm(pending, alpha, alpha))
+    verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     environment = {"exactcheck": __version__, "torch": torch.__version__, "python": platform.python_version(),
                    "numpy": np.__version__, "machine": platform.machine()}
     try:
@@ -243,10 +236,10 @@ def run_generator_audit(generator, *, subject_name: str | None = None, level: Le
     except ImportError:  # the toy worlds need it; kept for symmetry with the step audit
         pass
     return AuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
-                       alpha=alpha, device="cpu", verdicts=tuple(verdicts), started=started,
+                       alpha=budget.alpha, device="cpu", verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
-                       samples_planned=n * sum(len(v) for v in plan.values()), samples_drawn=drawn,
-                       require=required)
+                       samples_planned=n * sum(len(v) for v in world_policies.values()), samples_drawn=drawn,
+                       require=options.require)
 
 
 def all_model_worlds() -> list[ModelWorld]:
@@ -257,24 +250,7 @@ def all_model_worlds() -> list[ModelWorld]:
 
 def planned_generator_checks(worlds: list[str] | None = None, policies: tuple[DecodingPolicy, ...] = (SAMPLING,),
                              greedy: bool = True) -> list[str]:
-    """The names of the checks ``run_generator_audit`` with these options reports, in order.
-    A world where the generator crashes or breaks its contract is reported by one
-    ``WORLD/contract`` verdict per policy in place of its laws."""
-    names = []
-    for world in all_model_worlds():
-        if worlds and world.name not in worlds:
-            continue
-        chosen = (world.policy,) if world.policy is not None else tuple(policies)
-        for i, policy in enumerate(chosen):
-            suffix = _suffix(policy, world)
-            names += [f"{world.name}/sequence{suffix}", f"{world.name}/first_token{suffix}"]
-            if policy.stop_tokens:
-                names.append(f"{world.name}/stop_position{suffix}")
-            names += [f"{world.name}/{name}{suffix}" for name, _, _ in world.marginals]
-            if world.validate is not None:
-                names.append(f"{world.name}/valid_outputs")
-            if i == 0:
-                names.append(f"{world.name}/cache_rollback")
-        if greedy:
-            names.append(f"{world.name}/greedy_identity")
-    return names
+    """The names of the checks ``run_generator_audit`` with these options reports, in order
+    (``plan_generator_audit(...).names``). A world where the generator crashes or breaks its
+    contract is reported by one ``WORLD/contract`` verdict per policy in place of its laws."""
+    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy).names

@@ -7,7 +7,7 @@ it deterministically. Shrinking therefore minimises the *case* (smaller V, k and
 rows), and a case is its own reproducer.
 
     from hypothesis import given
-    from exactcheck.strategies import verify_cases
+    from exactcheck.step.strategies import verify_cases
 
     @given(verify_cases())
     def test_my_verifier_never_emits_forbidden_tokens(case):

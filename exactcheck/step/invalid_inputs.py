@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.contract import Verifier, validate_output
+from exactcheck.step.contract import Verifier, validate_output
 from exactcheck.errors import ContractViolation
-from exactcheck.strategies import VerifyCase
+from exactcheck.step.strategies import VerifyCase
 
 __all__ = ["InputProbe", "probe_invalid_inputs", "CORRUPTIONS", "MUST_REFUSE"]
 

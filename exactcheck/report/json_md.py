@@ -2,16 +2,13 @@
 JSON (so a report can be re-rendered without re-running the audit)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from exactcheck.audit import DEFAULT_REQUIRE, AuditResult, reproducer_path
-from exactcheck.selftest import SelftestResult
-from exactcheck.verdict import Category, Outcome, Verdict
+from exactcheck.audit import DEFAULT_REQUIRE, AuditResult
+from exactcheck.step.selftest import SelftestResult
+from exactcheck.report.verdict import Category, Outcome, Verdict
 
 __all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "audit_to_json", "audit_from_json",
            "render_audit_markdown", "selftest_to_json",
-           "render_selftest_markdown", "write_report"]
+           "render_selftest_markdown"]
 
 AUDIT_SCHEMA = "exactcheck.audit/1"
 SELFTEST_SCHEMA = "exactcheck.selftest/1"
@@ -193,27 +190,3 @@ def render_selftest_markdown(data: dict) -> str:
               for r in data["mutants"]]
     lines += ["", "## Reference audit", "", render_audit_markdown(ref).split("\n", 2)[2]]
     return "\n".join(lines)
-
-
-def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ...]:
-    """Write ``STEM.json`` and ``STEM.md`` under ``directory``, and for an audit also the
-    self-contained ``STEM.html``; return the paths."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
-    audits = [data] if data["schema"] == AUDIT_SCHEMA else [data["reference"]]
-    for audit in audits:
-        for verdict in audit["verdicts"]:
-            if verdict.get("reproducer"):
-                path = directory / reproducer_path(verdict["check"])
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(verdict["reproducer"], indent=1) + "\n")
-    json_path.write_text(json.dumps(data, indent=1) + "\n")
-    render = render_selftest_markdown if data["schema"] == SELFTEST_SCHEMA else render_audit_markdown
-    md_path.write_text(render(data))
-    if data["schema"] != AUDIT_SCHEMA:
-        return json_path, md_path
-    from exactcheck.html_report import render_audit_html
-    html_path = directory / f"{stem}.html"
-    html_path.write_text(render_audit_html(data))
-    return json_path, md_path, html_path

@@ -12,8 +12,8 @@ from __future__ import annotations
 import html
 import math
 
-from exactcheck.report import audit_from_json
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.report.json_md import audit_from_json
+from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["render_audit_html", "render_pr_comment"]
 

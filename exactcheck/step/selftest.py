@@ -7,8 +7,8 @@ from typing import Callable
 
 from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
-from exactcheck.mutants import MUTANTS
-from exactcheck.reference import reference_verifier
+from exactcheck.step.mutants import MUTANTS
+from exactcheck.step.reference import reference_verifier
 
 __all__ = ["SelftestResult", "run_selftest"]
 
@@ -53,7 +53,7 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
             on_audit(name, result)
         return result
 
-    reference = audit(reference_verifier, "exactcheck.reference:reference_verifier")
-    rows = tuple((m, MUTANTS[m].defect, audit(MUTANTS[m].verifier, f"exactcheck.mutants:{m}"))
+    reference = audit(reference_verifier, "exactcheck.step.reference:reference_verifier")
+    rows = tuple((m, MUTANTS[m].defect, audit(MUTANTS[m].verifier, f"exactcheck.step.mutants:{m}"))
                  for m in names)
     return SelftestResult(level, seed, alpha, reference, rows)

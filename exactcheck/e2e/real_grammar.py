@@ -26,13 +26,14 @@ from scipy import stats
 
 from exactcheck import __version__
 from exactcheck.audit import AuditResult, _apply_holm
-from exactcheck.chain_rule import row_statistics, z_test
+from exactcheck.plan import AlphaBudget
+from exactcheck.stats.chain_rule import row_statistics, z_test
 from exactcheck.errors import SubjectError
-from exactcheck.generator import call_generator, generator_name
-from exactcheck.greedy_identity import greedy_identity
-from exactcheck.policy import DecodingPolicy
+from exactcheck.e2e.generator import call_generator, generator_name
+from exactcheck.e2e.greedy_identity import greedy_identity
+from exactcheck.e2e.policy import DecodingPolicy
 from exactcheck.suite import derive_seed
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["run_grammar_audit", "JSON_PROMPTS", "pit_and_surprisal"]
 
@@ -152,6 +153,6 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                    "python": platform.python_version(), "machine": platform.machine(),
                    "outputs": [t for t, _ in texts][:12]}
     return AuditResult(subject=generator_name(generator), level="grammar", seed=seed, alpha=alpha, device="cpu",
-                       verdicts=tuple(_apply_holm(verdicts, alpha, alpha)), started=started,
+                       verdicts=tuple(_apply_holm(verdicts, AlphaBudget(alpha, 0, stop_early=False))), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=samples, samples_drawn=len(outputs))

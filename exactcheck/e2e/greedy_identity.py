@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.errors import SubjectCrashed, SubjectError
-from exactcheck.generator import GREEDY, call_generator, generator_name, with_draft_length
+from exactcheck.e2e.generator import GREEDY, call_generator, generator_name, with_draft_length
 from exactcheck.reachability import observed_in
-from exactcheck.verdict import Outcome, Verdict
+from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
 

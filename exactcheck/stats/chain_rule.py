@@ -28,9 +28,9 @@ from typing import Protocol
 import torch
 from scipy import stats
 
-from exactcheck.contract import PADDING, Verifier, call_verifier
-from exactcheck.drive import SequenceSamples
-from exactcheck.sampling import inverse_cdf
+from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.drive import SequenceSamples
+from exactcheck.step.sampling import inverse_cdf
 
 __all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
            "chain_rule_tests", "row_statistics", "z_test", "CHAIN_RULE_TESTS"]

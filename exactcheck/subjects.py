@@ -1,0 +1,65 @@
+"""Subjects by name, for every front end: ``MODULE:CALLABLE`` (the current directory is
+importable; a class is instantiated with no arguments), the built-in generators, and loop
+mutants (``loop-mutant:NAME``). The CLI, the gate and the pytest plugin all load through here;
+no library module imports the CLI."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from exactcheck.errors import UsageError
+
+__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "REAL_MODELS"]
+
+REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # exactcheck greedy --model
+BUILTIN_GENERATORS = ("reference-loop", "transformers-assisted", "transformers-prompt-lookup",
+                      "transformers-ensemble-0.9")
+
+
+def load_subject(path: str):
+    """Import ``MODULE:CALLABLE`` (the current directory is importable). A class is
+    instantiated with no arguments."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        obj = obj()
+    if not callable(obj):
+        raise UsageError(f"{path} is not callable")
+    return obj
+
+
+def load_generator(name: str):
+    """A built-in generator by name, a loop mutant (``loop-mutant:NAME``) or MODULE:CALLABLE."""
+    builtin = builtin_generators()
+    if name in builtin:
+        return builtin[name]
+    if name.startswith("loop-mutant:"):
+        from exactcheck.e2e.loop import LOOP_MUTANTS
+        wanted = name.split(":", 1)[1]
+        for m in LOOP_MUTANTS:
+            if m.name == f"mutant: {wanted}":
+                return m
+        raise UsageError(f"unknown loop mutant {wanted!r}; known: "
+                         f"{[m.name.split(': ')[1] for m in LOOP_MUTANTS]}")
+    return load_subject(name)
+
+
+def builtin_generators() -> dict:
+    """Name -> generator, for ``BUILTIN_GENERATORS`` (imports transformers)."""
+    from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
+    from exactcheck.e2e.loop import ReferenceSpeculativeLoop
+    return {"reference-loop": ReferenceSpeculativeLoop(), "transformers-assisted": AssistedGeneration(),
+            "transformers-prompt-lookup": PromptLookup(),
+            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
