@@ -178,10 +178,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
 
     ``require``: the finding categories that fail the audit (exactness always; add
     "reproducible" and/or "input-handling"); findings in other categories are reported only."""
-    if options is None:
-        options = AuditOptions.build(**settings)
-    elif settings:
-        raise UsageError(f"give options or keyword settings, not both ({sorted(settings)})")
+    options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     device = _resolve_device(options.device)

@@ -122,6 +122,15 @@ class AuditOptions:
         values["require"] = _resolve_require(values.get("require", ()))
         return cls(**values)
 
+    @classmethod
+    def of(cls, options: "AuditOptions | None", settings: dict) -> "AuditOptions":
+        """The options of a run given either ``options`` or loose keyword ``settings``."""
+        if options is None:
+            return cls.build(**settings)
+        if settings:
+            raise _usage(f"give options or keyword settings, not both ({sorted(settings)})")
+        return options
+
     @property
     def target_tv(self) -> float:
         return self.level.detect_tv if self.detect_tv is None else self.detect_tv

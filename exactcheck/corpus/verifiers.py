@@ -52,6 +52,14 @@ def _assemble(tokens: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torc
     return out.scatter_(1, n[:, None], last[:, None].to(torch.int64))
 
 
+def _inverse_cdf_pick(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """#{j : cdf_j <= u * total}, never past the last token of positive mass."""
+    cdf = rows.cumsum(1)
+    token = (cdf <= (u * cdf[:, -1])[:, None]).sum(1)
+    positive_last = rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1)
+    return torch.minimum(token, positive_last)
+
+
 def _leading(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.to(torch.int64).cumprod(1).sum(1)
 
@@ -98,10 +106,7 @@ def float64_nonstrict_guarded(target_probs, draft_probs, draft_tokens, generator
     n = _leading((u <= p / q) & (p > 0))
     rows = _final_rows(target_probs, draft_probs, n)
     v = torch.rand(batch, dtype=torch.float64, generator=generator, device=draft_tokens.device)
-    cdf = rows.cumsum(1)
-    last = (cdf <= (v * cdf[:, -1])[:, None]).sum(1)
-    positive_last = rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1)
-    return _assemble(draft_tokens, n, torch.minimum(last, positive_last))
+    return _assemble(draft_tokens, n, _inverse_cdf_pick(rows, v))
 
 
 def _exponential_race(rows: torch.Tensor, generator) -> torch.Tensor:
@@ -190,12 +195,7 @@ def jit_residual(target_probs, draft_probs, draft_tokens, generator):
 
 @functools.lru_cache(maxsize=1)
 def _compiled_inverse_cdf():
-    def pick(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        cdf = rows.cumsum(1)
-        token = (cdf <= (u * cdf[:, -1])[:, None]).sum(1)
-        positive_last = rows.shape[1] - 1 - (rows.flip(1) > 0).to(torch.int8).argmax(1)
-        return torch.minimum(token, positive_last)
-    return torch.compile(pick, dynamic=True)
+    return torch.compile(_inverse_cdf_pick, dynamic=True)
 
 
 def compiled_residual(target_probs, draft_probs, draft_tokens, generator):

@@ -185,10 +185,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     ``worlds``, ``generations``, ``require``); ``plan_generator_audit`` decides what runs.
     ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
     MODULE:CALLABLE); given, reproduce lines are commands."""
-    if options is None:
-        options = AuditOptions.build(**settings)
-    elif settings:
-        raise UsageError(f"give options or keyword settings, not both ({sorted(settings)})")
+    options = AuditOptions.of(options, settings)
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     plan = plan_generator_audit(options, policies, greedy)
