@@ -100,7 +100,7 @@ def main() -> int:
                        "_speculative_sampling", level=args.level, seed=0)
     data = audit_to_json(result)
     data["boundary_scenarios"] = boundary_scenarios(verifier)
-    json_path, md_path = write_report(data, args.report, "transformers-speculative-sampling")
+    json_path, md_path, *_ = write_report(data, args.report, "transformers-speculative-sampling")
     md_path.write_text(md_path.read_text() + _markdown(data["boundary_scenarios"]))
     print(md_path.read_text())
     return 0

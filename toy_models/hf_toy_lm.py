@@ -11,7 +11,7 @@ whose single layer stores, per cached position, the token id and the position id
 (as keys; values mirror them). A generator that leaves a rejected token in the cache, skips or
 repeats a position, or forgets to trim the draft's cache therefore gets wrong rows, exactly as a
 real transformer with a stale KV cache would, and the recorded calls (``ForwardCall``) show
-which invariant broke (``exactcheck.cache_invariants``).
+which invariant broke (``exactcheck.e2e.cache_invariants``).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A step world gives the verifier the same rows in every trial: ``target_rows[i]``
 law at draft position ``i`` (row ``k`` is the bonus position) and ``draft_rows[i]`` the draft law
 the driver samples draft token ``i`` from. Because the rows do not depend on the drafted tokens,
 the exact law of everything a Leviathan verifier emits (first token, accepted length, residual
-and bonus tokens) has a closed form, computed in ``exactcheck.laws``.
+and bonus tokens) has a closed form, computed in ``exactcheck.stats.laws``.
 
 Rows are stored in float32, the precision a subject receives. The law they define is those float32
 values taken to float64 and renormalised there, so expected laws never depend on float32 rounding.

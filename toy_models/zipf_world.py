@@ -104,7 +104,7 @@ class ZipfWorld:
 
     def token_statistics(self, previous: torch.Tensor, position: torch.Tensor,
                          token: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The per-token quantities of ``exactcheck.chain_rule`` in O(1) per token (float64)."""
+        """The per-token quantities of ``exactcheck.stats.chain_rule`` in O(1) per token (float64)."""
         shift, level = self.context(previous, position)
         t = {k: v.to(token.device) for k, v in self._tables.items()}
         rank = (token + shift) % self.vocab_size
