@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--detect-tv", type=float, metavar="EPS")
     plan.add_argument("--max-samples", type=int, metavar="N")
     plan.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    plan.add_argument("--no-stop-early", dest="stop_early", action="store_false",
+                      help="plan for an audit that spends all of alpha on Holm (default: early stopping, alpha/2)")
     replay = sub.add_parser("replay", help="re-run a saved counterexample against a subject")
     replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
     replay.add_argument("--subject", metavar="MODULE:CALLABLE",
@@ -366,17 +369,10 @@ def _list(_args) -> int:
 
 
 def _plan(args) -> int:
-    from exactcheck.stats.planning import default_plan
-    level = Level(args.level)
-    if not 0 < args.alpha < 1:
-        raise UsageError(f"alpha ({args.alpha}) must be in (0, 1)")
-    eps = level.detect_tv if args.detect_tv is None else args.detect_tv
-    if not 0 < eps <= 1:
-        raise UsageError(f"--detect-tv ({eps}) must be in (0, 1]")
-    cap = level.max_samples if args.max_samples is None else args.max_samples
-    if cap < 1:
-        raise UsageError(f"--max-samples ({cap}) must be positive")
-    print(default_plan(eps, args.alpha, cap, level.min_samples).describe())
+    from exactcheck.plan import AuditOptions, budget_plan
+    options = AuditOptions.build(level=args.level, alpha=args.alpha, detect_tv=args.detect_tv,
+                                 max_samples=args.max_samples, stop_early=args.stop_early)
+    print(budget_plan(options).describe())
     return EXIT_PASS
 
 
@@ -457,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("exactcheck: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
+        sys.stdout = open(os.devnull, "w")
+        return EXIT_PASS
 
 
 if __name__ == "__main__":

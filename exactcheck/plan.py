@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "derive_seed",
-           "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "plan_step_audit",
+           "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "budget_plan", "plan_step_audit",
            "plan_generator_audit"]
 
 DEFAULT_ALPHA = 1e-3
@@ -258,12 +258,20 @@ class AuditPlan:
         return dict(self.samples)[world]
 
 
+def budget_plan(options: AuditOptions):
+    """The trials each built-in world gets (``exactcheck.stats.planning.BudgetPlan``), sized with
+    the Holm share the fixed-budget tests will use; planned on every built-in world, so a world's
+    budget (and its samples) is the same when it is audited alone."""
+    from exactcheck.stats.planning import default_plan
+    holm_alpha = AlphaBudget(options.alpha, 1, options.stop_early).holm_alpha
+    return default_plan(options.target_tv, holm_alpha, options.cap, options.level.min_samples)
+
+
 def plan_step_audit(options: AuditOptions) -> AuditPlan:
     """The plan of a step-level verifier audit: the laws of every chosen world at its planned
     budget, the chain-rule tests of named large worlds, the properties, the invalid-input probe."""
     from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS
     from exactcheck.stats.laws import planned_laws
-    from exactcheck.stats.planning import default_plan
     from exactcheck.step.properties import PROPERTIES
     from exactcheck.suite import default_worlds, large_worlds
 
@@ -280,10 +288,7 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
         chains = [w for w in large if w.name in options.worlds]
         searched = [p for p in searched if f"properties/{p}" in options.worlds or "properties" in options.worlds]
         inputs = inputs and "inputs" in options.worlds
-    # the planner sizes every world with the Holm share the fixed-budget tests will use, on every
-    # built-in world, so a world's budget (and its samples) is the same when audited alone
-    holm_alpha = AlphaBudget(options.alpha, 1, options.stop_early).holm_alpha
-    plan = default_plan(options.target_tv, holm_alpha, options.cap, options.level.min_samples)
+    plan = budget_plan(options)
     checks, samples = [], []
     for world in chosen:
         n = plan.samples(world.name)

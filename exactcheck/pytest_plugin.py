@@ -85,10 +85,11 @@ def generator_tests(subject, *, name: str | None = None, worlds=None, level: str
 
 def pytest_addoption(parser):
     group = parser.getgroup("exactcheck", "exactness audits of speculative decoding")
-    group.addoption("--exactcheck-level", default="quick", choices=("quick", "standard", "release"),
+    from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL, Level  # light: no torch
+    group.addoption("--exactcheck-level", default=DEFAULT_LEVEL, choices=[level.value for level in Level],
                     help="audit level of the generated exactcheck tests (default quick)")
     group.addoption("--exactcheck-seed", type=int, default=0, help="root seed of the audits (default 0)")
-    group.addoption("--exactcheck-alpha", type=float, default=1e-3,
+    group.addoption("--exactcheck-alpha", type=float, default=DEFAULT_ALPHA,
                     help="false-alarm budget of each subject's audit, shared by its tests (default 1e-3)")
     group.addoption("--exactcheck-require", action="append", default=[],
                     choices=("reproducible", "input-handling"),
