@@ -4,7 +4,8 @@ Each one is a correct speculative-sampling step (Leviathan et al.) that an engin
 write: other uniform conventions (u or 1 - u, strict or not), dtypes (float32, float64 uniforms;
 half-precision logits), forms (ratio, product, log space), residual draws (inverse CDF,
 ``torch.multinomial``, exponential race, Gumbel-max), uniforms drawn at once or lazily per
-position, parts in TorchScript or ``torch.compile``, and a per-row loop over a batch-1 function on
+position, parts in TorchScript or ``torch.compile``, logits in (softmax in float32, or log space
+in float64), and a per-row loop over a batch-1 function on
 torch's global generator. exactcheck must find no exactness defect in any of them; findings that
 are not about exactness (a subject that does not reproduce under its seed) are reported in their
 own category. ``property_tests/test_correct_corpus.py`` audits each one, and
@@ -210,7 +211,7 @@ def compiled_residual(target_probs, draft_probs, draft_tokens, generator):
     return _assemble(draft_tokens, n, _compiled_inverse_cdf()(_final_rows(target_probs, draft_probs, n), v))
 
 
-# -- logits in, as engines hand them ----------------------------------------------------------------
+# -- logits in (through from_logits), as engines hand them ------------------------------------------
 
 def _softmax_verifier(compute_dtype):
     def verify(target_logits, draft_logits, draft_tokens, generator):
@@ -223,12 +224,20 @@ def _softmax_verifier(compute_dtype):
 
 logits_float32_softmax = from_logits(_softmax_verifier(torch.float32))
 logits_float32_softmax.__name__ = "logits_float32_softmax"
-logits_float32_softmax.__doc__ = ("Takes logits (float32, or fp16/bf16 when the rows are), "
-                                  "softmax in float32, then the float32-ratio step.")
-logits_native_softmax = from_logits(_softmax_verifier(None))
-logits_native_softmax.__name__ = "logits_native_softmax"
-logits_native_softmax.__doc__ = ("Takes logits and softmaxes them in their own dtype (fp16 or bf16 "
-                                 "when handed half rows), then the float32-ratio step.")
+logits_float32_softmax.__doc__ = "Takes logits, softmax in float32, then the float32-ratio step."
+def _log_softmax_verify(target_logits, draft_logits, draft_tokens, generator):
+    """Acceptance in log space straight from the logits: log u < log_softmax(t)_x - log_softmax(d)_x
+    (float64); the correction by an exponential race on the float64 rows."""
+    batch, k = draft_tokens.shape
+    log_p = torch.log_softmax(target_logits.double(), -1)
+    log_q = torch.log_softmax(draft_logits.double(), -1)
+    u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    n = _leading(torch.log(u) < _at(log_p, draft_tokens) - _at(log_q, draft_tokens))
+    return _assemble(draft_tokens, n, _exponential_race(_final_rows(log_p.exp(), log_q.exp(), n), generator))
+
+
+logits_log_softmax = from_logits(_log_softmax_verify)
+logits_log_softmax.__name__ = "logits_log_softmax"
 
 
 # -- other sources of randomness ---------------------------------------------------------------------
@@ -270,7 +279,7 @@ def numpy_unseeded(target_probs, draft_probs, draft_tokens, generator):
 CORRECT_VERIFIERS = {f.__name__: f for f in (
     mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
     gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual,
-    logits_float32_softmax, logits_native_softmax, global_rng_per_row, numpy_unseeded)}
+    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded)}
 """Name -> exact verifier. Each is importable as ``exactcheck.corpus.verifiers:NAME``."""
 
 REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded")
