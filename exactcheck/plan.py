@@ -10,7 +10,6 @@ never run an exactcheck test stay light.
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 import math
@@ -138,9 +137,6 @@ class AuditOptions:
     @property
     def cap(self) -> int:
         return self.level.max_samples if self.max_samples is None else int(self.max_samples)
-
-    def replace(self, **changes) -> "AuditOptions":
-        return dataclasses.replace(self, **changes)
 
     def reproduce(self, subject: str, world: str, command: str = "audit", importable: bool | None = None) -> str:
         """The one line that re-runs this audit on ``world``: a command when the subject can be

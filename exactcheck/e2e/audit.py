@@ -29,7 +29,7 @@ import torch
 from exactcheck import __version__
 from exactcheck.audit import (STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
                               keep_plots_where_needed, plot_cells)
-from exactcheck.plan import AuditOptions, Level, derive_seed, plan_generator_audit
+from exactcheck.plan import AuditOptions, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
 from exactcheck.e2e.drive import GeneratorSamples, drive_generator
@@ -41,11 +41,10 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
 from exactcheck.report.verdict import Outcome, Verdict
 from toy_models.hf_toy_lm import ModelWorld, model_worlds, prompt_for_state
 
-__all__ = ["run_generator_audit", "planned_generator_checks", "GENERATIONS", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
+__all__ = ["run_generator_audit", "planned_generator_checks", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
            "GREEDY_NEW_TOKENS"]
 
 # Sampled generations per world and level (about 8 ms each through transformers' generate).
-GENERATIONS = {level: level.generations for level in Level}  # per world and level (exactcheck.plan.Level)
 GREEDY_PROMPTS = 6
 GREEDY_DRAFT_LENGTHS = tuple(range(1, 9))
 GREEDY_NEW_TOKENS = 8
