@@ -44,7 +44,14 @@ def load_generator(name: str):
     """A built-in generator by name, a loop mutant (``loop-mutant:NAME``) or MODULE:CALLABLE."""
     builtin = builtin_generators()
     if name in builtin:
-        return builtin[name]
+        generator = builtin[name]
+        if getattr(generator, "ensemble_weight", None) is not None:
+            from exactcheck.adapters.transformers_compat import require_ensemble_weight
+            try:
+                require_ensemble_weight()
+            except ImportError as e:
+                raise UsageError(f"{name}: {e}") from None
+        return generator
     if name.startswith("loop-mutant:"):
         from exactcheck.e2e.loop import LOOP_MUTANTS
         wanted = name.split(":", 1)[1]

@@ -25,6 +25,8 @@ from torch import nn
 from transformers import DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from exactcheck.adapters.transformers_compat import causal_lm_output, given_cache
+
 from toy_models.context_lm import ContextWorld, ToyLM, make_context_world
 
 __all__ = ["ToyLMConfig", "ToyLMForCausalLM", "ForwardCall", "ModelWorld", "model_pair", "prompt_for_state",
@@ -97,7 +99,9 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask=None,
                 position_ids: torch.LongTensor | None = None, cache=None, use_cache: bool | None = None,
-                logits_to_keep: int | torch.Tensor = 0, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int | torch.Tensor = 0, past_key_values=None,
+                **kwargs) -> CausalLMOutputWithPast:
+        cache = given_cache(cache, past_key_values)  # the name differs across transformers releases
         if input_ids is None:
             raise ValueError("ToyLMForCausalLM takes input_ids only")
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -127,7 +131,7 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is not None and use_cache:
             record = torch.stack([input_ids.float(), position_ids.float()], -1)[:, None]  # [B,1,n,2]
             cache.update(record, record.clone(), 0)
-        return CausalLMOutputWithPast(logits=logits, cache=cache if use_cache else None)
+        return causal_lm_output(logits, cache if use_cache else None)
 
 
 def _model(toy: ToyLM, initial_state: int, role: str) -> ToyLMForCausalLM:

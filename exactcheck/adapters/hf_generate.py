@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exactcheck.adapters.transformers_compat import output_cache, prompt_lookup_kwargs, require_ensemble_weight
 from exactcheck.e2e.generator import DecodingPolicy, Generation
 
 __all__ = ["AssistedGeneration", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
@@ -82,7 +83,7 @@ def _generate(model, input_ids, policy, max_new_tokens, seed, **kwargs) -> Gener
         out = model.generate(input_ids.to(model.device), attention_mask=torch.ones_like(input_ids, device=model.device),
                              max_new_tokens=max_new_tokens, min_new_tokens=minimum,
                              return_dict_in_generate=True, **policy_kwargs(policy, input_ids.shape[-1]), **kwargs)
-    return Generation(out.sequences, target_cache=getattr(out, "cache", None))
+    return Generation(out.sequences, target_cache=output_cache(out))
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,10 @@ class AssistedGeneration:
         for key, value in settings.items():
             setattr(config, key, value)
         try:
-            extra = {} if self.ensemble_weight is None else dict(assistant_ensemble_weight=self.ensemble_weight)
+            extra = {}
+            if self.ensemble_weight is not None:
+                require_ensemble_weight()
+                extra = dict(assistant_ensemble_weight=self.ensemble_weight)
             return _generate(target, input_ids, policy, max_new_tokens, seed, assistant_model=draft, **extra)
         finally:
             for key, value in saved.items():
@@ -131,7 +135,8 @@ class PromptLookup:
     def __call__(self, target, draft, input_ids, policy, max_new_tokens, seed):
         return _generate(target, input_ids, policy, max_new_tokens, seed,
                          prompt_lookup_num_tokens=self.draft_length,
-                         max_matching_ngram_size=self.max_matching_ngram)
+                         max_matching_ngram_size=self.max_matching_ngram,
+                         **prompt_lookup_kwargs(bool(policy.stop_tokens)))
 
 
 @dataclass(frozen=True)

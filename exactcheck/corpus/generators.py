@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exactcheck.adapters.transformers_compat import forward, new_cache
 from exactcheck.corpus.verifiers import exponential_race, mirrored_uniform_product
 from exactcheck.e2e.generator import DecodingPolicy, Generation
 
@@ -28,8 +29,7 @@ def _rows(model, tokens: torch.Tensor, policy: DecodingPolicy, prefixes, last: i
     with a ``cache`` only ``tokens[start:]`` is fed, at positions from ``start``."""
     feed = tokens[start:]
     positions = torch.arange(start, start + feed.numel(), device=tokens.device)
-    out = model(input_ids=feed[None], position_ids=positions[None], cache=cache,
-                use_cache=cache is not None)
+    out = forward(model, feed[None], cache, position_ids=positions[None], use_cache=cache is not None)
     return policy.probabilities(out.logits[0, -last:], prefixes)
 
 
@@ -101,8 +101,7 @@ class DraftRecomputeLoop(CacheFreeLoop):
         return exponential_race(p, q, drafts, generator)
 
     def new_cache(self):
-        from transformers import DynamicCache
-        return DynamicCache()
+        return new_cache()
 
     def target_rows(self, target, sequence, drafts, prompt, policy, cache, known):
         generated = tuple(sequence[prompt:].tolist())

@@ -90,18 +90,18 @@ def final_cache(model, cache, final: torch.Tensor, role: str = "target", atol: f
     the recompute on those tokens within ``atol`` (relative to the largest entry)."""
     if cache is None:
         return []
-    from transformers import DynamicCache
+    from exactcheck.adapters.transformers_compat import forward, new_cache
     held = cache.get_seq_length()
     length = final.shape[-1]
     if not (length - slack <= held <= length):
         return [Breach("final length", -1, role, f"cache holds {held} entries for a {length}-token sequence")]
-    fresh = DynamicCache()
+    fresh = new_cache()
     calls = getattr(model, "calls", None)
     if calls is not None:
         model.calls = None  # the recompute is not part of the generation
     try:
         with torch.no_grad():
-            model(input_ids=final[:, :held].to(model.device), cache=fresh, use_cache=True)
+            forward(model, final[:, :held].to(model.device), fresh, use_cache=True)
     finally:
         if calls is not None:
             model.calls = calls

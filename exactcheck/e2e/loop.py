@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exactcheck.adapters.transformers_compat import forward, new_cache
 from exactcheck.e2e.generator import DecodingPolicy, Generation
 from exactcheck.step.reference import ReferenceVerifier
 
@@ -36,11 +37,6 @@ __all__ = ["ReferenceSpeculativeLoop", "NoCropAfterRejection", "CropOffByOne", "
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",
            "CACHE_MUTANTS", "POLICY_MUTANTS", "PolicyOnDraftOnly", "PolicyOnBonusOnly", "TemperatureTwice",
            "MaskOnDraftOnly", "MaskAfterAcceptance", "TokensAfterStop"]
-
-
-def _new_cache():
-    from transformers import DynamicCache
-    return DynamicCache()
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ class ReferenceSpeculativeLoop:
         verifier = ReferenceVerifier()
         sequence = input_ids[0].to(device)
         prompt = sequence.numel()
-        caches = {"target": _new_cache(), "draft": _new_cache()}
+        caches = {"target": new_cache(), "draft": new_cache()}
         # tokens ever fed per model (only PositionsNotRewound reads it), and how many committed
         # tokens the loop believes each cache holds (true when rollback crops correctly)
         counters = {"target": 0, "draft": 0, "known": 0}
@@ -86,7 +82,7 @@ class ReferenceSpeculativeLoop:
     def forward(self, model, cache, counters, role, tokens: torch.Tensor) -> torch.Tensor:
         """Feed ``tokens``; the logits [n, V] at each fed position."""
         positions = self.positions(cache, counters, role, tokens.numel(), tokens.device)
-        out = model(input_ids=tokens[None], position_ids=positions[None], cache=cache, use_cache=True)
+        out = forward(model, tokens[None], cache, position_ids=positions[None], use_cache=True)
         return out.logits[0]
 
     def policy_rows(self, logits: torch.Tensor, policy: DecodingPolicy, prefixes, role: str) -> torch.Tensor:
