@@ -8,10 +8,17 @@ verifying, validating, committing) comes to just moving its data once.
 
     python benchmarks/throughput.py            # V = 32, k = 4, B = 200,000 on CPU
     python benchmarks/throughput.py --device cuda
+    python benchmarks/throughput.py --sweep [--device cuda] [--json FILE]
+        # V in {32, 4096, 32000, 152064} x k in {1, 4, 8}; B sized to the device's free memory
+
+In the sweep each cell's batch is the largest that fits half the device's free memory
+(``exactcheck.memory.device_max_elements``), capped at 200,000 trials; the world keeps at most
+2^25 table entries (fewer states at large V), and the floor copies the same bytes per step.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -19,7 +26,7 @@ import time
 import torch
 
 from exactcheck.step.drive import drive_sequences
-from exactcheck.memory import keep_freed_memory
+from exactcheck.memory import device_max_elements, keep_freed_memory
 from exactcheck.step.reference import reference_verifier
 from toy_models import make_context_world
 
@@ -34,6 +41,75 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+SWEEP_VOCABS = (32, 4096, 32000, 152064)
+SWEEP_DRAFT_LENGTHS = (1, 4, 8)
+
+
+def bytes_per_step(vocab: int, k: int) -> int:
+    return ((k + 1) * vocab + k * vocab) * 4 + (k + (k + 1)) * 8
+
+
+def measure(vocab: int, k: int, batch: int, length: int, device: torch.device, repeats: int,
+            max_elements: int | None = None) -> dict:
+    """Floor and driver+reference rates for one (V, k, B), measured alternately."""
+    states = max(16, min(1031, (1 << 25) // vocab))
+    world = make_context_world("bench", vocab=vocab, num_states=states, length=length,
+                               draft_length=k, agreement=0.8, seed=0)
+    step_bytes = bytes_per_step(vocab, k)
+    src = torch.empty(batch * step_bytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    elements = max_elements or batch * (k + 1) * vocab
+    result = {}
+
+    def run():
+        result["samples"] = drive_sequences(reference_verifier, world, batch, seed=1, device=device,
+                                            max_elements=elements)
+
+    run()  # warm up (alias tables, allocator, kernels)
+    copies, drives = [], []
+    for _ in range(repeats):
+        copies += [_timed(lambda: dst.copy_(src)) for _ in range(5)]
+        drives.append(_timed(run))
+    copy_s, drive_s = statistics.median(copies), statistics.median(drives)
+    samples = result["samples"]
+    floor = batch / copy_s
+    rate = samples.steps / drive_s
+    return dict(vocab=vocab, k=k, batch=batch, states=states, length=length,
+                bytes_per_step=step_bytes, copy_s=copy_s, copy_gb_per_s=batch * step_bytes / copy_s / 1e9,
+                floor_steps_per_s=floor, drive_s=drive_s, steps=samples.steps, calls=samples.calls,
+                steps_per_s=rate, ratio=rate / floor)
+
+
+def sweep(device: torch.device, length: int, repeats: int, max_batch: int) -> list[dict]:
+    rows = []
+    for vocab in SWEEP_VOCABS:
+        for k in SWEEP_DRAFT_LENGTHS:
+            per_trial = (k + 1) * vocab
+            elements = device_max_elements(device)
+            batch = max(1, min(max_batch, elements // per_trial))
+            while True:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                try:
+                    row = measure(vocab, k, batch, length, device, repeats, max_elements=batch * per_trial)
+                    break
+                except torch.OutOfMemoryError:
+                    if batch == 1:
+                        raise
+                    print(f"V={vocab:,} k={k}: out of memory at B={batch:,}; halving", flush=True)
+                    batch //= 2
+            if device.type == "cuda":  # what a call really held per target_probs element
+                row["peak_bytes_per_element"] = torch.cuda.max_memory_allocated(device) / (batch * per_trial)
+            rows.append(row)
+            print(f"V={vocab:>7,} k={k}  B={batch:>8,}  floor {row['floor_steps_per_s']:>14,.0f} steps/s "
+                  f"({row['copy_gb_per_s']:6.1f} GB/s)  driver {row['steps_per_s']:>14,.0f} steps/s "
+                  f"({row['calls']} calls, {row['drive_s']:.3f} s)  ratio {row['ratio']:.3f}"
+                  + (f"  peak {row['peak_bytes_per_element']:.0f} B/element" if "peak_bytes_per_element" in row else ""),
+                  flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=32)
@@ -42,44 +118,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=64, help="tokens generated per trial")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sweep", action="store_true",
+                        help="V in {32, 4096, 32000, 152064} x k in {1, 4, 8}, batch sized to the device")
+    parser.add_argument("--json", help="write the measurements here")
     parser.add_argument("--system-allocator", action="store_true",
                         help="leave glibc's allocator as it is (no keep_freed_memory)")
     args = parser.parse_args(argv)
     allocator = "glibc defaults" if args.system_allocator else (
         "glibc, freed blocks kept" if keep_freed_memory() else "unchanged (not glibc)")
     device = torch.device(args.device)
-    vocab, k, batch = args.vocab, args.k, args.batch
-
-    world = make_context_world("bench", vocab=vocab, num_states=1031, length=args.length,
-                               draft_length=k, agreement=0.8, seed=0)
-    bytes_per_step = ((k + 1) * vocab + k * vocab) * 4 + (k + (k + 1)) * 8
-    src = torch.empty(batch * bytes_per_step, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    result = {}
-
-    def run():
-        result["samples"] = drive_sequences(reference_verifier, world, batch, seed=1, device=device,
-                                            max_elements=batch * (k + 1) * vocab)
-
-    run()  # warm up (alias tables, allocator)
-    # floor and loop measured alternately, so a slow patch of the machine hits both alike
-    copies, drives = [], []
-    for _ in range(args.repeats):
-        copies += [_timed(lambda: dst.copy_(src)) for _ in range(5)]
-        drives.append(_timed(run))
-    copy_s, drive_s = statistics.median(copies), statistics.median(drives)
-    floor = batch / copy_s
-    samples = result["samples"]
-    rate = samples.steps / drive_s
-    print(f"world: context LM, V={vocab}, k={k}, B={batch:,}, {args.length} tokens per trial, "
-          f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"allocator: {allocator}")
-    print(f"memory-copy floor (median of {len(copies)}): {batch * bytes_per_step / 1e6:.0f} MB in "
-          f"{copy_s * 1e3:.1f} ms "
-          f"= {floor:,.0f} verify steps/s ({batch * bytes_per_step / copy_s / 1e9:.1f} GB/s)")
-    print(f"driver + reference (median of {len(drives)}): {samples.steps:,} verify steps "
-          f"({samples.calls} calls) in {drive_s:.2f} s = {rate:,.0f} verify steps/s")
-    print(f"ratio to floor: {rate / floor:.2f} (target >= 0.25)")
+    header = (f"device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+              + f", torch {torch.__version__}, {torch.get_num_threads()} threads, allocator: {allocator}")
+    print(header)
+    if args.sweep:
+        rows = sweep(device, length=args.length, repeats=args.repeats, max_batch=args.batch)
+    else:
+        row = measure(args.vocab, args.k, args.batch, args.length, device, args.repeats)
+        rows = [row]
+        print(f"world: context LM, V={row['vocab']}, k={row['k']}, B={row['batch']:,}, {row['length']} tokens "
+              f"per trial, {row['states']} states")
+        print(f"memory-copy floor (median of {5 * args.repeats}): {row['batch'] * row['bytes_per_step'] / 1e6:.0f} MB "
+              f"in {row['copy_s'] * 1e3:.1f} ms = {row['floor_steps_per_s']:,.0f} verify steps/s "
+              f"({row['copy_gb_per_s']:.1f} GB/s)")
+        print(f"driver + reference (median of {args.repeats}): {row['steps']:,} verify steps "
+              f"({row['calls']} calls) in {row['drive_s']:.2f} s = {row['steps_per_s']:,.0f} verify steps/s")
+        print(f"ratio to floor: {row['ratio']:.2f} (target >= 0.25)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(header=header, rows=rows), f, indent=1)
     return 0
 
 

@@ -32,10 +32,11 @@ from exactcheck.reachability import observed_in, structural
 from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
                              derive_seed, plan_step_audit)
 from exactcheck.suite import default_worlds, large_worlds
-from exactcheck.report.verdict import Category, CellDeviation, Outcome, Verdict
+from exactcheck.report.verdict import Category, CellDeviation, Evidence, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path", "DEFAULT_REQUIRE"]
+__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path", "DEFAULT_REQUIRE",
+           "resolve_device"]
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
 
@@ -58,6 +59,7 @@ class AuditResult:
     stopped_at: str | None = None  # the check whose evidence stopped the audit
     # the finding categories that decide pass/fail (Category values); others are shown only
     require: tuple[str, ...] = DEFAULT_REQUIRE
+    interrupted: bool = False  # Ctrl-C ended the audit: a partial report, marked incomplete, never a pass
 
     def gates(self, verdict: Verdict) -> bool:
         """Whether ``verdict`` fails this audit: a failed outcome in a required category."""
@@ -81,7 +83,7 @@ class AuditResult:
 
     @property
     def passed(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.interrupted
 
     def count(self, outcome: Outcome) -> int:
         return sum(v.outcome is outcome for v in self.verdicts)
@@ -94,10 +96,17 @@ class AuditResult:
                                                else 0.0, -(v.tv_estimate or 0.0)))
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    device = torch.device(device)
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device; a UsageError (one line, exit 2) if torch cannot use it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"device ({device}) is not a torch device: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device ({device}) is not available: torch sees no CUDA device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"device ({device}) is not available: torch sees {torch.cuda.device_count()} CUDA "
+                         f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device
 
 
@@ -181,7 +190,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
-    device = _resolve_device(options.device)
+    device = resolve_device(options.device)
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress)
 
 
@@ -209,37 +218,43 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     threshold = budget.log_e_threshold
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(sum(len(r.batches) for r in runs) + len(chains) + len(searched) + bool(searched),
-                   enabled=progress)
+    bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
 
     def reproduce(world: str) -> str:
         return options.reproduce(name, world)
 
     evident: tuple[_WorldRun, int] | None = None  # (world, law index) whose e-process crossed
-    for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
-        for run in runs:
-            if run.finished or evident or batch_index >= len(run.batches):
-                continue
-            size = run.batches[batch_index]
-            batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
-            try:
-                samples = drive(subject, run.world, size, batch_seed, device)
-            except (SubjectCrashed, ContractViolation) as exc:
-                run.failure = _drive_failure(exc, run, size, reproduce(run.world.name))
-                bar.step(run.world.name)
-                if stop_early and run.failure.outcome.failed:
-                    evident = (run, -1)
-                continue
-            run.drawn += size
-            for i, plan in enumerate(run.plans):
-                counts = compare(plan, samples).counts
-                run.counts[i] += counts
-                process = run.processes[i]
-                if process is not None and process.look(run.counts[i]) >= threshold and not evident:
-                    evident = (run, i)
-            bar.step(run.world.name)
-        if evident:
-            break
+    interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
+    try:
+        for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
+            for run in runs:
+                if run.finished or evident or batch_index >= len(run.batches):
+                    continue
+                size = run.batches[batch_index]
+                batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
+                try:
+                    samples = drive(subject, run.world, size, batch_seed, device)
+                except (SubjectCrashed, ContractViolation) as exc:
+                    run.failure = _drive_failure(exc, run, size, reproduce(run.world.name))
+                    bar.step(run.world.name, run.budget - run.drawn)
+                    if stop_early and run.failure.outcome.failed:
+                        evident = (run, -1)
+                    continue
+                run.drawn += size
+                for i, plan in enumerate(run.plans):
+                    counts = compare(plan, samples).counts
+                    run.counts[i] += counts
+                    process = run.processes[i]
+                    if process is not None and process.look(run.counts[i]) >= threshold and not evident:
+                        evident = (run, i)
+                bar.step(run.world.name, size)
+            if evident:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    bar.close()
+    bar = Progress(len(chains) + len(searched) + bool(searched), unit="check", desc="exactcheck: checks",
+                   enabled=progress)
 
     pending: list[Verdict] = []
     for run in runs:
@@ -248,22 +263,32 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             pending.append(run.failure)
             continue
         for i, plan in enumerate(run.plans):
-            pending.append(_law_verdict(run, i, base, budget, evident))
+            pending.append(_law_verdict(run, i, base, budget, evident, interrupted))
 
-    for world in chains:
-        pending.extend(_chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
-                                       device, reproduce(world.name), evident is not None))
-        bar.step(world.name)
+    try:
+        for world in chains if not interrupted else ():
+            pending.extend(_chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
+                                           device, reproduce(world.name), evident is not None))
+            bar.step(world.name)
 
-    for prop in searched:
-        prop_seed = derive_seed(seed, f"properties/{prop}")
-        result = search(subject, prop, level.property_examples, prop_seed)
-        pending.append(_property_verdict(result, name, prop_seed, reproduce(f"properties/{prop}")))
-        bar.step(f"properties/{prop}")
+        for prop in searched if not interrupted else ():
+            prop_seed = derive_seed(seed, f"properties/{prop}")
+            result = search(subject, prop, level.property_examples, prop_seed, device)
+            pending.append(_property_verdict(result, name, prop_seed, reproduce(f"properties/{prop}")))
+            bar.step(f"properties/{prop}")
 
-    if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks):
-        pending.append(_inputs_verdict(subject, seed, reproduce("inputs")))
-        bar.step("inputs")
+        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not interrupted:
+            pending.append(_inputs_verdict(subject, seed, reproduce("inputs"), device))
+            bar.step("inputs")
+    except KeyboardInterrupt:
+        interrupted = True
+    bar.close()
+    if interrupted:  # every planned check still gets a verdict: the ones not reached say so
+        reached = {v.check for v in pending}
+        pending += [Verdict(check=c.name, world=c.world, law=c.law, condition="", samples=0, seed=seed,
+                            outcome=Outcome.INCONCLUSIVE, reproduce=reproduce(c.world),
+                            summary="not run: the audit was interrupted (Ctrl-C) before this check")
+                    for c in audit_plan.checks if c.name not in reached]
 
     verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     stopped = None
@@ -276,7 +301,8 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         environment={"exactcheck": __version__, "torch": torch.__version__,
                      "python": platform.python_version(), "platform": platform.platform()},
         detect_tv=options.target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
-        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=options.require)
+        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=options.require,
+        interrupted=interrupted)
 
 
 def planned_checks(**settings) -> list[str]:
@@ -299,7 +325,7 @@ def _drive_failure(exc: Exception, run: _WorldRun, size: int, reproduce: str) ->
 
 
 def _law_verdict(run: _WorldRun, i: int, base: dict, budget: AlphaBudget,
-                 evident: tuple[_WorldRun, int] | None) -> Verdict:
+                 evident: tuple[_WorldRun, int] | None, interrupted: bool = False) -> Verdict:
     """The verdict of law ``i`` of ``run``: an e-process detection, a fixed-budget test (its
     p-value still to go through Holm), or not run to its budget because the audit stopped."""
     plan, counts = run.plans[i], run.counts[i]
@@ -321,21 +347,22 @@ def _law_verdict(run: _WorldRun, i: int, base: dict, budget: AlphaBudget,
                    f"TV {gof.tv_estimate:.4f}, e-value {_e(log_e)} after {run.drawn:,} of "
                    f"{run.budget:,} planned trials (stopped early)")
         return Verdict(outcome=Outcome.DEFECT, summary=summary, statistic=log_e,
-                       statistic_name=E_STATISTIC_NAME, pvalue=e_p,
+                       statistic_name=E_STATISTIC_NAME, pvalue=e_p, evidence_kind=Evidence.SEQUENTIAL,
                        adjusted_pvalue=min(1.0, e_p / budget.e_share * budget.alpha),
                        alpha_share=budget.e_share,
                        **tv, **common)
     if run.drawn < run.budget:
         where = "" if evident is None else f" at {evident[0].world.name}" + (
             f"/{evident[0].plans[evident[1]].law}" if evident[1] >= 0 else "")
+        why = ("the audit was interrupted (Ctrl-C)" if interrupted and evident is None
+               else f"the audit stopped early on a defect{where}")
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
-            f"not run to its budget: the audit stopped early on a defect{where} after "
-            f"{run.drawn:,} of {run.budget:,} trials"), **tv, **common)
+            f"not run to its budget: {why} after {run.drawn:,} of {run.budget:,} trials"), **tv, **common)
     if gof.samples == 0:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"no trial met the condition ({plan.condition}) although the exact law expects "
             "it often; see the accepted_length verdict"), **common)
-    return Verdict(outcome=Outcome.EXACT, summary=_statistical_summary(gof),
+    return Verdict(outcome=Outcome.EXACT, summary=_statistical_summary(gof), evidence_kind=Evidence.FIXED_BUDGET,
                    tv_certificate=tv_certificate(counts, plan.expected, budget.alpha),
                    statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
                    pvalue=gof.pvalue, **tv, **common)
@@ -387,6 +414,13 @@ def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce
                   category=Category.REPRODUCIBILITY if result.property == "same_seed" else Category.EXACTNESS)
     note = f" ({result.note})" if result.note else ""
     failure = result.failure
+    if failure is None and result.unrepeatable is not None:
+        found = result.unrepeatable
+        return Verdict(outcome=Outcome.INCONCLUSIVE, reproducer=reproducer(subject, found, seed), reproduce=reproduce,
+                       summary=(f"not judged: a counterexample did not recur when the same case was run again, "
+                                f"so it is not reported as a defect (the subject is not deterministic under forced "
+                                f"draws, or a draw escaped exactcheck's control on this device); seen once: "
+                                f"{found.message}"), **dict(common, category=Category.REPRODUCIBILITY))
     if failure is None and result.unreachable is not None:
         found = result.unreachable
         return Verdict(outcome=Outcome.UNREACHABLE, reproducer=reproducer(subject, found, seed),
@@ -406,11 +440,11 @@ def _property_verdict(result: PropertyResult, subject: str, seed: int, reproduce
     record = reproducer(subject, failure, seed)
     value = f" with every uniform {failure.value}" if failure.value else ""
     return Verdict(outcome=outcome, pvalue=0.0, reproducer=record, reachability=failure.reachability,
-                   traceback=failure.frames, reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'])}",
+                   traceback=failure.frames, reproduce=f"exactcheck replay REPORT_DIR/{reproducer_path(common['check'], subject)}",
                    summary=f"counterexample{value}: {failure.message}", **common)
 
 
-def _inputs_verdict(subject, seed: int, reproduce: str) -> Verdict:
+def _inputs_verdict(subject, seed: int, reproduce: str, device="cpu") -> Verdict:
     """How invalid inputs are handled (category input-handling): garbage output is a contract
     violation, silently accepting NaN, inf, negative or all-zero probabilities is reported
     (inconclusive), refusing them passes. A subject that raises on the valid base case too is
@@ -418,7 +452,7 @@ def _inputs_verdict(subject, seed: int, reproduce: str) -> Verdict:
     common = dict(check="inputs/invalid", world="inputs", law="invalid",
                   condition="NaN, inf, negative, all-zero and unnormalised rows", seed=0,
                   reproduce=reproduce, category=Category.INPUT_HANDLING)
-    probes = probe_invalid_inputs(subject, seed)
+    probes = probe_invalid_inputs(subject, seed, device)
     if probes and probes[0].handling == "broken on valid input":
         return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, summary=(
             f"not judged: the subject fails on the valid base case too ({probes[0].detail}), so its "
@@ -443,9 +477,11 @@ def _inputs_verdict(subject, seed: int, reproduce: str) -> Verdict:
     return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=summary, **common)
 
 
-def reproducer_path(check: str) -> str:
-    """Where a report directory keeps the reproducer of ``check``."""
-    return "reproducers/" + check.replace("/", "-") + ".json"
+def reproducer_path(check: str, subject: str = "") -> str:
+    """Where a report directory keeps the reproducer of ``check`` of ``subject`` (one file per
+    subject and check, so subjects failing the same property in one gate keep theirs apart)."""
+    slug = "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in subject).strip("-")
+    return "reproducers/" + (f"{slug}--" if slug else "") + check.replace("/", "-") + ".json"
 
 
 def _apply_holm(pending: list[Verdict], budget: AlphaBudget) -> list[Verdict]:

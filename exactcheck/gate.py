@@ -4,6 +4,7 @@
     level = "quick"          # defaults for every subject
     seed = 0
     alpha = 1e-3
+    device = "cpu"           # or "cuda", "cuda:1": where subjects and worlds run
 
     [[tool.exactcheck.subject]]
     name = "sampler"
@@ -54,6 +55,7 @@ class GateSubject:
     worlds: tuple[str, ...] | None = None
     exempt: tuple[str, ...] = ()
     require: tuple[str, ...] = ()  # finding categories that gate besides exactness
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,10 @@ class GateResult:
         return not self.blocking
 
 
-def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -> list[GateSubject]:
-    """The subjects of ``[tool.exactcheck]`` in ``path`` (``level`` overrides every level)."""
+def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
+                device: str | None = None) -> list[GateSubject]:
+    """The subjects of ``[tool.exactcheck]`` in ``path`` (``level`` and ``device`` override every
+    subject's)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -97,7 +101,7 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
         if name in names:
             raise UsageError(f"{path}: two subjects are named {name!r}")
         names.add(name)
-        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require"}
+        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require", "device"}
         if unknown:
             raise UsageError(f"{path}: subject {name!r} has unknown keys {sorted(unknown)}")
         subjects.append(GateSubject(
@@ -107,7 +111,8 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None) -
             alpha=float(entry.get("alpha", section.get("alpha", DEFAULT_ALPHA))),
             worlds=tuple(entry["worlds"]) if entry.get("worlds") else None,
             exempt=tuple(entry.get("exempt", ())),
-            require=_require(path, name, entry.get("require", section.get("require", ())))))
+            require=_require(path, name, entry.get("require", section.get("require", ()))),
+            device=device or str(entry.get("device", section.get("device", "cpu")))))
     return subjects
 
 
@@ -123,6 +128,7 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
     """Audit every subject (imports resolve from ``root``, default the current directory). Every
     subject is loaded and its options checked before any audit runs, so a mistake in the last
     one costs no audit time."""
+    from exactcheck.audit import resolve_device
     from exactcheck.plan import AuditOptions
     from exactcheck.subjects import load_generator, load_subject
     if root is not None and str(root) not in sys.path:
@@ -131,7 +137,8 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
     for subject in subjects:
         try:
             AuditOptions.build(level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                               worlds=subject.worlds, require=subject.require)
+                               worlds=subject.worlds, require=subject.require, device=subject.device)
+            resolve_device(subject.device)
             loaded[subject.name] = (load_subject if subject.kind == "verifier" else load_generator)(subject.target)
         except UsageError as exc:
             raise UsageError(f"subject {subject.name!r}: {exc}") from None
@@ -145,12 +152,13 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
             from exactcheck.audit import run_audit
             audit = run_audit(loaded[subject.name], subject_name=subject.target, level=subject.level,
                               seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress,
-                              require=subject.require)
+                              require=subject.require, device=subject.device)
         else:
             from exactcheck.e2e.audit import run_generator_audit
             audit = run_generator_audit(loaded[subject.name], subject_name=subject.target,
                                         level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                                        worlds=worlds, progress=progress, require=subject.require)
+                                        worlds=worlds, progress=progress, require=subject.require,
+                                        device=subject.device)
         results.append(GateResult(subject, audit))
     return results
 

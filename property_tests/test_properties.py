@@ -82,7 +82,7 @@ def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
 def test_replay_command(tmp_path, capsys):
     assert main(["audit", "exactcheck.step.mutants:zero_residual_to_vocab", "--level", "quick",
                  "--world", "properties/contract", "--report", str(tmp_path), "--quiet"]) == 1
-    path = tmp_path / "reproducers" / "properties-contract.json"
+    path = tmp_path / "reproducers" / "exactcheck.step.mutants-zero_residual_to_vocab--properties-contract.json"
     record = json.loads(path.read_text())
     assert record["schema"] == "exactcheck.reproducer/2" and record["inputs"] is not None
     assert main(["replay", str(path)]) == 1
@@ -112,3 +112,30 @@ def test_a_subject_drawing_only_uncontrolled_numbers_is_said_so():
     result = search(bernoulli_verifier, "no_forbidden_token", examples=1)
     assert "not forced:" in result.note and "torch.bernoulli" in result.note
     assert "torch's global generator" in result.note  # it drew without the generator it was handed
+
+
+class _WrongOnce:
+    """Exact, except that one call in the hypothesis phase returns the wrong shape: the
+    failure cannot recur when hypothesis runs the same case again (as a nondeterministic
+    kernel would do)."""
+
+    def __init__(self, after: int):
+        self.calls, self.after = 0, after
+
+    def __call__(self, target_probs, draft_probs, draft_tokens, generator):
+        self.calls += 1
+        out = reference_verifier(target_probs, draft_probs, draft_tokens, generator)
+        if self.calls == self.after:
+            out = out[:, :-1]
+        return out
+
+
+def test_a_counterexample_that_does_not_recur_is_inconclusive_not_a_defect():
+    from exactcheck.audit import _property_verdict
+    from exactcheck.report.verdict import Category
+    subject = _WrongOnce(after=len(edge_corpus()) + 3)
+    result = search(subject, "contract", examples=30, seed=0)
+    assert result.failure is None and result.unrepeatable is not None, result
+    verdict = _property_verdict(result, "tests:wrong_once", 0, "exactcheck replay X")
+    assert verdict.outcome is Outcome.INCONCLUSIVE and verdict.category is Category.REPRODUCIBILITY
+    assert "did not recur" in verdict.summary and verdict.reproducer is not None

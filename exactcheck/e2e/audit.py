@@ -28,7 +28,7 @@ import torch
 
 from exactcheck import __version__
 from exactcheck.audit import (STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
-                              keep_plots_where_needed, plot_cells)
+                              keep_plots_where_needed, plot_cells, resolve_device)
 from exactcheck.plan import AuditOptions, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
@@ -38,7 +38,7 @@ from exactcheck.stats.laws import LawComparison, LawPlan, policy_sequence_law
 from exactcheck.progress import Progress
 from exactcheck.reachability import observed_in
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.report.verdict import Evidence, Outcome, Verdict
 from toy_models.hf_toy_lm import ModelWorld, model_worlds, prompt_for_state
 
 __all__ = ["run_generator_audit", "planned_generator_checks", "GREEDY_PROMPTS", "GREEDY_DRAFT_LENGTHS",
@@ -114,6 +114,7 @@ def _law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict,
         verdicts.append(Verdict(
             outcome=Outcome.EXACT, summary=summary, statistic=None if gof.impossible else gof.statistic,
             statistic_name=STATISTIC_NAME, df=gof.df, pvalue=gof.pvalue,
+            evidence_kind=Evidence.DETERMINISTIC if gof.impossible else Evidence.FIXED_BUDGET,
             tv_certificate=tv_certificate(counts, expected, alpha),
             check=f"{run.world.name}/{plan.law}", law=plan.law, condition=condition, samples=gof.samples,
             tv_estimate=gof.tv_estimate, tv_interval=gof.tv_interval, detectable_tv=gof.detectable_tv,
@@ -161,8 +162,9 @@ def _rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
         + (", and every final cache matched a fresh recompute" if run.final_caches_checked else "")), **common)
 
 
-def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: str | None) -> Verdict:
-    target, draft = world.models()
+def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: str | None,
+                    device: str = "cpu") -> Verdict:
+    target, draft = (m.to(device) for m in world.models())
     prompts = [torch.tensor(prompt_for_state(world.world, len(world.prompt), derive_seed(seed, f"prompt/{i}"))[0])
                for i in range(GREEDY_PROMPTS)]
     has_length = hasattr(generator, "draft_length")
@@ -185,6 +187,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
     MODULE:CALLABLE); given, reproduce lines are commands."""
     options = AuditOptions.of(options, settings)
+    resolve_device(options.device)
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     plan = plan_generator_audit(options, policies, greedy)
@@ -197,7 +200,8 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     share = budget.first_share
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(sum(len(world_policies[w.name]) + greedy for w in chosen), enabled=progress)
+    bar = Progress(n * sum(len(world_policies[w.name]) for w in chosen), unit="generation",
+                   desc="exactcheck: generations", enabled=progress)
     pending: list[Verdict] = []
     drawn = 0
     for world in chosen:
@@ -207,11 +211,18 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
         for policy in world_policies[world.name]:
             suffix = policy_suffix(policy, world)
             try:
-                run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy)
+                done = [0]
+
+                def advance(i, _n, label=f"{world.name}/sampling{suffix}", done=done):
+                    bar.step(label, i - done[0])
+                    done[0] = i
+
+                run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy,
+                                      device=options.device, progress=advance)
             except SubjectError as exc:
                 pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
                                                 samples=n, condition="every generation"))
-                bar.step(f"{world.name}/sampling{suffix}")
+                bar.step(f"{world.name}/sampling{suffix}", n - done[0])
                 continue
             drawn += run.size
             pending.extend(_law_verdicts(run, share, budget.alpha, base, lossy))
@@ -219,10 +230,11 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                 pending.append(_validity_verdict(run, base))
             if policy is world_policies[world.name][0]:
                 pending.append(_rollback_verdict(run, base))
-            bar.step(f"{world.name}/sampling{suffix}")
+            bar.step(f"{world.name}/sampling{suffix}", n - done[0])
         if greedy:
-            pending.append(_greedy_verdict(generator, world, world_seed, base, lossy))
-            bar.step(f"{world.name}/greedy_identity")
+            bar.bar.set_postfix_str(f"{world.name}/greedy_identity")
+            pending.append(_greedy_verdict(generator, world, world_seed, base, lossy, options.device))
+    bar.close()
     verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     environment = {"exactcheck": __version__, "torch": torch.__version__, "python": platform.python_version(),
                    "numpy": np.__version__, "machine": platform.machine()}
@@ -232,7 +244,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     except ImportError:  # the toy worlds need it; kept for symmetry with the step audit
         pass
     return AuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
-                       alpha=budget.alpha, device="cpu", verdicts=tuple(verdicts), started=started,
+                       alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=n * sum(len(v) for v in world_policies.values()), samples_drawn=drawn,
                        require=options.require)

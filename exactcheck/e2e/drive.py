@@ -51,11 +51,12 @@ def generation_seed(seed: int, i: int) -> int:
 
 
 def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy,
-                    probe: bool = True, progress=None) -> GeneratorSamples:
+                    probe: bool = True, progress=None, device: torch.device | str = "cpu") -> GeneratorSamples:
     """``n`` generations of ``world.length`` tokens; raises ``SubjectError`` (crash, contract
-    violation) at the first generation that fails, as the step driver does."""
-    target, draft = world.models()
-    prompt = world.prompt_ids()
+    violation) at the first generation that fails, as the step driver does. The models and the
+    prompt are placed on ``device``; outputs come back to the CPU."""
+    target, draft = (m.to(device) for m in world.models())
+    prompt = world.prompt_ids().to(device)
     outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = cached = 0
@@ -71,7 +72,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
         if probe:
             calls += len(log)
             cached += sum(1 for call in log if call.cached_tokens)
-            final = torch.cat([prompt[0], new])
+            final = torch.cat([prompt[0].cpu(), new])
             found = check_calls(log, final.tolist())
             for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
                                               (draft, generation.draft_cache, "draft", 2)):
@@ -79,6 +80,6 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
                     checked += 1
                     found += final_cache(model, cache, final[None], role, slack=slack)
             breaches.extend((i, b) for b in found)
-        if progress is not None and (i + 1) % 250 == 0:
+        if progress is not None and ((i + 1) % 25 == 0 or i + 1 == n):
             progress(i + 1, n)
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)

@@ -100,12 +100,12 @@ def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, policy=GREE
     """The target's greedy continuation of ``prompt`` ([P] ids) under ``policy`` (temperature 0,
     its bias, bans, mask and stop tokens): a plain incremental decode with a fresh cache that is
     only ever appended to (no rollback, so no rollback bug can reach it)."""
-    from transformers import DynamicCache
-    cache, out = DynamicCache(), []
+    from exactcheck.adapters.transformers_compat import forward, new_cache
+    cache, out = new_cache(), []
     feed = prompt[None].to(target.device)
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            logits = target(input_ids=feed, cache=cache, use_cache=True).logits[0, -1]
+            logits = forward(target, feed, cache, use_cache=True).logits[0, -1]
             token = int(policy.probabilities(logits[None], [tuple(out)]).argmax())
             out.append(token)
             if token in policy.stop_tokens:
@@ -138,6 +138,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
     length of ``None`` runs the generator at its own setting. ``on_generation(prompt index,
     draft length, new tokens, Generation)`` sees every successful run (for cache checks)."""
     vocab_size = vocab_size or target.config.vocab_size
+    prompts = [p.to(target.device) for p in prompts]  # the generator gets ids on the model's device
     pairs = pairs or [(i, k) for i in range(len(prompts)) for k in draft_lengths]
     expected = {}
     target64 = None
@@ -167,7 +168,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
             j = next(t for t in range(min(len(got), len(expected[i]))) if got[t] != expected[i][t])
             if target64 is None:
                 target64 = copy.deepcopy(target).double()
-            prefix = torch.cat([prompt, torch.tensor(expected[i][:j], dtype=prompt.dtype)])
+            prefix = torch.cat([prompt, torch.tensor(expected[i][:j], dtype=prompt.dtype, device=prompt.device)])
             margin, gap, kind = _classify(target, target64, prompt.numel(), prefix, expected[i][j], got[j],
                                           tie_tolerance, policy)
             divergences.append(Divergence(i, k, j, expected[i][j], got[j], margin, gap, kind))

@@ -61,7 +61,7 @@ def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outp
 
 def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
                       new_tokens: int = 64, seed: int = 0, alpha: float = 1e-3, progress: bool = True,
-                      loaded=None) -> AuditResult:
+                      loaded=None, device: str = "cpu") -> AuditResult:
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
     xgrammar mask of ``FOUR_PROPERTY_SCHEMA``."""
     import sys
@@ -71,7 +71,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     clock = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     target, tokenizer = loaded or real_models.smollm2()
-    draft = real_models.first_layers_draft(target, 4)
+    target = target.to(device)
+    draft = real_models.first_layers_draft(target, 4).to(device)
     vocab = target.config.vocab_size
     mask = XGrammarMask(tokenizer, vocab_size=vocab)
     greedy_policy = DecodingPolicy(0.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema_greedy")
@@ -101,7 +102,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     for i in range(samples):
         prompt = prompt_ids[i % len(prompt_ids)]
         try:
-            new, _ = call_generator(generator, target, draft, prompt[None], sample_policy, new_tokens,
+            new, _ = call_generator(generator, target, draft, prompt[None].to(target.device), sample_policy, new_tokens,
                                     derive_seed(seed, f"sample/{i}"), vocab)
         except SubjectError as exc:
             failures.append(str(exc))
@@ -152,7 +153,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                    "xgrammar": importlib.metadata.version("xgrammar"),
                    "python": platform.python_version(), "machine": platform.machine(),
                    "outputs": [t for t, _ in texts][:12]}
-    return AuditResult(subject=generator_name(generator), level="grammar", seed=seed, alpha=alpha, device="cpu",
+    return AuditResult(subject=generator_name(generator), level="grammar", seed=seed, alpha=alpha, device=str(device),
                        verdicts=tuple(_apply_holm(verdicts, AlphaBudget(alpha, 0, stop_early=False))), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=samples, samples_drawn=len(outputs))

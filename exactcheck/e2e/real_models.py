@@ -92,11 +92,12 @@ class _FinalCaches:
 
 def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
                      draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
-                     progress: bool = True, loaded=None) -> AuditResult:
-    """Greedy identity (and the final cache) of ``generator`` on a real model pair."""
+                     progress: bool = True, loaded=None, device: str = "cpu") -> AuditResult:
+    """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``."""
     clock = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     target, draft, all_prompts = loaded or load_models(model, seed)
+    target, draft = target.to(device), draft.to(device)
     if prompts > len(all_prompts):
         raise UsageError(f"{model} has {len(all_prompts)} prompts; asked for {prompts}")
     chosen = all_prompts[:prompts]

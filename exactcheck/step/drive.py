@@ -20,7 +20,7 @@ from typing import Union
 import torch
 
 from exactcheck.step.contract import PADDING, Verifier, call_verifier
-from exactcheck.step.sampling import AliasTable, inverse_cdf
+from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
 from toy_models import ContextWorld, StepWorld, ToyLM
 
 __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
@@ -117,8 +117,8 @@ def drive_steps(verifier: Verifier, world: StepWorld, n: int, seed: int,
 
 
 @functools.lru_cache(maxsize=32)
-def _alias_table(model: ToyLM) -> AliasTable:
-    return AliasTable(torch.from_numpy(model.law()))
+def _alias_table(model: ToyLM) -> AliasTable | CdfTable:
+    return state_sampler(torch.from_numpy(model.law()))
 
 
 def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,

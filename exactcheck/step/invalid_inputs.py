@@ -50,14 +50,14 @@ def _corrupt(rows: torch.Tensor, token: int, corruption: str) -> torch.Tensor:
     return rows
 
 
-def probe_invalid_inputs(subject: Verifier, seed: int = 0) -> list[InputProbe]:
+def probe_invalid_inputs(subject: Verifier, seed: int = 0, device="cpu") -> list[InputProbe]:
     """One probe per corruption and place. If the subject raises or breaks the contract on the
     valid base case itself, a single probe with handling "broken on valid input" is returned:
     its errors on corrupted inputs would say nothing."""
-    p, q, tokens = BASE_CASE.tensors()
+    p, q, tokens = BASE_CASE.tensors(device)
     token = int(tokens[0, 0])
     try:
-        validate_output(subject(p, q, tokens, torch.Generator().manual_seed(seed)), tokens, p.shape[-1])
+        validate_output(subject(p, q, tokens, torch.Generator(device=device).manual_seed(seed)), tokens, p.shape[-1])
     except Exception as exc:  # foreign code: any exception
         return [InputProbe("none", "valid input", "broken on valid input", f"{type(exc).__name__}: {exc}")]
     probes = []
@@ -66,7 +66,7 @@ def probe_invalid_inputs(subject: Verifier, seed: int = 0) -> list[InputProbe]:
             tp = _corrupt(p, token, corruption) if where == "target" else p
             dp = _corrupt(q, token, corruption) if where == "draft" else q
             try:
-                out = subject(tp, dp, tokens, torch.Generator().manual_seed(seed))
+                out = subject(tp, dp, tokens, torch.Generator(device=device).manual_seed(seed))
             except Exception as exc:  # foreign code: every exception is a handling to report
                 probes.append(InputProbe(corruption, where, "error", f"{type(exc).__name__}: {exc}"))
                 continue

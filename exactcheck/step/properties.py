@@ -40,7 +40,11 @@ from dataclasses import dataclass, replace
 
 import torch
 from hypothesis import HealthCheck, find, settings
-from hypothesis.errors import NoSuchExample
+from hypothesis import errors as _hypothesis_errors
+from hypothesis.errors import Flaky, NoSuchExample
+
+# hypothesis >= 6.100 raises FlakyFailure (an exception group); older releases raise Flaky
+FlakyFailure = getattr(_hypothesis_errors, "FlakyFailure", Flaky)
 
 from exactcheck.step.contract import PADDING, Verifier, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
@@ -79,6 +83,7 @@ class PropertyFailure:
     forced: tuple[int, ...] | None = None  # the minimal forced element indices (None: all)
     frames: tuple[str, ...] = ()  # a crash: the subject's own frames
     crashed: bool = False  # the subject raised (else its output broke the contract or the property)
+    recurred: bool = True  # False: the same call, run again, did not fail (not reported as a defect)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class PropertyResult:
     failure: PropertyFailure | None
     note: str = ""  # e.g. what could not be controlled, or why the property did not apply
     unreachable: PropertyFailure | None = None  # a failure whose trigger is below the floor
+    # a failure that did not recur when the same case was run again (hypothesis: flaky)
+    unrepeatable: PropertyFailure | None = None
 
 
 def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bool) -> torch.Tensor:
@@ -168,7 +175,7 @@ def _acceptance(out, tensors, log: DrawLog) -> tuple[int, str, float] | None:
             ambiguous = (u >= low * (1 - margin)) & (u <= high * (1 + margin))
             oracle = (u < norm).to(torch.int64).cumprod(1).sum(1)
             # a row is judged only if no decision up to its first rejection is a tie
-            upto = torch.arange(k)[None] <= oracle.clamp(max=k - 1)[:, None]
+            upto = torch.arange(k, device=oracle.device)[None] <= oracle.clamp(max=k - 1)[:, None]
             row = _first(~(ambiguous & upto).any(1) & (accepted != oracle))
             if row is None:
                 return None  # this convention explains every judged row
@@ -191,7 +198,7 @@ def _accepts_row_generators(subject) -> bool:
 def _forced_call(subject, tensors, c, seed, *, only=None, **options):
     """Call the subject with draws forced to ``c`` (or only the elements ``only``); returns
     (output or the subject's error, the draw log)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=tensors[0].device).manual_seed(seed)
     handed = [gen, *(options.get("row_generators") or ())]
     with controlled_randomness(c, only=only, generators=handed) as log:
         try:
@@ -231,17 +238,22 @@ def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> R
 
 
 def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: DrawLog,
-                   options: dict) -> tuple[tuple[int, ...], Reachability]:
+                   options: dict, device="cpu") -> tuple[tuple[int, ...], Reachability] | None:
     """The fewest forced elements that still break ``name`` (delta debugging over element
-    indices, the other draws coming from the generator), and its reachability."""
+    indices, the other draws coming from the generator), and its reachability; None when the
+    failure does not recur on the same call with every draw forced (a nondeterministic subject)."""
     calls = [0]
 
     def fails(only, s=seed) -> bool:
         calls[0] += 1
-        tensors = case.tensors()
+        tensors = case.tensors(device)
         out, log = _forced_call(subject, tensors, c, s, only=frozenset(only), **options)
         return _broken_output(name, out, tensors, log) is not None
 
+    tensors = case.tensors(device)  # the same call again, every draw forced as the first time
+    again, again_log = _forced_call(subject, tensors, c, seed, **options)
+    if _broken_output(name, again, tensors, again_log) is None:
+        return None
     if fails(()):
         return (), forced_draws([], [], [], None)
     current = list(range(full.elements))
@@ -273,10 +285,11 @@ def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: Dra
 
 
 def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | None,
-                   seed: int = 0, draws: Counter | None = None) -> PropertyFailure | None:
+                   seed: int = 0, draws: Counter | None = None, device="cpu") -> PropertyFailure | None:
     """Check one property on one case; None when it holds (or could not be judged). ``draws``
-    collects the names of random sources the subject used that could not be forced."""
-    tensors = case.tensors()
+    collects the names of random sources the subject used that could not be forced. The case's
+    tensors and every generator handed over are on ``device``."""
+    tensors = case.tensors(device)
 
     def fail(message, row=None, out=None, reach=None, forced=None, frames=()):
         return PropertyFailure(name, value, case, message, row,
@@ -298,7 +311,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
     options = {}
     if name == "seeded_rows":
         # row 0 repeated, alternately unseeded and seeded (at least one of each)
-        options["row_generators"] = [torch.Generator().manual_seed(seed + b) if b % 2 else None
+        options["row_generators"] = [torch.Generator(device=device).manual_seed(seed + b) if b % 2 else None
                                      for b in range(max(case.batch, 2))]
         tensors = tuple(t[:1].expand(len(options["row_generators"]), *t.shape[1:]).contiguous()
                         for t in tensors)
@@ -313,7 +326,10 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         found = _broken_output(name, out, tensors, log)
         if found is None:
             return None
-        forced, reach = _shrink_forced(subject, name, case, c, seed, log, options)
+        shrunk = _shrink_forced(subject, name, case, c, seed, log, options, device)
+        if shrunk is None:
+            return replace(fail(found[1], found[0]), recurred=False)
+        forced, reach = shrunk
         if isinstance(out, Exception):
             crash = isinstance(out, SubjectCrashed)
             return replace(fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ())),
@@ -326,6 +342,9 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         if found is None:
             return None
         row, message, d = found
+        again, again_log = _forced_call(subject, case.tensors(device), c, seed, **options)
+        if isinstance(again, Exception) or _acceptance(again, tensors, again_log) is None:
+            return replace(fail(message, row, out), recurred=False)
         dtype = next(draw.dtype for draw in log.draws if draw.value == d)
         reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
                              ["the acceptance uniform"], d)
@@ -365,7 +384,8 @@ def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
         try:
             with watched_randomness() as seen:
                 try:
-                    outs.append(call_verifier(subject, *tensors, torch.Generator().manual_seed(seed)))
+                    outs.append(call_verifier(subject, *tensors,
+                                              torch.Generator(device=tensors[0].device).manual_seed(seed)))
                 except (SubjectCrashed, ContractViolation):
                     return None  # the contract property reports it
         finally:
@@ -382,20 +402,24 @@ def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
                 structural("on every call: the output does not follow the generator's seed"))
 
 
-def search(subject: Verifier, name: str, examples: int, seed: int = 0) -> PropertyResult:
+def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="cpu") -> PropertyResult:
     """Search one property under each forced value in turn (``examples`` cases each), stopping
     at the first reachable counterexample, which is shrunk."""
     if name == "seeded_rows" and not _accepts_row_generators(subject):
         return PropertyResult(name, None, 0, None,
                               "not applicable: the subject takes no row_generators argument")
-    tried, notes, unreachable = 0, set(), None
+    tried, notes, unreachable, unrepeatable = 0, set(), None, None
     for value in ((None,) if name in UNFORCED else FORCED_VALUES):
-        result = search_property(subject, name, value, examples, seed)
+        result = search_property(subject, name, value, examples, seed, device)
         tried += result.examples
         notes.add(result.note)
         unreachable = unreachable or result.unreachable
+        unrepeatable = unrepeatable or result.unrepeatable
         if result.failure is not None:
             return PropertyResult(name, value, tried, result.failure, result.note)
+    if unrepeatable is not None:
+        return PropertyResult(name, unrepeatable.value, tried, None, "; ".join(sorted(n for n in notes if n)),
+                              unreachable, unrepeatable)
     if all(n.startswith(VACUOUS) for n in notes):  # nothing was judged under any value
         return PropertyResult(name, None, 0, None, notes.pop(), unreachable)
     return PropertyResult(name, None, tried, None, "; ".join(sorted(n for n in notes if n)),
@@ -403,13 +427,14 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0) -> Proper
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
-                    seed: int = 0) -> PropertyResult:
+                    seed: int = 0, device="cpu") -> PropertyResult:
     """Search ``examples`` cases for a reachable counterexample to one property under one forced
     value; shrink what is found. Failures whose trigger is below the reachability floor are kept
     apart (``PropertyResult.unreachable``) and the search goes on, until ``UNREACHABLE_ENOUGH``
     of them have been seen under this value (each costs a shrink)."""
     failures: list[PropertyFailure] = []
     unreachable: list[PropertyFailure] = []
+    unrepeatable: list[PropertyFailure] = []
     tried = [0]
     draws: Counter = Counter()
 
@@ -417,7 +442,10 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         if len(unreachable) >= UNREACHABLE_ENOUGH:
             return None  # every counterexample so far needs a joint event: stop shrinking more
         tried[0] += 1
-        failure = check_property(subject, name, case, value, seed, draws)
+        failure = check_property(subject, name, case, value, seed, draws, device)
+        if failure is not None and not failure.recurred:
+            unrepeatable.append(failure)  # seen once, gone on a rerun: reported, never a defect
+            return None
         if failure is not None and failure.reachability is not None and not failure.reachability.reachable:
             unreachable.append(failure)
             return None
@@ -425,7 +453,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
 
     def result(failure):
         return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]),
-                              unreachable[0] if unreachable else None)
+                              unreachable[0] if unreachable else None,
+                              unrepeatable[0] if unrepeatable and failure is None else None)
 
     for case in edge_corpus():  # deterministic first: each edge class, every time
         failure = check(case)
@@ -443,6 +472,9 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     try:
         minimal = find(verify_cases(), broken, settings=config, random=random.Random(seed))
     except NoSuchExample:
+        return result(None)
+    except (Flaky, FlakyFailure):  # a case failed once and passed when hypothesis ran it again
+        unrepeatable.extend(failures[:1])
         return result(None)
     return result(next(f for f in reversed(failures) if f.case == minimal))
 

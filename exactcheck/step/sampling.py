@@ -4,7 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["inverse_cdf", "sample_rows", "AliasTable"]
+__all__ = ["inverse_cdf", "sample_rows", "AliasTable", "CdfTable", "state_sampler", "ALIAS_MAX_VOCAB"]
+
+# Walker tables are built in O(S V^2); above this vocabulary the driver samples by inverse CDF
+ALIAS_MAX_VOCAB = 64
 
 
 def inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -68,3 +71,27 @@ class AliasTable:
         column = scaled.to(torch.int64)
         cell = states * self.vocab + column
         return torch.where(scaled - column < self.keep.take(cell), column, self.alias.take(cell))
+
+
+class CdfTable:
+    """Per-state inverse-CDF sampling from a float64 cumulative table ``[S, V]``: built in
+    O(S V) (a Walker table takes O(S V^2), hopeless at V = 32,000), each draw gathers its state's
+    row and binary-searches it. Same law as ``AliasTable`` up to float64 rounding."""
+
+    def __init__(self, law: torch.Tensor):
+        law = law.double()
+        self.vocab = law.shape[1]
+        self.cdf = (law / law.sum(1, keepdim=True)).cumsum(1)
+
+    def to(self, device: torch.device) -> "CdfTable":
+        self.cdf = self.cdf.to(device)
+        return self
+
+    def sample(self, states: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return inverse_cdf(self.cdf.index_select(0, states), u)
+
+
+def state_sampler(law: torch.Tensor) -> "AliasTable | CdfTable":
+    """The sampler the driver draws draft tokens with: Walker tables (O(1) a draw) up to
+    ``ALIAS_MAX_VOCAB`` tokens, where every built-in world lies, inverse CDF above."""
+    return AliasTable(law) if law.shape[1] <= ALIAS_MAX_VOCAB else CdfTable(law)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One prepared session on a lent GPU machine (no network; its own torch and transformers):
+# every device point of the open issues in one run, each step time-bounded, results under $OUT.
+#   1. throughput sweep on CUDA (V x k, batch sized to the device)            issue 16
+#   2. the CLI on CUDA: selftest, e2e on the toy models, greedy on tiny-llama  issue 15
+#   3. the default test suite under the machine's torch/transformers          issue 18
+# Run from the repository root:  OUT=/some/dir bash benchmarks/gpu_session.sh
+set -u
+OUT=${OUT:-/tmp/exactcheck-gpu}
+mkdir -p "$OUT/reports"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+step() { echo "== $(date +%T) $*"; }
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, torch, transformers, scipy; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'scipy', scipy.__version__, torch.cuda.get_device_name())"
+  nproc
+} > "$OUT/env.txt" 2>&1
+
+step "throughput sweep (cuda)" > "$OUT/throughput-cuda.txt"
+timeout "${SWEEP_S:-150}" python3 benchmarks/throughput.py --sweep --device cuda --repeats 3 \
+    --json "$OUT/throughput-cuda.json" >> "$OUT/throughput-cuda.txt" 2>&1
+echo "rc=$?" >> "$OUT/throughput-cuda.txt"
+
+{
+  step "selftest --level quick --device cuda"
+  time timeout 100 python3 -m exactcheck selftest --level quick --device cuda --quiet --report "$OUT/reports/selftest"
+  echo "rc=$?"
+  step "e2e reference-loop --device cuda"
+  time timeout 60 python3 -m exactcheck e2e reference-loop --device cuda --level quick --quiet --world hf_v4_l3_k2 --report "$OUT/reports/e2e"
+  echo "rc=$?"
+  step "greedy transformers-assisted --model tiny-llama --device cuda"
+  time timeout 60 python3 -m exactcheck greedy transformers-assisted --model tiny-llama --device cuda --prompts 4 --new-tokens 16 --quiet
+  echo "rc=$?"
+} > "$OUT/cli-cuda.txt" 2>&1
+
+{
+  step "default test suite (-n 12) under $(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+  if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+  # the pytest11 entry point (the example project's own pytest run needs it); no network, no isolation
+  python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . || echo "editable install failed"
+  timeout "${TESTS_S:-280}" python3 -m pytest property_tests -q -p no:cacheprovider -n 12 --durations=5
+  echo "rc=$?"
+} > "$OUT/tests.txt" 2>&1
+tar -czf "$OUT/reports.tar.gz" -C "$OUT" reports && rm -rf "$OUT/reports"
+tail -n 3 "$OUT"/*.txt

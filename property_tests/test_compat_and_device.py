@@ -1,0 +1,70 @@
+"""Version compatibility (transformers 4.57 to 5.x), the device option everywhere, and the
+large-vocabulary draft sampler."""
+import numpy as np
+import pytest
+import torch
+
+from exactcheck.cli import main
+from exactcheck.step.sampling import AliasTable, CdfTable, state_sampler
+
+
+def _law(vocab: int, states: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    law = rng.dirichlet(np.full(vocab, 0.5), size=states)
+    law[:, ::7] = 0.0  # zero-mass tokens must never be drawn
+    return torch.from_numpy(law / law.sum(1, keepdims=True))
+
+
+def test_cdf_sampler_draws_the_law_on_a_grid_of_uniforms():
+    """Deterministic: N evenly spaced uniforms give each token within 1/N of its probability."""
+    law = _law(vocab=200, states=3, seed=0)
+    table = CdfTable(law)
+    n = 200_000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    for state in range(3):
+        tokens = table.sample(torch.full((n,), state), u)
+        freq = torch.bincount(tokens, minlength=200).double() / n
+        assert float((freq - law[state]).abs().max()) <= 1.0 / n + 1e-12
+        assert int(tokens[law[state, tokens] == 0].numel()) == 0
+
+
+def test_driver_keeps_walker_tables_where_the_builtin_worlds_are():
+    assert isinstance(state_sampler(_law(64, 2, 1)), AliasTable)
+    assert isinstance(state_sampler(_law(65, 2, 1)), CdfTable)
+
+
+def test_device_is_checked_before_any_work():
+    for argv in (["e2e", "reference-loop", "--device", "nonsense"],
+                 ["greedy", "--device", "nonsense"],
+                 ["grammar", "--device", "nonsense"]):
+        assert main(argv + ["--quiet"]) == 2
+
+
+def test_gate_reads_a_device_and_refuses_a_bad_one_before_auditing(tmp_path, capsys):
+    from exactcheck.gate import read_config
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.exactcheck]\ndevice = "cpu"\n[[tool.exactcheck.subject]]\n'
+                      'verifier = "exactcheck.step.reference:reference_verifier"\n'
+                      '[[tool.exactcheck.subject]]\nname = "second"\ngenerator = "reference-loop"\n'
+                      'device = "nonsense"\n')
+    subjects = read_config(config)
+    assert [s.device for s in subjects] == ["cpu", "nonsense"]
+    assert main(["gate", "--config", str(config), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "second" in err and "not a torch device" in err and "Traceback" not in err
+    assert [s.device for s in read_config(config, device="cpu")] == ["cpu", "cpu"]
+
+
+def test_a_real_model_is_handed_its_cache_under_this_transformers():
+    """transformers 5.17 silently drops ``cache=`` (its name is ``past_key_values`` there); the
+    compat module hands the cache under the name this release reads, so it fills."""
+    pytest.importorskip("transformers")
+    from exactcheck.adapters import transformers_compat as compat
+    from toy_models.real_models import tiny_llama_pair
+    target, _ = tiny_llama_pair(vocab_size=32, hidden_size=16, layers=1)
+    cache = compat.new_cache()
+    with torch.no_grad():
+        out = compat.forward(target, torch.tensor([[1, 2, 3]]), cache, use_cache=True)
+    assert cache.get_seq_length() == 3
+    assert compat.output_cache(out) is cache
+    compat.require_supported()
