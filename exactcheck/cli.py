@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     e2e.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     e2e.add_argument("--quiet", action="store_true")
+    e2e.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
     _require(e2e)
     greedy = sub.add_parser("greedy", help="greedy identity of a generator on real transformer models")
     greedy.add_argument("subject", nargs="?", default="transformers-assisted",
@@ -108,10 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     greedy.add_argument("--seed", type=int, default=0)
     greedy.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     greedy.add_argument("--quiet", action="store_true")
+    greedy.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
     gate = sub.add_parser("gate", help="audit every subject listed in [tool.exactcheck] of pyproject.toml; "
                                        "exit 1 on any failed check that is not exempt")
     gate.add_argument("--config", default="pyproject.toml", help="the TOML file (default pyproject.toml)")
     gate.add_argument("--level", choices=[lv.value for lv in Level], help="override every subject's level")
+    gate.add_argument("--device", help="override every subject's device (cpu, cuda, cuda:1)")
     gate.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML (a testcase per check)")
     gate.add_argument("--json", metavar="FILE", help="write the gate's JSON (every audit included)")
     gate.add_argument("--report", metavar="DIR", help="write each audit's JSON, Markdown and HTML report here")
@@ -124,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     grammar.add_argument("--seed", type=int, default=0)
     grammar.add_argument("--report", metavar="DIR")
     grammar.add_argument("--quiet", action="store_true")
+    grammar.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
     render.add_argument("--format", choices=("markdown", "html", "pr"), default="markdown",
@@ -131,49 +135,89 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+NOT_RUN = "not run to its budget"
+OTHER_LINES = 5  # inconclusive checks listed one per line before the rest become a count
+
+
 def _print_audit(result: AuditResult) -> None:
+    """One screen: the verdict line, then each gating finding with its evidence and reproduce
+    line (the strongest first), then one-liners for the rest, inconclusive checks folded into
+    counts, and the budget last."""
     from exactcheck.report.verdict import Outcome
     status = "PASSED" if result.passed else "FAILED"
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
-    print(f"exactcheck audit {result.subject}: {status} ({counts}; level {result.level}, "
+    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
+    first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
+    print(f"exactcheck audit {result.subject}: {status}{first} ({counts}; level {result.level}, "
           f"seed {result.seed}, alpha {result.alpha:g}, {result.duration_s:.1f} s)")
+    for v in failed[:DETAILED_FAILURES]:
+        print()
+        print(v.describe())
+    if failed:
+        print()
+    for v in failed[DETAILED_FAILURES:]:
+        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
+    for v in result.not_required:
+        print(f"  {v.category.value} finding (not required; --require "
+              f"{'reproducible' if v.category.value == 'reproducibility' else v.category.value} "
+              f"makes it fail) {v.check}: {v.summary}")
+    unrun = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and v.summary.startswith(NOT_RUN)]
+    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)
+             and v not in unrun]
+    for v in other[:OTHER_LINES]:
+        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
+    if len(other) > OTHER_LINES:
+        print(f"  ... and {len(other) - OTHER_LINES} more inconclusive checks (see the report)")
+    if unrun:
+        print(f"  {len(unrun)} checks not run to their budget (the audit stopped early on "
+              f"{result.stopped_at or 'a defect'}); they are inconclusive, not passed")
     stop = f", stopped early on {result.stopped_at}" if result.stopped_at else ""
     if result.detect_tv:
         print(f"  budget: detect TV >= {result.detect_tv:g}; {result.samples_drawn:,} of "
               f"{result.samples_planned:,} planned trials drawn{stop}")
     else:
         print(f"  {result.samples_drawn:,} generations")
-    notable = [v for v in result.verdicts if v.outcome is not Outcome.EXACT
-               and (result.gates(v) or not v.outcome.failed)]
-    for v in notable:
-        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
-    for v in result.not_required:
-        print(f"  {v.category.value} finding (not required; --require "
-              f"{'reproducible' if v.category.value == 'reproducibility' else v.category.value} "
-              f"makes it fail) {v.check}: {v.summary}")
-    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
-    for v in failed[:DETAILED_FAILURES]:
-        print()
-        print(v.describe())
-    if len(failed) > DETAILED_FAILURES:
-        print(f"\n({len(failed) - DETAILED_FAILURES} more failed checks: see the report)")
+
+
+def _interrupted(result: AuditResult, report: str | None, stem: str) -> int:
+    """Ctrl-C during an audit: one line, the partial report (marked incomplete) if asked for, 130."""
+    where = ""
+    if report:
+        from exactcheck.report.files import write_report
+        from exactcheck.report.json_md import audit_to_json
+        where = f"; partial report, marked incomplete: {write_report(audit_to_json(result), report, stem)[0]}"
+    print(f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} trials{where}",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _print_and_write(result: AuditResult, report: str | None, stem: str) -> AuditResult:
+    """Write the report first (so reproduce lines name the real directory), then print."""
+    paths = ()
+    if report:
+        from exactcheck.report.files import write_report
+        from exactcheck.report.json_md import audit_from_json, audit_to_json
+        data = audit_to_json(result)
+        paths = write_report(data, report, stem)
+        result = audit_from_json(data)
+    _print_audit(result)
+    for path in paths:
+        print(f"report: {path}")
+    return result
 
 
 def _audit(args) -> int:
     from exactcheck.audit import run_audit
-    from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import audit_to_json
     from exactcheck.report.verdict import Outcome
     subject = load_subject(args.subject)
     result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
                        alpha=args.alpha, device=args.device, worlds=args.world,
                        progress=not args.quiet, stop_early=args.stop_early,
                        detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require)
-    _print_audit(result)
-    if args.report:
-        stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
-        for path in write_report(audit_to_json(result), args.report, stem):
-            print(f"report: {path}")
+    stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
+    if result.interrupted:
+        return _interrupted(result, args.report, stem)
+    result = _print_and_write(result, args.report, stem)
     if result.undrivable:
         crash = next(v for v in result.verdicts if v.outcome is Outcome.CRASHED)
         print(f"exactcheck: error: {args.subject} could not be driven: it crashed on every world "
@@ -232,8 +276,6 @@ def _stem(prefix: str, name: str) -> str:
 
 
 def _e2e(args) -> int:
-    from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import audit_to_json
     from exactcheck.e2e.generator import DecodingPolicy
     from exactcheck.e2e.audit import run_generator_audit
     generator = load_generator(args.subject)
@@ -242,29 +284,26 @@ def _e2e(args) -> int:
     result = run_generator_audit(generator, subject_name=args.subject,
                                  level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
                                  policies=policies, generations=args.generations, greedy=args.greedy,
-                                 progress=not args.quiet, require=args.require)
-    _print_audit(result)
-    if args.report:
-        for path in write_report(audit_to_json(result), args.report, _stem("e2e-", args.subject)):
-            print(f"report: {path}")
+                                 progress=not args.quiet, require=args.require, device=args.device)
+    result = _print_and_write(result, args.report, _stem("e2e-", args.subject))
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
 def _grammar(args) -> int:
-    from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import audit_to_json
     from exactcheck.report.verdict import Outcome
     from exactcheck.e2e.real_grammar import run_grammar_audit
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
-                               seed=args.seed, progress=not args.quiet)
-    _print_audit(result)
+                               seed=args.seed, progress=not args.quiet, device=_device(args.device))
+    result = _print_and_write(result, args.report, _stem("grammar-smollm2-", args.subject))
     for v in result.verdicts:
         if v.outcome is Outcome.EXACT:
             print(f"  exact              {v.check}: {v.summary}")
-    if args.report:
-        for path in write_report(audit_to_json(result), args.report, _stem("grammar-smollm2-", args.subject)):
-            print(f"report: {path}")
     return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _device(name: str):
+    from exactcheck.audit import resolve_device
+    return resolve_device(name)
 
 
 def _parse_policy(spec: str):
@@ -287,17 +326,12 @@ def _parse_policy(spec: str):
 
 
 def _greedy(args) -> int:
-    from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import audit_to_json
     from exactcheck.e2e.real_models import run_greedy_audit
     generator = load_generator(args.subject)
     result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
-                              per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet)
-    _print_audit(result)
-    if args.report:
-        for path in write_report(audit_to_json(result), args.report,
-                                 _stem(f"greedy-{args.model}-", args.subject)):
-            print(f"report: {path}")
+                              per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet,
+                              device=_device(args.device))
+    result = _print_and_write(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
@@ -306,7 +340,7 @@ def _gate(args) -> int:
     from exactcheck.report.json_md import audit_to_json
     from exactcheck import gate
     config = Path(args.config)
-    subjects = gate.read_config(config, level=args.level)
+    subjects = gate.read_config(config, level=args.level, device=args.device)
     results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent)
     for result in results:
         status = "passes" if result.passed else "FAILS"

@@ -1,26 +1,37 @@
-"""Progress lines on stderr for runs that last more than a few seconds."""
+"""Progress on stderr for long runs, through tqdm: what is done of what is planned, the rate and
+the time left. Silent for runs shorter than two seconds and when disabled (``--quiet``)."""
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
+
+from tqdm.auto import tqdm
 
 __all__ = ["Progress"]
 
 
 class Progress:
-    """Prints ``exactcheck: [i/n] label (t s)`` once the run has lasted ``after`` seconds."""
+    """A bar of ``total`` units (trials, generations, checks); ``step(label, n)`` advances it by
+    ``n`` and shows what is being worked on."""
 
-    def __init__(self, total: int, prefix: str = "exactcheck", stream: TextIO | None = None,
-                 enabled: bool = True, after: float = 2.0):
-        self.total, self.prefix, self.enabled, self.after = total, prefix, enabled, after
-        self.stream = stream if stream is not None else sys.stderr
-        self.start = time.perf_counter()
+    def __init__(self, total: int, unit: str = "check", desc: str = "exactcheck", enabled: bool = True,
+                 stream: TextIO | None = None, after: float = 2.0):
         self.done = 0
+        self.total = total
+        self.bar = tqdm(total=total, unit=unit, desc=desc, file=stream if stream is not None else sys.stderr,
+                        disable=not enabled or total <= 0, delay=after, mininterval=0.5, leave=False,
+                        unit_scale=unit != "check", dynamic_ncols=True)
 
-    def step(self, label: str) -> None:
-        self.done += 1
-        elapsed = time.perf_counter() - self.start
-        if self.enabled and elapsed >= self.after:
-            print(f"{self.prefix}: [{self.done}/{self.total}] {label} ({elapsed:.1f} s)",
-                  file=self.stream, flush=True)
+    def step(self, label: str, n: int = 1) -> None:
+        self.done += n
+        self.bar.set_postfix_str(label, refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -28,7 +28,7 @@ def test_defect_exits_1_with_a_readable_message(capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "bonus_token law in world three_token: defect" in out
-    assert "smallest TV detectable at power 0.9" in out
+    assert "is found 9 times in 10; smaller ones are found less often, and this one was" in out
     assert "reproduce: exactcheck audit exactcheck.step.mutants:bonus_argmax --level quick --seed 5" in out
 
 
@@ -90,3 +90,65 @@ def test_selftest_command_prints_the_detection_table(tmp_path, capsys):
     data = json.loads((tmp_path / "selftest-quick.json").read_text())
     assert data["passed"] and [r["detected"] for r in data["mutants"]] == [True, True]
     assert main(["render", str(tmp_path / "selftest-quick.json")]) == 0
+
+
+def test_a_one_defect_audit_fits_one_screen_and_starts_with_the_defect(capsys):
+    code = main(["audit", "exactcheck.step.mutants:bonus_argmax", "--level", "quick", "--quiet"])
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert code == 1
+    assert len(lines) <= 25, "\n".join(lines)
+    assert "FAILED on " in lines[0] and "(defect)" in lines[0]
+    assert lines[2].split(" law in world ")[0] in lines[0] and ": defect" in lines[2]
+    assert not any(line.lstrip().startswith("inconclusive") and "not run to its budget" in line for line in lines)
+
+
+def test_reproducers_are_named_per_subject_and_the_reproduce_line_names_the_directory(tmp_path, capsys):
+    code = main(["audit", "exactcheck.step.mutants:accept_if_p_ge_q", "--level", "quick",
+                 "--report", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1
+    files = sorted(p.name for p in (tmp_path / "reproducers").iterdir())
+    assert files and all(f.startswith("exactcheck.step.mutants-accept_if_p_ge_q--properties-") for f in files)
+    assert "REPORT_DIR" not in out and f"exactcheck replay {tmp_path}/reproducers/" in out
+    data = json.loads((tmp_path / "audit-exactcheck-step-mutants-accept_if_p_ge_q.json").read_text())
+    assert all("REPORT_DIR" not in v["reproduce"] for v in data["verdicts"])
+
+
+def test_selftest_report_has_an_html_page(tmp_path, capsys):
+    assert main(["selftest", "--level", "quick", "--mutant", "bonus_argmax", "--report", str(tmp_path), "--quiet"]) == 0
+    page = (tmp_path / "selftest-quick.html").read_text()
+    assert "exactcheck selftest" in page and "bonus_argmax" in page and "The reference verifier" in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_readme_figures_are_generated_from_the_committed_reports():
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "benchmarks/readme_figures.py", "--check"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_ctrl_c_during_an_audit_keeps_a_partial_report_marked_incomplete(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "interrupting_subject.py"
+    module.write_text(textwrap.dedent("""
+        from exactcheck.step.reference import reference_verifier
+        calls = [0]
+        def verify(p, q, tokens, generator):
+            calls[0] += 1
+            if calls[0] == 6:  # as if the user pressed Ctrl-C during the sixth call
+                raise KeyboardInterrupt
+            return reference_verifier(p, q, tokens, generator)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["audit", "interrupting_subject:verify", "--level", "quick", "--report", str(tmp_path / "r"),
+                 "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "interrupted" in captured.err
+    data = json.loads((tmp_path / "r" / "audit-interrupting_subject-verify.json").read_text())
+    assert data["budget"]["interrupted"] is True and data["summary"]["passed"] is False
+    assert any("interrupted" in v["summary"] for v in data["verdicts"])
+    assert "INCOMPLETE" in (tmp_path / "r" / "audit-interrupting_subject-verify.md").read_text()

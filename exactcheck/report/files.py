@@ -7,15 +7,16 @@ import json
 from pathlib import Path
 
 from exactcheck.audit import reproducer_path
-from exactcheck.report.html import render_audit_html
+from exactcheck.report.html import render_audit_html, render_selftest_html
 from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
 
 __all__ = ["write_report"]
 
 
 def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ...]:
-    """Write ``STEM.json`` and ``STEM.md`` under ``directory``, and for an audit also the
-    self-contained ``STEM.html``; return the paths."""
+    """Write ``STEM.json``, ``STEM.md`` and the self-contained ``STEM.html`` under ``directory``,
+    and each reproducer under ``directory/reproducers/``; reproduce lines in ``data`` are
+    rewritten (in place) to name ``directory`` instead of ``REPORT_DIR``. Return the paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
@@ -23,14 +24,14 @@ def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ..
     for audit in audits:
         for verdict in audit["verdicts"]:
             if verdict.get("reproducer"):
-                path = directory / reproducer_path(verdict["check"])
+                path = directory / reproducer_path(verdict["check"], verdict["reproducer"].get("subject", ""))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(verdict["reproducer"], indent=1) + "\n")
+            if verdict.get("reproduce") and "REPORT_DIR" in verdict["reproduce"]:
+                verdict["reproduce"] = verdict["reproduce"].replace("REPORT_DIR", str(directory))
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     render = render_selftest_markdown if data["schema"] == SELFTEST_SCHEMA else render_audit_markdown
     md_path.write_text(render(data))
-    if data["schema"] != AUDIT_SCHEMA:
-        return json_path, md_path
     html_path = directory / f"{stem}.html"
-    html_path.write_text(render_audit_html(data))
+    html_path.write_text(render_audit_html(data) if data["schema"] == AUDIT_SCHEMA else render_selftest_html(data))
     return json_path, md_path, html_path

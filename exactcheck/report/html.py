@@ -15,7 +15,7 @@ import math
 from exactcheck.report.json_md import audit_from_json
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["render_audit_html", "render_pr_comment"]
+__all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment"]
 
 _COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
             Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a"}
@@ -131,10 +131,46 @@ def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> st
     return "".join(parts)
 
 
+def _row(result, v: Verdict) -> str:
+    cls = "failed" if result.gates(v) else ("inconclusive" if v.outcome is Outcome.INCONCLUSIVE else "")
+    tv = "–" if v.tv_estimate is None or not v.samples else (
+        f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
+    return (f'<tr class="{cls}"><td>{_e(v.check)}</td><td style="color:{_COLOURS[v.outcome]}">'
+            f'<b>{_e(v.outcome.value)}</b></td><td class="num">{v.samples:,}</td><td class="num">{tv}</td>'
+            f'<td class="num">{_num(v.detectable_tv) if v.samples else "–"}</td>'
+            f'<td class="num">{_num(v.tv_certificate) if v.samples else "–"}</td>'
+            f'<td class="num">{_p(v.adjusted_pvalue)}</td><td>{_e(v.summary)}</td></tr>')
+
+
+_TABLE_HEAD = ("<table><tr><th>check</th><th>outcome</th><th>samples</th><th>TV (95% interval)</th>"
+               "<th>detectable TV</th><th>certified TV ≤</th><th>adjusted p</th><th>summary</th></tr>")
+
+
+def _has_samples(v: Verdict) -> bool:
+    return bool(v.samples) and any(c.observed for c in v.law_cells)
+
+
 def render_audit_html(data: dict) -> str:
     """The audit report (an ``exactcheck.audit/1`` JSON dict) as one self-contained HTML page."""
     result = audit_from_json(data)
-    status = "PASSED" if result.passed else "FAILED"
+    title, body = _audit_body(result)
+    return _page(title, body)
+
+
+def _page(title: str, body: list[str]) -> str:
+    script = ("window.addEventListener('error', function () { document.title = 'exactcheck report: render error'; "
+              "document.body.setAttribute('data-rendered', 'error'); });"
+              "window.addEventListener('load', function () { if (document.body.getAttribute('data-rendered') "
+              "!== 'error') { document.body.setAttribute('data-rendered', 'ok'); } });")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style>"
+            f"<script>{script}</script></head><body>" + "\n".join(body) + "</body></html>\n")
+
+
+def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
+    """(title, body parts) of one audit: verdict, failed laws, the checks (inconclusive ones
+    folded), p-values, accepted lengths of worlds that drew samples, findings."""
+    status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     env = result.environment
     head = (f"level {result.level}, seed {result.seed}, "
@@ -148,48 +184,41 @@ def render_audit_html(data: dict) -> str:
               f"{result.samples_drawn:,} generations driven")
     if result.stopped_at:
         budget += f"; stopped early on {result.stopped_at}"
-    rows = []
-    for v in result.verdicts:
-        cls = "failed" if result.gates(v) else ("inconclusive" if v.outcome is Outcome.INCONCLUSIVE else "")
-        tv = "–" if v.tv_estimate is None else f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})"
-        rows.append(f'<tr class="{cls}"><td>{_e(v.check)}</td><td style="color:{_COLOURS[v.outcome]}">'
-                    f'<b>{_e(v.outcome.value)}</b></td><td class="num">{v.samples:,}</td><td class="num">{tv}</td>'
-                    f'<td class="num">{_num(v.detectable_tv)}</td><td class="num">{_num(v.tv_certificate)}</td>'
-                    f'<td class="num">{_p(v.adjusted_pvalue)}</td><td>{_e(v.summary)}</td></tr>')
-    failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and v.law_cells]
-    length_plots = [_law_plot(v) for v in result.verdicts if v.law == "accepted_length" and v.law_cells
+    folded = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and not result.gates(v)]
+    rows = [_row(result, v) for v in result.verdicts if v not in folded]
+    failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and _has_samples(v)]
+    length_plots = [_law_plot(v) for v in result.verdicts if v.law == "accepted_length" and _has_samples(v)
                     and not v.outcome.failed]
     findings = [f"<h3>{_e(v.check)} <small>({_e(v.category.value)}"
                 f"{'' if result.gates(v) or not v.outcome.failed else ', not required'})</small></h3>"
                 f"<pre>{_e(v.describe())}</pre>"
-                for v in result.verdicts if v.outcome is not Outcome.EXACT]
+                for v in result.verdicts if v.outcome.failed or v.outcome is Outcome.UNREACHABLE]
+    sub = "h2" if heading == "h1" else "h3"
     body = [
-        f'<h1>exactcheck audit of <code>{_e(result.subject)}</code> '
-        f'<span class="status" style="background:{"#1a7f37" if result.passed else "#cf222e"}">{status}</span></h1>',
+        f'<{heading}>exactcheck audit of <code>{_e(result.subject)}</code> '
+        f'<span class="status" style="background:{"#1a7f37" if result.passed else "#cf222e"}">{status}</span></{heading}>',
         f"<p>{_e(head)}.</p><p>{_e(budget)}.</p>",
     ]
     if failed_plots:
-        body += ["<h2>Expected vs observed law of the failed checks</h2>",
+        body += [f"<{sub}>Expected vs observed law of the failed checks</{sub}>",
                  f'<div class="plots" id="failed-law-plots">{"".join(failed_plots)}</div>']
-    body += ["<h2>Checks</h2>", "<table><tr><th>check</th><th>outcome</th><th>samples</th><th>TV (95% interval)</th>"
-             "<th>detectable TV</th><th>certified TV ≤</th><th>adjusted p</th><th>summary</th></tr>",
-             "".join(rows), "</table>"]
-    pvalues = _pvalue_plot(list(result.verdicts), result.alpha)
+    body += [f"<{sub}>Checks</{sub}>", _TABLE_HEAD, "".join(rows), "</table>"]
+    if folded:
+        body += [f'<details id="inconclusive"><summary>{len(folded)} inconclusive checks (not run to their '
+                 f'budget, or not judged; none of them passed)</summary>', _TABLE_HEAD,
+                 "".join(_row(result, v) for v in folded), "</table></details>"]
+    pvalues = _pvalue_plot([v for v in result.verdicts if v.samples], result.alpha)
     if pvalues:
-        body += ["<h2>p-values, detectable TV and certificates</h2>", pvalues]
+        body += [f"<{sub}>p-values, detectable TV and certificates</{sub}>", pvalues]
     if length_plots:
-        body += ["<h2>Accepted-length distributions</h2>", f'<div class="plots">{"".join(length_plots)}</div>']
+        body += [f"<{sub}>Accepted-length distributions</{sub}>", f'<div class="plots">{"".join(length_plots)}</div>']
     if findings:
-        body += ["<h2>Findings</h2>", *findings]
-    body.append("<p><small>TV is the plug-in estimate ½Σ|p̂ − p|; detectable TV is the smallest TV the check finds "
-                "with power 0.9 at its α share; certified TV ≤ bounds the true TV at confidence 1 − α.</small></p>")
-    script = ("window.addEventListener('error', function () { document.title = 'exactcheck report: render error'; "
-              "document.body.setAttribute('data-rendered', 'error'); });"
-              "window.addEventListener('load', function () { if (document.body.getAttribute('data-rendered') "
-              "!== 'error') { document.body.setAttribute('data-rendered', 'ok'); } });")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>exactcheck: {_e(result.subject)} {status}</title><style>{_CSS}</style>"
-            f"<script>{script}</script></head><body>" + "\n".join(body) + "</body></html>\n")
+        body += [f"<{sub}>Findings</{sub}>", *findings]
+    body.append("<p><small>TV is the plug-in estimate ½Σ|p̂ − p|; detectable TV is the TV the check finds 9 times "
+                "in 10 at its α share and sample size (a defect smaller than that can still be found, with lower "
+                "probability); certified TV ≤ bounds the true TV at confidence 1 − α. A check with no samples "
+                "shows –.</small></p>")
+    return f"exactcheck: {result.subject} {status}", body
 
 
 def render_pr_comment(data: dict, most: int = 10) -> str:
@@ -212,3 +241,40 @@ def render_pr_comment(data: dict, most: int = 10) -> str:
         lines += ["", "<details><summary>strongest finding</summary>", "", "```", failed[0].describe(), "```", "",
                   "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def render_selftest_html(data: dict) -> str:
+    """The selftest report (an ``exactcheck.selftest/1`` JSON dict) as one self-contained page:
+    the mutant table (caught by, category, TV, reachability), then the reference's own audit
+    with its checks, certificates and accepted-length laws."""
+    reference = audit_from_json(data["reference"])
+    mutants = data["mutants"]
+    detected = sum(r["detected"] for r in mutants)
+    passed = reference.passed and detected == len(mutants)
+    status = "PASSED" if passed else "FAILED"
+    rows = []
+    for r in mutants:
+        forced = "–" if r.get("forced_draws") is None else str(r["forced_draws"])
+        rows.append(f'<tr class="{"" if r["detected"] else "failed"}"><td title="{_e(r["defect"])}">{_e(r["mutant"])}</td>'
+                    f'<td><b>{"detected" if r["detected"] else "MISSED"}</b></td><td>{_e(r["caught_by"] or "–")}</td>'
+                    f'<td>{_e(r.get("category") or "–")}</td><td class="num">{_num(r["tv_estimate"])}</td>'
+                    f'<td class="num">{_p(r["adjusted_pvalue"])}</td><td class="num">{forced}</td>'
+                    f'<td>{_e(r.get("reachability") or "–")}</td>'
+                    f'<td class="num">{r.get("samples_drawn", 0):,} / {r.get("samples_planned", 0):,}</td>'
+                    f'<td class="num">{r["duration_s"]:.1f}&nbsp;s</td></tr>')
+    body = [
+        f'<h1>exactcheck selftest <span class="status" style="background:{"#1a7f37" if passed else "#cf222e"}">'
+        f'{status}</span></h1>',
+        f"<p>level {_e(data['level'])}, seed {_e(data['seed'])}, α = {data['alpha']:g} per audit. The reference "
+        f"verifier {'passes' if reference.passed else 'FAILS'} all {len(reference.verdicts)} checks; "
+        f"{detected} of {len(mutants)} deliberately broken verifiers are detected.</p>",
+        "<h2>Mutants</h2>",
+        "<table><tr><th>mutant</th><th>result</th><th>caught by</th><th>category</th><th>TV</th>"
+        "<th>adjusted p</th><th>fewest forced draws</th><th>reachability</th><th>trials drawn / planned</th>"
+        "<th>time</th></tr>", "".join(rows), "</table>",
+        "<h3>The defect planted in each mutant</h3><ul>"
+        + "".join(f"<li><b>{_e(r['mutant'])}</b>: {_e(r['defect'])}</li>" for r in mutants) + "</ul>",
+        "<h2>The reference verifier</h2>",
+    ]
+    _, reference_body = _audit_body(reference, heading="h3")
+    return _page(f"exactcheck selftest {status}", body + reference_body)

@@ -31,6 +31,7 @@ def audit_to_json(result: AuditResult) -> dict:
             "samples_planned": result.samples_planned,
             "samples_drawn": result.samples_drawn,
             "stopped_at": result.stopped_at,
+            "interrupted": result.interrupted,
         },
         "require": list(result.require),
         "summary": {
@@ -72,7 +73,7 @@ def _p(x) -> str:
 
 def render_audit_markdown(data: dict) -> str:
     result = audit_from_json(data)
-    status = "PASSED" if result.passed else "FAILED"
+    status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     versions = (f"exactcheck {result.environment.get('exactcheck')}, torch {result.environment.get('torch')}"
                 + (f", transformers {result.environment['transformers']}" if "transformers" in result.environment else ""))

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from exactcheck.reachability import Reachability
 
-__all__ = ["Outcome", "Category", "Verdict", "CellDeviation"]
+__all__ = ["Outcome", "Category", "Evidence", "Verdict", "CellDeviation"]
 
 
 class Outcome(enum.Enum):
@@ -56,6 +56,15 @@ class Category(enum.Enum):
                              "input-handling") from None
 
 
+class Evidence(enum.Enum):
+    """What kind of evidence a verdict rests on; set where the verdict is made, never guessed."""
+
+    FIXED_BUDGET = "fixed-budget test"  # a p-value at the full budget, through Holm
+    SEQUENTIAL = "anytime-valid e-value"  # an e-process that crossed its threshold while driving
+    DETERMINISTIC = "deterministic"  # p = 0 or 1: a forbidden outcome, a property, an invariant
+    NONE = "none"  # not judged, not run
+
+
 @dataclass(frozen=True)
 class CellDeviation:
     """One cell of the law with its observed and expected counts."""
@@ -97,6 +106,8 @@ class Verdict:
     reachability: Reachability | None = None
     # a crash: the subject's own frames ("file:line in function"), innermost last
     traceback: tuple[str, ...] = ()
+    # the kind of evidence; None: not stated (the statistic's presence then decides, as before)
+    evidence_kind: Evidence | None = None
 
     def describe(self) -> str:
         """Failure message in a fixed shape: a verdict line, a blank line, one fact per line
@@ -113,7 +124,7 @@ class Verdict:
             lines.append("deterministic finding: an exact subject never does this at these random "
                          "numbers (p = 0; it spends none of alpha)")
             lines.append(f"reachability: {self.reachability.describe()}")
-        elif self.statistic is not None and self.df is None and self.statistic_name.startswith("log e-value"):
+        elif self.evidence_kind is Evidence.SEQUENTIAL:
             lines.append(f"anytime-valid p-value 1/e: {_num(self.pvalue)} (Bonferroni-adjusted "
                          f"{_num(self.adjusted_pvalue)}, alpha share {_num(self.alpha_share)})")
         elif self.statistic is not None:
@@ -124,7 +135,11 @@ class Verdict:
         if self.tv_estimate is not None:
             low, high = self.tv_interval
             lines.append(f"total variation: {self.tv_estimate:.4f} (95% interval {low:.4f} to {high:.4f})")
-            lines.append(f"smallest TV detectable at power 0.9: {self.detectable_tv:.4f}")
+            if self.detectable_tv is not None and self.outcome.failed:
+                lines.append(f"power: at these {self.samples:,} samples a TV of {self.detectable_tv:.4f} is found "
+                             f"9 times in 10; smaller ones are found less often, and this one was")
+            elif self.detectable_tv is not None:
+                lines.append(f"smallest TV detectable at power 0.9 with these samples: {self.detectable_tv:.4f}")
         if self.tv_certificate is not None:
             lines.append(f"certificate: TV <= {self.tv_certificate:.4f} at confidence 1 - alpha")
         if self.reproducer is not None:
@@ -146,6 +161,7 @@ class Verdict:
         data = asdict(self)
         data["outcome"] = self.outcome.value
         data["category"] = self.category.value
+        data["evidence_kind"] = None if self.evidence_kind is None else self.evidence_kind.value
         data["traceback"] = list(self.traceback)
         data["tv_interval"] = list(self.tv_interval) if self.tv_interval else None
         for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
@@ -158,6 +174,10 @@ class Verdict:
         data = dict(data)
         data["outcome"] = Outcome(data["outcome"])
         data["category"] = Category(data.get("category", "exactness"))
+        kind = data.get("evidence_kind")
+        if kind is None and str(data.get("statistic_name") or "").startswith("log e-value"):
+            kind = Evidence.SEQUENTIAL.value  # a report written before the field existed
+        data["evidence_kind"] = None if kind is None else Evidence(kind)
         data["reachability"] = Reachability(**data["reachability"]) if data.get("reachability") else None
         data["traceback"] = tuple(data.get("traceback", ()))
         data["tv_interval"] = tuple(data["tv_interval"]) if data["tv_interval"] else None

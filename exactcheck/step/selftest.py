@@ -49,6 +49,8 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
         result = run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
                            device=device, progress=progress, stop_early=stop_early,
                            detect_tv=detect_tv, max_samples=max_samples)
+        if result.interrupted:  # Ctrl-C inside this audit: stop the selftest, not just this subject
+            raise KeyboardInterrupt
         if on_audit:
             on_audit(name, result)
         return result
