@@ -210,19 +210,13 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
         base = dict(world=world.name, seed=world_seed, reproduce=reproduce)
         for policy in world_policies[world.name]:
             suffix = policy_suffix(policy, world)
+            label = f"{world.name}/sampling{suffix}"
             try:
-                done = [0]
-
-                def advance(i, _n, label=f"{world.name}/sampling{suffix}", done=done):
-                    bar.step(label, i - done[0])
-                    done[0] = i
-
                 run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy,
-                                      device=options.device, progress=advance)
+                                      device=options.device, progress=lambda k, label=label: bar.step(label, k))
             except SubjectError as exc:
                 pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
                                                 samples=n, condition="every generation"))
-                bar.step(f"{world.name}/sampling{suffix}", n - done[0])
                 continue
             drawn += run.size
             pending.extend(_law_verdicts(run, share, budget.alpha, base, lossy))
@@ -230,9 +224,8 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                 pending.append(_validity_verdict(run, base))
             if policy is world_policies[world.name][0]:
                 pending.append(_rollback_verdict(run, base))
-            bar.step(f"{world.name}/sampling{suffix}", n - done[0])
         if greedy:
-            bar.bar.set_postfix_str(f"{world.name}/greedy_identity")
+            bar.step(f"{world.name}/greedy_identity", 0)
             pending.append(_greedy_verdict(generator, world, world_seed, base, lossy, options.device))
     bar.close()
     verdicts = keep_plots_where_needed(_apply_holm(pending, budget))

@@ -54,7 +54,8 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
                     probe: bool = True, progress=None, device: torch.device | str = "cpu") -> GeneratorSamples:
     """``n`` generations of ``world.length`` tokens; raises ``SubjectError`` (crash, contract
     violation) at the first generation that fails, as the step driver does. The models and the
-    prompt are placed on ``device``; outputs come back to the CPU."""
+    prompt are placed on ``device``; outputs come back to the CPU. ``progress(k)``, if given, is
+    called every 25 generations (and at the end) with the number finished since its last call."""
     target, draft = (m.to(device) for m in world.models())
     prompt = world.prompt_ids().to(device)
     outputs = []
@@ -81,5 +82,5 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
                     found += final_cache(model, cache, final[None], role, slack=slack)
             breaches.extend((i, b) for b in found)
         if progress is not None and ((i + 1) % 25 == 0 or i + 1 == n):
-            progress(i + 1, n)
+            progress((i + 1) % 25 or 25)  # generations finished since the last report
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)

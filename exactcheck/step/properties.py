@@ -83,7 +83,6 @@ class PropertyFailure:
     forced: tuple[int, ...] | None = None  # the minimal forced element indices (None: all)
     frames: tuple[str, ...] = ()  # a crash: the subject's own frames
     crashed: bool = False  # the subject raised (else its output broke the contract or the property)
-    recurred: bool = True  # False: the same call, run again, did not fail (not reported as a defect)
 
 
 @dataclass(frozen=True)
@@ -238,10 +237,9 @@ def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> R
 
 
 def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: DrawLog,
-                   options: dict, device="cpu") -> tuple[tuple[int, ...], Reachability] | None:
+                   options: dict, device="cpu") -> tuple[tuple[int, ...], Reachability]:
     """The fewest forced elements that still break ``name`` (delta debugging over element
-    indices, the other draws coming from the generator), and its reachability; None when the
-    failure does not recur on the same call with every draw forced (a nondeterministic subject)."""
+    indices, the other draws coming from the generator), and its reachability."""
     calls = [0]
 
     def fails(only, s=seed) -> bool:
@@ -250,10 +248,6 @@ def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: Dra
         out, log = _forced_call(subject, tensors, c, s, only=frozenset(only), **options)
         return _broken_output(name, out, tensors, log) is not None
 
-    tensors = case.tensors(device)  # the same call again, every draw forced as the first time
-    again, again_log = _forced_call(subject, tensors, c, seed, **options)
-    if _broken_output(name, again, tensors, again_log) is None:
-        return None
     if fails(()):
         return (), forced_draws([], [], [], None)
     current = list(range(full.elements))
@@ -326,10 +320,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         found = _broken_output(name, out, tensors, log)
         if found is None:
             return None
-        shrunk = _shrink_forced(subject, name, case, c, seed, log, options, device)
-        if shrunk is None:
-            return replace(fail(found[1], found[0]), recurred=False)
-        forced, reach = shrunk
+        forced, reach = _shrink_forced(subject, name, case, c, seed, log, options, device)
         if isinstance(out, Exception):
             crash = isinstance(out, SubjectCrashed)
             return replace(fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ())),
@@ -342,9 +333,6 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         if found is None:
             return None
         row, message, d = found
-        again, again_log = _forced_call(subject, case.tensors(device), c, seed, **options)
-        if isinstance(again, Exception) or _acceptance(again, tensors, again_log) is None:
-            return replace(fail(message, row, out), recurred=False)
         dtype = next(draw.dtype for draw in log.draws if draw.value == d)
         reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
                              ["the acceptance uniform"], d)
@@ -443,8 +431,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
             return None  # every counterexample so far needs a joint event: stop shrinking more
         tried[0] += 1
         failure = check_property(subject, name, case, value, seed, draws, device)
-        if failure is not None and not failure.recurred:
-            unrepeatable.append(failure)  # seen once, gone on a rerun: reported, never a defect
+        if failure is not None and check_property(subject, name, case, value, seed, None, device) is None:
+            unrepeatable.append(failure)  # the same check run again holds: reported, never a defect
             return None
         if failure is not None and failure.reachability is not None and not failure.reachability.reachable:
             unreachable.append(failure)
