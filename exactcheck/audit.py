@@ -22,7 +22,7 @@ from exactcheck.step.contract import Verifier
 from exactcheck.step.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
-from exactcheck.stats.laws import LawComparison, LawPlan, compare, planned_laws
+from exactcheck.stats.laws import LawComparison, LawPlan, compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.progress import Progress
 from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
@@ -31,7 +31,6 @@ from exactcheck.step.properties import PropertyResult, reproducer, search
 from exactcheck.reachability import observed_in, structural
 from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
                              derive_seed, plan_step_audit)
-from exactcheck.suite import default_worlds, large_worlds
 from exactcheck.report.verdict import Category, CellDeviation, Evidence, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
@@ -200,16 +199,15 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     options, budget = audit_plan.options, audit_plan.budget
     level, seed, stop_early = options.level, options.seed, options.stop_early
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
-    worlds_by_name = {w.name: w for w in default_worlds()}
     kinds = {c.world: c.kind for c in audit_plan.checks}
-    chains = [w for w in large_worlds() if kinds.get(w.name) is CheckKind.CHAIN_RULE]
+    chains = [w for w in audit_plan.worlds if kinds.get(w.name) is CheckKind.CHAIN_RULE]
     searched = [c.law for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
     runs = []
     for world_name, n in audit_plan.samples:
         if kinds.get(world_name) is not CheckKind.LAW:
             continue
-        world = worlds_by_name[world_name]
-        plans = planned_laws(world, n)
+        world = audit_plan.world(world_name)
+        plans = list(audit_plan.world_laws(world_name))
         world_seed = derive_seed(seed, world.name)
         runs.append(_WorldRun(
             world, world_seed, n, plans, batch_schedule(n) if stop_early else [n],

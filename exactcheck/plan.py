@@ -245,6 +245,10 @@ class AuditPlan:
     checks: tuple[Check, ...]
     budget: AlphaBudget
     samples: tuple[tuple[str, int], ...] = ()
+    # the world objects the checks name, built once here and handed to the runner
+    worlds: tuple = ()
+    # step audits: each law world's planned laws at its budget (``exactcheck.stats.laws.LawPlan``)
+    laws: tuple[tuple[str, tuple], ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -252,6 +256,13 @@ class AuditPlan:
 
     def world_samples(self, world: str) -> int:
         return dict(self.samples)[world]
+
+    def world(self, name: str):
+        """The world object named ``name``."""
+        return next(w for w in self.worlds if w.name == name)
+
+    def world_laws(self, name: str) -> tuple:
+        return dict(self.laws)[name]
 
 
 def budget_plan(options: AuditOptions):
@@ -285,12 +296,13 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
         searched = [p for p in searched if f"properties/{p}" in options.worlds or "properties" in options.worlds]
         inputs = inputs and "inputs" in options.worlds
     plan = budget_plan(options)
-    checks, samples = [], []
+    checks, samples, laws = [], [], []
     for world in chosen:
         n = plan.samples(world.name)
         samples.append((world.name, n))
+        laws.append((world.name, tuple(planned_laws(world, n))))
         checks += [Check(f"{world.name}/{law.law}", CheckKind.LAW, world.name, law.law)
-                   for law in planned_laws(world, n)]
+                   for law in laws[-1][1]]
     for world in chains:
         samples.append((world.name, options.level.chain_sequences))
         checks += [Check(f"{world.name}/{test}", CheckKind.CHAIN_RULE, world.name, test)
@@ -299,7 +311,8 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
     if inputs:
         checks.append(Check("inputs/invalid", CheckKind.INPUTS, "inputs", "invalid"))
     m = sum(c.kind.statistical for c in checks)
-    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, options.stop_early), tuple(samples))
+    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, options.stop_early), tuple(samples),
+                     worlds=(*chosen, *chains), laws=tuple(laws))
 
 
 def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
@@ -337,4 +350,5 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
                                 "greedy_identity"))
     m = sum(c.kind.statistical for c in checks)
     # generation laws are fixed-budget tests: Holm gets all of alpha
-    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, stop_early=False), tuple(samples))
+    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, stop_early=False), tuple(samples),
+                     worlds=tuple(worlds))

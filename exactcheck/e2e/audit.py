@@ -193,7 +193,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     plan = plan_generator_audit(options, policies, greedy)
     level, seed, budget = options.level, options.seed, plan.budget
     n = level.generations if options.generations is None else int(options.generations)
-    chosen = [w for w in all_model_worlds() if any(c.world == w.name for c in plan.checks)]
+    chosen = list(plan.worlds)
     name = generator_name(generator)
     lossy = generator_name(generator) if is_lossy(generator) else None
     world_policies = {w.name: ((w.policy,) if w.policy is not None else tuple(policies)) for w in chosen}

@@ -28,9 +28,10 @@ from typing import Protocol
 import torch
 from scipy import stats
 
-from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.contract import Verifier
 from exactcheck.step.drive import SequenceSamples
 from exactcheck.step.sampling import inverse_cdf
+from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 
 __all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
            "chain_rule_tests", "row_statistics", "z_test", "CHAIN_RULE_TESTS"]
@@ -77,44 +78,46 @@ def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
     out, calls, steps = [], 0, 0
     for start in range(0, n, batch):
         size = min(batch, n - start)
-        seq, used, rows = _generate(verifier, world, size, driver, subject, device)
+        # every row handed to the subject is live (compacted whenever a trial finishes)
+        seq, used, rows = run_speculative_loop(verifier, _ChainProposer(world), size, world.length, driver,
+                                               subject, device, compact_at=1.0)
         out.append(seq.cpu())
         calls, steps = calls + used, steps + rows
     return SequenceSamples(world, torch.cat(out), seed, calls, steps)
 
 
-def _generate(verifier, world, size, driver, subject, device):
-    k, length = world.draft_length, world.length
-    seq = torch.full((size, length + k + 1), PADDING, dtype=torch.int64, device=device)
-    filled = torch.zeros(size, dtype=torch.int64, device=device)
-    calls = steps = 0
-    while True:
-        live = torch.nonzero(filled < length)[:, 0]
-        if live.numel() == 0:
-            return seq[:, :length], calls, steps
-        steps += live.numel()
-        f = filled[live]
-        last = torch.where(f > 0, seq[live, (f - 1).clamp(min=0)], world.bos)
-        previous, drafted, draft_rows, target_rows = last, [], [], []
-        for i in range(k):
-            q = world.draft_rows(previous, f + i, torch.float32)
-            u = torch.rand(live.numel(), dtype=torch.float64, generator=driver, device=device)
+@dataclass(frozen=True)
+class _ChainProposer:
+    """Drafts drawn exactly from the float32 draft rows, target rows along the drafted path; a
+    trial's state is its last token (the world's conditionals depend on it and the position)."""
+
+    world: ChainWorld
+
+    @property
+    def draft_length(self) -> int:
+        return self.world.draft_length
+
+    def start(self, batch: int, device: torch.device) -> torch.Tensor:
+        return torch.full((batch,), self.world.bos, dtype=torch.int64, device=device)
+
+    def propose(self, state, filled, generator) -> Proposal:
+        previous, path, drafted, draft_rows, target_rows = state, [state], [], [], []
+        for i in range(self.world.draft_length):
+            q = self.world.draft_rows(previous, filled + i, torch.float32)
+            u = torch.rand(state.numel(), dtype=torch.float64, generator=generator, device=state.device)
             cdf = torch.cumsum(q, -1, dtype=torch.float64)
             x = inverse_cdf(cdf, u * cdf[:, -1])
-            target_rows.append(world.target_rows(previous, f + i, torch.float32))
+            target_rows.append(self.world.target_rows(previous, filled + i, torch.float32))
             draft_rows.append(q)
             drafted.append(x)
+            path.append(x)
             previous = x
-        target_rows.append(world.target_rows(previous, f + k, torch.float32))
-        emitted = call_verifier(verifier, torch.stack(target_rows, 1), torch.stack(draft_rows, 1),
-                                torch.stack(drafted, 1), subject)
-        calls += 1
-        count = (emitted != PADDING).sum(1)
-        columns = f[:, None] + torch.arange(k + 1, device=device)
-        keep = emitted != PADDING
-        rows = live[:, None].expand_as(columns)
-        seq[rows[keep], columns[keep]] = emitted[keep]
-        filled[live] = f + count
+        target_rows.append(self.world.target_rows(previous, filled + self.world.draft_length, torch.float32))
+        return Proposal(torch.stack(target_rows, 1), torch.stack(draft_rows, 1), torch.stack(drafted, 1),
+                        torch.stack(path, 1))
+
+    def advance(self, path, accepted, token) -> torch.Tensor:
+        return token
 
 
 def teacher_forced(world: ChainWorld, sequences: torch.Tensor, fast: bool = True,

@@ -2,10 +2,11 @@
 
 ``drive_steps`` gives every trial of a ``StepWorld`` one verify call with the world's fixed rows
 and draft tokens drawn from its draft rows. ``drive_sequences`` runs the full speculative loop of
-a ``ContextWorld``: draft k tokens from the draft LM, build the target rows along the drafted
-prefix, call the verifier, commit what it emits, repeat until every trial has ``length`` tokens.
-Trials accept different numbers of drafts (ragged acceptance); each keeps its batch row for the
-whole run, so a subject that repeats its random numbers per row is seen repeating them.
+a ``ContextWorld`` (``exactcheck.step.speculative_loop``, the loop every sequence driver shares):
+draft k tokens from the draft LM, build the target rows along the drafted prefix, call the
+verifier, commit what it emits, repeat until every trial has ``length`` tokens. Trials accept
+different numbers of drafts (ragged acceptance) and keep their order in the batch, so a subject
+that repeats its random numbers per row is seen repeating them.
 
 All randomness the driver itself uses (draft tokens) comes from its own seeded generator; the
 subject gets a separate seeded generator. Same seed, same samples.
@@ -20,6 +21,7 @@ from typing import Union
 import torch
 
 from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
 from toy_models import ContextWorld, StepWorld, ToyLM
 
@@ -131,62 +133,51 @@ def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
     alias = _alias_table(world.draft)
     if device.type != "cpu":
         alias = copy.copy(alias).to(device)
-    tables = (world.target.table.to(device), world.draft.table.to(device), alias)
+    proposer = _ContextProposer(world, world.target.table.to(device), world.draft.table.to(device), alias)
     sequences, calls, steps = [], 0, 0
     for batch in _chunks(n, (k + 1) * vocab, max_elements):
-        seq, used, active = _generate(verifier, world, batch, tables, driver_gen, subject_gen, device)
+        seq, used, active = run_speculative_loop(verifier, proposer, batch, world.length, driver_gen,
+                                                 subject_gen, device)
         sequences.append(seq.cpu())
         calls, steps = calls + used, steps + active
     return SequenceSamples(world, torch.cat(sequences), seed, calls, steps)
 
 
-def _generate(verifier, world, batch, tables, driver_gen, subject_gen, device):
-    """Generate ``batch`` trials. Each live trial keeps its batch row until fewer than half of
-    the rows are live; then the live trials are compacted, in order, so finished trials stop
-    costing verify work (at most twice the useful work in all)."""
-    target_table, draft_table, draft_alias = tables
-    k, length = world.draft_length, world.length
-    offsets = torch.arange(k + 1, device=device)
-    # one spare column past the longest write receives the entries that must not be written
-    width = length + k + 2
-    spare = width - 1
-    seq = torch.full((batch * width,), PADDING, dtype=torch.int64, device=device)
-    trial = torch.arange(batch, device=device)
-    state = torch.full((batch,), world.prompt_state, dtype=torch.int64, device=device)
-    filled = torch.zeros(batch, dtype=torch.int64, device=device)
-    calls = steps = 0
-    while trial.numel():
-        rows = trial.numel()
+@dataclass(frozen=True)
+class _ContextProposer:
+    """Drafts from the draft LM's sampler, rows from the two LMs' tables along the drafted path;
+    a trial's state is the context world's state."""
+
+    world: ContextWorld
+    target_table: torch.Tensor
+    draft_table: torch.Tensor
+    draft_sampler: AliasTable | CdfTable
+
+    @property
+    def draft_length(self) -> int:
+        return self.world.draft_length
+
+    def start(self, batch: int, device: torch.device) -> torch.Tensor:
+        return torch.full((batch,), self.world.prompt_state, dtype=torch.int64, device=device)
+
+    def propose(self, state, filled, generator) -> Proposal:
+        k, rows = self.world.draft_length, state.numel()
         states, drafted, s = [state], [], state
-        u = torch.rand(k, rows, dtype=torch.float64, generator=driver_gen, device=device)
+        u = torch.rand(k, rows, dtype=torch.float64, generator=generator, device=state.device)
         for i in range(k):
-            x = draft_alias.sample(s, u[i])
+            x = self.draft_sampler.sample(s, u[i])
             drafted.append(x)
-            s = world.next_state(s, x)
+            s = self.world.next_state(s, x)
             states.append(s)
-        draft_tokens = torch.stack(drafted, 1)
-        states = torch.stack(states, 1)
-        target_probs = target_table.index_select(0, states.reshape(-1)).view(rows, k + 1, -1)
-        draft_probs = draft_table.index_select(0, states[:, :k].reshape(-1)).view(rows, k, -1)
-        live = filled < length
-        steps += int(live.sum())
-        out = call_verifier(verifier, target_probs, draft_probs, draft_tokens, subject_gen)
-        calls += 1
-        emitted = (out != PADDING).sum(1)
-        column = torch.where((out != PADDING) & live[:, None], filled[:, None] + offsets, spare)
-        seq.scatter_(0, (trial[:, None] * width + column).reshape(-1), out.reshape(-1))
+        path = torch.stack(states, 1)
+        target = self.target_table.index_select(0, path.reshape(-1)).view(rows, k + 1, -1)
+        draft = self.draft_table.index_select(0, path[:, :k].reshape(-1)).view(rows, k, -1)
+        return Proposal(target, draft, torch.stack(drafted, 1), path)
+
+    def advance(self, path, accepted, token) -> torch.Tensor:
         # the accepted drafts are a prefix of the drafted path, so the state after them is known;
         # one transition adds the correction or bonus token
-        accepted = emitted - 1
-        after = world.next_state(states.gather(1, accepted[:, None])[:, 0],
-                                 out.gather(1, accepted[:, None])[:, 0])
-        state = torch.where(live, after, state)
-        filled = filled + emitted * live
-        live = filled < length
-        alive = int(live.sum())
-        if alive * 2 <= rows:
-            trial, state, filled = trial[live], state[live], filled[live]
-    return seq.view(batch, width)[:, :length], calls, steps
+        return self.world.next_state(path.gather(1, accepted[:, None])[:, 0], token)
 
 
 def drive(verifier: Verifier, world: StepWorld | ContextWorld, n: int, seed: int,
