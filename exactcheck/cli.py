@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
-    sub.add_parser("list", help="list the worlds and mutants")
+    listing = sub.add_parser("list", help="list the built-in worlds, subjects, generators and mutants")
+    listing.add_argument("--live", action="store_true",
+                         help="build the list from the code (imports torch) instead of the stored copy")
     plan = sub.add_parser("plan", help="print the sample budget of an audit without running it")
     plan.add_argument("--level", default=DEFAULT_LEVEL, choices=[lv.value for lv in Level])
     plan.add_argument("--detect-tv", type=float, metavar="EPS")
@@ -364,41 +366,13 @@ def _gate(args) -> int:
     return EXIT_PASS if passed else EXIT_DEFECT
 
 
-def _list(_args) -> int:
-    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
-    from exactcheck.step.properties import PROPERTIES
-    from exactcheck.subjects import REAL_MODELS
-    from exactcheck.suite import default_worlds, large_worlds
-    print("worlds:")
-    for w in default_worlds():
-        print(f"  {w.name:<26} {w.description}")
-    print("large worlds (audited when named with --world; chain-rule tests):")
-    for w in large_worlds():
-        print(f"  {w.name:<26} {w.description}")
-    print("properties (deterministic, forced random numbers):")
-    for name in PROPERTIES:
-        print(f"  properties/{name}")
-    from exactcheck.e2e.loop import LOOP_MUTANTS
-    try:
-        from exactcheck.e2e.audit import all_model_worlds as model_worlds
-    except ImportError:  # transformers is not installed: no end-to-end worlds
-        model_worlds = tuple
-    print("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
-    for w in model_worlds():
-        print(f"  {w.name:<26} {w.description}")
-    print("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
-    for name, g in builtin_generators().items():
-        print(f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else ""))
-    for m in LOOP_MUTANTS:
-        doc = " ".join(type(m).__doc__.split())
-        print(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
-    print(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
-    print("mutants:")
-    for m in MUTANTS.values():
-        print(f"  {m.name:<26} {m.defect}")
-    print("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
-    for m in SMALL_BIAS_MUTANTS.values():
-        print(f"  {m.name:<26} {m.defect} (exactcheck.step.mutants:{importable_name(m.name)})")
+def _list(args) -> int:
+    if args.live:
+        from exactcheck.catalogue import build_listing
+        print(build_listing(), end="")
+    else:
+        from exactcheck.catalogue_listing import LISTING
+        print(LISTING, end="")
     return EXIT_PASS
 
 

@@ -72,6 +72,19 @@ def test_help_imports_no_torch():
     assert "torch" not in loaded
 
 
+def test_list_imports_no_torch():
+    loaded = _imports_after("from exactcheck.cli import main\ntry:\n    main(['list'])\nexcept SystemExit:\n    pass")
+    assert "torch" not in loaded and "scipy" not in loaded
+
+
+def test_the_stored_listing_is_what_the_code_lists():
+    """``exactcheck list`` prints a stored copy (no torch); it must equal the listing built from
+    the code. On failure: ``python -m exactcheck.catalogue`` rewrites the copy."""
+    from exactcheck.catalogue import build_listing
+    from exactcheck.catalogue_listing import LISTING
+    assert LISTING == build_listing()
+
+
 def test_the_plan_names_every_verdict_of_the_audit():
     options = AuditOptions.build(level="quick", worlds=["three_token", "ctx_v3_l5_k3", "properties/contract", "inputs"])
     plan = plan_step_audit(options)
