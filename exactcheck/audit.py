@@ -31,68 +31,14 @@ from exactcheck.step.properties import PropertyResult, reproducer, search
 from exactcheck.reachability import observed_in, structural
 from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
                              derive_seed, plan_step_audit)
+from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Category, CellDeviation, Evidence, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["AuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path", "DEFAULT_REQUIRE",
+__all__ = ["AuditResult", "StepAuditResult", "run_audit", "planned_checks", "DEFAULT_ALPHA", "reproducer_path", "DEFAULT_REQUIRE",
            "resolve_device"]
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    subject: str
-    level: str
-    seed: int
-    alpha: float
-    device: str
-    verdicts: tuple[Verdict, ...]
-    started: str
-    duration_s: float
-    environment: dict
-    detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
-    stop_early: bool = False
-    samples_planned: int = 0  # trials over all worlds at the full budget
-    samples_drawn: int = 0  # trials actually driven (less when the audit stopped early)
-    stopped_at: str | None = None  # the check whose evidence stopped the audit
-    # the finding categories that decide pass/fail (Category values); others are shown only
-    require: tuple[str, ...] = DEFAULT_REQUIRE
-    interrupted: bool = False  # Ctrl-C ended the audit: a partial report, marked incomplete, never a pass
-
-    def gates(self, verdict: Verdict) -> bool:
-        """Whether ``verdict`` fails this audit: a failed outcome in a required category."""
-        return verdict.outcome.failed and verdict.category.value in self.require
-
-    @property
-    def failed(self) -> tuple[Verdict, ...]:
-        return tuple(v for v in self.verdicts if self.gates(v))
-
-    @property
-    def not_required(self) -> tuple[Verdict, ...]:
-        """Findings in categories this audit does not gate on (shown, not failing)."""
-        return tuple(v for v in self.verdicts if v.outcome.failed and not self.gates(v))
-
-    @property
-    def undrivable(self) -> bool:
-        """The subject crashed on every world it was driven through: it could not be driven."""
-        driven = [v for v in self.verdicts if v.world not in ("properties", "inputs")]
-        return (self.samples_drawn == 0 and any(v.outcome is Outcome.CRASHED for v in driven)
-                and all(v.outcome in (Outcome.CRASHED, Outcome.INCONCLUSIVE) for v in driven))
-
-    @property
-    def passed(self) -> bool:
-        return not self.failed and not self.interrupted
-
-    def count(self, outcome: Outcome) -> int:
-        return sum(v.outcome is outcome for v in self.verdicts)
-
-    def strongest_failure(self) -> Verdict | None:
-        """The failed verdict with the most evidence (smallest adjusted p-value, then largest TV)."""
-        if not self.failed:
-            return None
-        return min(self.failed, key=lambda v: (v.adjusted_pvalue if v.adjusted_pvalue is not None
-                                               else 0.0, -(v.tv_estimate or 0.0)))
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -293,13 +239,13 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     if evident:
         run, i = evident
         stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
-    return AuditResult(
+    return StepAuditResult(
         subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
         verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
         environment={"exactcheck": __version__, "torch": torch.__version__,
                      "python": platform.python_version(), "platform": platform.platform()},
         detect_tv=options.target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
-        samples_drawn=sum(r.drawn for r in runs), stopped_at=stopped, require=options.require,
+        samples_drawn=sum(r.drawn for r in runs), stopped_early_at=stopped, require=options.require,
         interrupted=interrupted)
 
 

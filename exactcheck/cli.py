@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from exactcheck.errors import UsageError
 from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL, Level
-from exactcheck.subjects import BUILTIN_GENERATORS, REAL_MODELS, builtin_generators, load_generator, load_subject
+from exactcheck.subjects import BUILTIN_GENERATORS, REAL_MODELS, load_generator, load_subject
 
 if TYPE_CHECKING:
     from exactcheck.audit import AuditResult
@@ -150,8 +150,8 @@ def _print_audit(result: AuditResult) -> None:
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
     first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
-    print(f"exactcheck audit {result.subject}: {status}{first} ({counts}; level {result.level}, "
-          f"seed {result.seed}, alpha {result.alpha:g}, {result.duration_s:.1f} s)")
+    print(f"exactcheck audit {result.subject}: {status}{first} ({counts}; {result.settings_text()}, "
+          f"{result.duration_s:.1f} s)")
     for v in failed[:DETAILED_FAILURES]:
         print()
         print(v.describe())
@@ -173,12 +173,7 @@ def _print_audit(result: AuditResult) -> None:
     if unrun:
         print(f"  {len(unrun)} checks not run to their budget (the audit stopped early on "
               f"{result.stopped_at or 'a defect'}); they are inconclusive, not passed")
-    stop = f", stopped early on {result.stopped_at}" if result.stopped_at else ""
-    if result.detect_tv:
-        print(f"  budget: detect TV >= {result.detect_tv:g}; {result.samples_drawn:,} of "
-              f"{result.samples_planned:,} planned trials drawn{stop}")
-    else:
-        print(f"  {result.samples_drawn:,} generations")
+    print(f"  {result.budget_text()}")
 
 
 def _interrupted(result: AuditResult, report: str | None, stem: str) -> int:
@@ -188,7 +183,7 @@ def _interrupted(result: AuditResult, report: str | None, stem: str) -> int:
         from exactcheck.report.files import write_report
         from exactcheck.report.json_md import audit_to_json
         where = f"; partial report, marked incomplete: {write_report(audit_to_json(result), report, stem)[0]}"
-    print(f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} trials{where}",
+    print(f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} {result.unit}{where}",
           file=sys.stderr)
     return EXIT_INTERRUPTED
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from exactcheck import __version__
-from exactcheck.audit import (STATISTIC_NAME, AuditResult, _apply_holm, _evidence, _failure_verdict,
+from exactcheck.report.result import GeneratorAuditResult
+from exactcheck.audit import (STATISTIC_NAME, _apply_holm, _evidence, _failure_verdict,
                               keep_plots_where_needed, plot_cells, resolve_device)
 from exactcheck.plan import AuditOptions, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
@@ -180,7 +181,7 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
 
 def run_generator_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
                         policies: tuple[DecodingPolicy, ...] = (SAMPLING,), greedy: bool = True,
-                        progress: bool = True, **settings) -> AuditResult:
+                        progress: bool = True, **settings) -> GeneratorAuditResult:
     """Audit an end-to-end generator on the model worlds; see the module docstring.
     ``options`` (an ``AuditOptions``) or its fields as keywords (``level``, ``seed``, ``alpha``,
     ``worlds``, ``generations``, ``require``); ``plan_generator_audit`` decides what runs.
@@ -236,7 +237,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
         environment["transformers"] = transformers.__version__
     except ImportError:  # the toy worlds need it; kept for symmetry with the step audit
         pass
-    return AuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
+    return GeneratorAuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
                        alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=n * sum(len(v) for v in world_policies.values()), samples_drawn=drawn,

@@ -2,7 +2,7 @@
 JSON-schema mask (``exactcheck.adapters.xgrammar_mask``), applied to the logits through the
 decoding policy (a transformers logits processor in the transformers adapter).
 
-Checks (one ``AuditResult``):
+Checks (one ``GrammarAuditResult``):
 
 - ``greedy_identity``: greedy under the mask (temperature 0, stop at the tokenizer's stop
   token) equals the target's own masked greedy decode, at several draft lengths;
@@ -25,7 +25,8 @@ import torch
 from scipy import stats
 
 from exactcheck import __version__
-from exactcheck.audit import AuditResult, _apply_holm
+from exactcheck.audit import _apply_holm
+from exactcheck.report.result import GrammarAuditResult
 from exactcheck.plan import AlphaBudget
 from exactcheck.stats.chain_rule import row_statistics, z_test
 from exactcheck.errors import SubjectError
@@ -61,7 +62,7 @@ def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outp
 
 def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
                       new_tokens: int = 64, seed: int = 0, alpha: float = 1e-3, progress: bool = True,
-                      loaded=None, device: str = "cpu") -> AuditResult:
+                      loaded=None, device: str = "cpu") -> GrammarAuditResult:
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
     xgrammar mask of ``FOUR_PROPERTY_SCHEMA``."""
     import sys
@@ -153,7 +154,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                    "xgrammar": importlib.metadata.version("xgrammar"),
                    "python": platform.python_version(), "machine": platform.machine(),
                    "outputs": [t for t, _ in texts][:12]}
-    return AuditResult(subject=generator_name(generator), level="grammar", seed=seed, alpha=alpha, device=str(device),
+    return GrammarAuditResult(subject=generator_name(generator), level=None, seed=seed, alpha=alpha, device=str(device),
                        verdicts=tuple(_apply_holm(verdicts, AlphaBudget(alpha, 0, stop_early=False))), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=samples, samples_drawn=len(outputs))

@@ -8,7 +8,7 @@ configs with fixed seeds, the draft a noisy copy of the target), and ``smollm2``
 each output with the target's own greedy decode (``exactcheck.e2e.greedy_identity``, divergences
 classified with their top-2 margin and a float64 recompute), and compares the final target
 cache the generator hands back (transformers returns it with ``return_dict_in_generate``) with
-a fresh recompute on the final sequence. The result is an ``AuditResult`` like every audit's.
+a fresh recompute on the final sequence. The result is a ``GreedyAuditResult``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from exactcheck.e2e.cache_invariants import final_cache
 from exactcheck.errors import UsageError
 from exactcheck.e2e.generator import generator_name
 from exactcheck.e2e.greedy_identity import greedy_identity
-from exactcheck.audit import AuditResult
+from exactcheck.report.result import GreedyAuditResult
 from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["REAL_MODELS", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
@@ -92,7 +92,7 @@ class _FinalCaches:
 
 def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
                      draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
-                     progress: bool = True, loaded=None, device: str = "cpu") -> AuditResult:
+                     progress: bool = True, loaded=None, device: str = "cpu") -> GreedyAuditResult:
     """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``."""
     clock = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -139,6 +139,6 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     environment = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
                    "python": platform.python_version(), "machine": platform.machine(),
                    "divergences": [d.describe() for d in result.divergences]}
-    return AuditResult(subject=name, level="greedy", seed=seed, alpha=0.0, device=str(target.device),
+    return GreedyAuditResult(subject=name, level=None, seed=seed, alpha=None, device=str(target.device),
                        verdicts=(identity, cache), started=started, duration_s=time.perf_counter() - clock,
                        environment=environment, samples_planned=result.runs, samples_drawn=result.runs)

@@ -173,17 +173,11 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
     status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     env = result.environment
-    head = (f"level {result.level}, seed {result.seed}, "
-            + (f"false-alarm budget α = {result.alpha:g} for the whole audit" if result.alpha
-               else "deterministic checks only")
+    head = ((f"level {result.level}, seed" if result.level else "seed") + f" {result.seed}, {result.alpha_text()}"
             + f"; {len(result.verdicts)} checks: {counts}; {result.duration_s:.1f} s; exactcheck "
             f"{env.get('exactcheck')}, torch {env.get('torch')}"
             + (f", transformers {env['transformers']}" if "transformers" in env else ""))
-    budget = (f"Budget planned to detect TV ≥ {result.detect_tv:g} (power 0.9): {result.samples_drawn:,} of "
-              f"{result.samples_planned:,} planned trials drawn" if result.detect_tv else
-              f"{result.samples_drawn:,} generations driven")
-    if result.stopped_at:
-        budget += f"; stopped early on {result.stopped_at}"
+    budget = result.budget_text()[0].upper() + result.budget_text()[1:]
     folded = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and not result.gates(v)]
     rows = [_row(result, v) for v in result.verdicts if v not in folded]
     failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and _has_samples(v)]
@@ -207,7 +201,7 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
         body += [f'<details id="inconclusive"><summary>{len(folded)} inconclusive checks (not run to their '
                  f'budget, or not judged; none of them passed)</summary>', _TABLE_HEAD,
                  "".join(_row(result, v) for v in folded), "</table></details>"]
-    pvalues = _pvalue_plot([v for v in result.verdicts if v.samples], result.alpha)
+    pvalues = _pvalue_plot([v for v in result.verdicts if v.samples], result.alpha or 0.0)
     if pvalues:
         body += [f"<{sub}>p-values, detectable TV and certificates</{sub}>", pvalues]
     if length_plots:
@@ -228,8 +222,7 @@ def render_pr_comment(data: dict, most: int = 10) -> str:
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     icon = "✅" if result.passed else "❌"
     lines = [f"### {icon} exactcheck: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
-             f"{len(result.verdicts)} checks ({counts}) at level {result.level}, seed {result.seed}"
-             + (f", α = {result.alpha:g} for the whole audit" if result.alpha else "") + "."]
+             f"{len(result.verdicts)} checks ({counts}); {result.settings_text()}."]
     if failed:
         lines += ["", "| check | outcome | TV (95% interval) | adjusted p | reproduce |", "|---|---|---|---:|---|"]
         for v in failed[:most]:

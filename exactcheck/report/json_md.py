@@ -2,7 +2,9 @@
 JSON (so a report can be re-rendered without re-running the audit)."""
 from __future__ import annotations
 
-from exactcheck.audit import DEFAULT_REQUIRE, AuditResult
+from exactcheck.plan import DEFAULT_REQUIRE
+from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
+                                      result_type)
 from exactcheck.step.selftest import SelftestResult
 from exactcheck.report.verdict import Category, Outcome, Verdict
 
@@ -17,6 +19,7 @@ SELFTEST_SCHEMA = "exactcheck.selftest/1"
 def audit_to_json(result: AuditResult) -> dict:
     return {
         "schema": AUDIT_SCHEMA,
+        "kind": result.kind.value,
         "subject": result.subject,
         "level": result.level,
         "seed": result.seed,
@@ -25,14 +28,7 @@ def audit_to_json(result: AuditResult) -> dict:
         "started": result.started,
         "duration_s": round(result.duration_s, 3),
         "environment": result.environment,
-        "budget": {
-            "detect_tv": result.detect_tv,
-            "stop_early": result.stop_early,
-            "samples_planned": result.samples_planned,
-            "samples_drawn": result.samples_drawn,
-            "stopped_at": result.stopped_at,
-            "interrupted": result.interrupted,
-        },
+        "budget": result.budget_fields(),
         "require": list(result.require),
         "summary": {
             "passed": result.passed,
@@ -46,14 +42,28 @@ def audit_to_json(result: AuditResult) -> dict:
 
 
 def audit_from_json(data: dict) -> AuditResult:
+    """The typed result of a JSON audit report (``exactcheck.report.result.result_type``);
+    reports written by earlier versions read the same way."""
     if data.get("schema") != AUDIT_SCHEMA:
         raise ValueError(f"not an exactcheck audit report (schema {data.get('schema')!r})")
-    return AuditResult(
-        subject=data["subject"], level=data["level"], seed=data["seed"], alpha=data["alpha"],
+    kind = result_type(data)
+    budget = dict(data.get("budget", {}))
+    budget.pop("unit", None)
+    if kind is StepAuditResult:
+        budget["stopped_early_at"] = budget.pop("stopped_at", None)
+    else:  # fields only a step audit has (written by earlier versions for every kind)
+        for key in ("detect_tv", "stop_early", "stopped_at"):
+            budget.pop(key, None)
+    level, alpha = data["level"], data["alpha"]
+    if kind in (GreedyAuditResult, GrammarAuditResult) and level in ("greedy", "grammar"):
+        level = None  # earlier versions wrote the kind in place of a level
+    if kind is GreedyAuditResult and not alpha:
+        alpha = None
+    return kind(
+        subject=data["subject"], level=level, seed=data["seed"], alpha=alpha,
         device=data["device"], verdicts=tuple(Verdict.from_dict(v) for v in data["verdicts"]),
         started=data["started"], duration_s=data["duration_s"], environment=data["environment"],
-        require=tuple(data.get("require", DEFAULT_REQUIRE)),
-        **{key: value for key, value in data.get("budget", {}).items()})
+        require=tuple(data.get("require", DEFAULT_REQUIRE)), **budget)
 
 
 def _fmt(x, spec: str = ".4f") -> str:
@@ -77,28 +87,13 @@ def render_audit_markdown(data: dict) -> str:
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     versions = (f"exactcheck {result.environment.get('exactcheck')}, torch {result.environment.get('torch')}"
                 + (f", transformers {result.environment['transformers']}" if "transformers" in result.environment else ""))
-    if result.alpha:
-        budget_alpha = (f"false-alarm budget α = {result.alpha:g} for the whole audit "
-                        f"({'half to the early-stopping e-processes, half to Holm' if result.stop_early else 'Holm'} "
-                        f"over the statistical checks)")
-    else:
-        budget_alpha = "deterministic checks only (no false-alarm budget is spent)"
-    if result.detect_tv:
-        budget = (f"Budget planned to detect TV ≥ {result.detect_tv:g} on every law (power 0.9): "
-                  f"{result.samples_planned:,} trials planned, {result.samples_drawn:,} drawn"
-                  + (f"; stopped early on {result.stopped_at}." if result.stopped_at else ".")
-                  + (" Early stopping by e-process (half of α), fixed-budget tests on the other half."
-                     if result.stop_early else ""))
-    else:
-        budget = (f"End-to-end audit: {result.samples_drawn:,} generations driven "
-                  f"({result.samples_planned:,} planned), fixed budget.")
     lines = [
         f"# exactcheck audit of `{result.subject}`: {status}",
         "",
-        f"Level **{result.level}**, seed {result.seed}, {budget_alpha}; {len(result.verdicts)} checks: "
-        f"{counts}. Device {result.device}, {result.duration_s:.1f} s, {versions}.",
+        (f"Level **{result.level}**, seed" if result.level else "Seed") + f" {result.seed}, {result.alpha_text()}; "
+        f"{len(result.verdicts)} checks: {counts}. Device {result.device}, {result.duration_s:.1f} s, {versions}.",
         "",
-        budget,
+        result.budget_text()[0].upper() + result.budget_text()[1:] + ".",
         "",
         "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
         "|---|---|---:|---|---:|---:|---:|---:|",

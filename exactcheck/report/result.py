@@ -1,0 +1,185 @@
+"""What an audit returns: its verdicts with how they were reached, one type per kind of audit on
+a shared base.
+
+- ``StepAuditResult``: a step-level verifier through the worlds (``exactcheck audit``): trials,
+  a budget planned to detect a TV, early stopping.
+- ``GeneratorAuditResult``: an end-to-end generator through the model worlds (``exactcheck e2e``):
+  generations at a fixed budget.
+- ``GreedyAuditResult``: greedy identity and final caches on real models (``exactcheck greedy``):
+  deterministic checks only, no false-alarm budget.
+- ``GrammarAuditResult``: a generator under a grammar mask on SmolLM2 (``exactcheck grammar``):
+  greedy identity, validity and chain-rule tests under Holm.
+
+Renderers ask the result (``kind``, ``settings_text``, ``budget_text``) rather than inferring the
+kind from which fields are empty. ``result_type`` picks the type when a report is read back.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+from exactcheck.plan import DEFAULT_REQUIRE
+from exactcheck.report.verdict import Outcome, Verdict
+
+__all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult",
+           "GrammarAuditResult", "result_type"]
+
+
+class AuditKind(enum.Enum):
+    STEP = "step"
+    END_TO_END = "end-to-end"
+    GREEDY = "greedy"
+    GRAMMAR = "grammar"
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """The shared base: the subject, its verdicts, how many samples were planned and drawn, and
+    which finding categories gate pass/fail. ``alpha`` is None for an audit of deterministic
+    checks only; ``level`` is None where an audit has no levels."""
+
+    kind: ClassVar[AuditKind]
+    unit: ClassVar[str]  # what a sample is: trials, generations, runs, outputs
+
+    subject: str
+    level: str | None
+    seed: int
+    alpha: float | None
+    device: str
+    verdicts: tuple[Verdict, ...]
+    started: str
+    duration_s: float
+    environment: dict
+    samples_planned: int = 0
+    samples_drawn: int = 0
+    # the finding categories that decide pass/fail (Category values); others are shown only
+    require: tuple[str, ...] = DEFAULT_REQUIRE
+    interrupted: bool = False  # Ctrl-C ended the audit: a partial report, marked incomplete, never a pass
+
+    def gates(self, verdict: Verdict) -> bool:
+        """Whether ``verdict`` fails this audit: a failed outcome in a required category."""
+        return verdict.outcome.failed and verdict.category.value in self.require
+
+    @property
+    def failed(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if self.gates(v))
+
+    @property
+    def not_required(self) -> tuple[Verdict, ...]:
+        """Findings in categories this audit does not gate on (shown, not failing)."""
+        return tuple(v for v in self.verdicts if v.outcome.failed and not self.gates(v))
+
+    @property
+    def undrivable(self) -> bool:
+        """The subject crashed on every world it was driven through: it could not be driven."""
+        driven = [v for v in self.verdicts if v.world not in ("properties", "inputs")]
+        return (self.samples_drawn == 0 and any(v.outcome is Outcome.CRASHED for v in driven)
+                and all(v.outcome in (Outcome.CRASHED, Outcome.INCONCLUSIVE) for v in driven))
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed and not self.interrupted
+
+    @property
+    def stopped_at(self) -> str | None:
+        """The check whose evidence stopped the audit early (step audits only)."""
+        return None
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(v.outcome is outcome for v in self.verdicts)
+
+    def strongest_failure(self) -> Verdict | None:
+        """The failed verdict with the most evidence (smallest adjusted p-value, then largest TV)."""
+        if not self.failed:
+            return None
+        return min(self.failed, key=lambda v: (v.adjusted_pvalue if v.adjusted_pvalue is not None
+                                               else 0.0, -(v.tv_estimate or 0.0)))
+
+    # ---- what renderers print ----
+    def alpha_text(self) -> str:
+        if self.alpha is None:
+            return "deterministic checks only (no false-alarm budget is spent)"
+        return f"false-alarm budget α = {self.alpha:g} for the whole audit (Holm over the statistical checks)"
+
+    def settings_text(self) -> str:
+        """"level standard, seed 0, alpha 0.001" (what a one-line summary names)."""
+        parts = ([f"level {self.level}"] if self.level else []) + [f"seed {self.seed}"]
+        parts.append(f"alpha {self.alpha:g}" if self.alpha is not None else "deterministic checks only")
+        return ", ".join(parts)
+
+    def budget_text(self) -> str:
+        return f"{self.samples_drawn:,} {self.unit} of {self.samples_planned:,} planned, fixed budget"
+
+    def budget_fields(self) -> dict:
+        """The JSON report's ``budget`` object."""
+        return {"unit": self.unit, "samples_planned": self.samples_planned, "samples_drawn": self.samples_drawn,
+                "interrupted": self.interrupted}
+
+
+@dataclass(frozen=True)
+class StepAuditResult(AuditResult):
+    kind: ClassVar[AuditKind] = AuditKind.STEP
+    unit: ClassVar[str] = "trials"
+
+    detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
+    stop_early: bool = False
+    stopped_early_at: str | None = None  # the check whose evidence stopped the audit
+
+    @property
+    def stopped_at(self) -> str | None:
+        return self.stopped_early_at
+
+    def alpha_text(self) -> str:
+        split = "half to the early-stopping e-processes, half to Holm" if self.stop_early else "Holm"
+        return f"false-alarm budget α = {self.alpha:g} for the whole audit ({split} over the statistical checks)"
+
+    def budget_text(self) -> str:
+        return (f"budget planned to detect TV ≥ {self.detect_tv:g} on every law (power 0.9): "
+                f"{self.samples_drawn:,} of {self.samples_planned:,} planned trials drawn"
+                + (f"; stopped early on {self.stopped_at}" if self.stopped_at else ""))
+
+    def budget_fields(self) -> dict:
+        return {"detect_tv": self.detect_tv, "stop_early": self.stop_early, **super().budget_fields(),
+                "stopped_at": self.stopped_at}
+
+
+@dataclass(frozen=True)
+class GeneratorAuditResult(AuditResult):
+    kind: ClassVar[AuditKind] = AuditKind.END_TO_END
+    unit: ClassVar[str] = "generations"
+
+    def budget_text(self) -> str:
+        return f"end-to-end audit: {self.samples_drawn:,} generations driven ({self.samples_planned:,} planned), fixed budget"
+
+
+@dataclass(frozen=True)
+class GreedyAuditResult(AuditResult):
+    kind: ClassVar[AuditKind] = AuditKind.GREEDY
+    unit: ClassVar[str] = "greedy runs"
+
+    def budget_text(self) -> str:
+        return f"greedy identity: {self.samples_drawn:,} runs (prompt x draft length), each compared token for token"
+
+
+@dataclass(frozen=True)
+class GrammarAuditResult(AuditResult):
+    kind: ClassVar[AuditKind] = AuditKind.GRAMMAR
+    unit: ClassVar[str] = "sampled outputs"
+
+    def budget_text(self) -> str:
+        return (f"grammar audit: {self.samples_drawn:,} of {self.samples_planned:,} sampled outputs, "
+                "plus the greedy runs, fixed budget")
+
+
+_TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult)}
+
+
+def result_type(data: dict) -> type[AuditResult]:
+    """The result type of a JSON report; reports written before ``kind`` existed are told apart
+    by the fields they had (level "greedy"/"grammar", a planned detectable TV)."""
+    if "kind" in data:
+        return _TYPES[AuditKind(data["kind"])]
+    if data.get("level") in ("greedy", "grammar"):
+        return _TYPES[AuditKind(data["level"])]
+    return StepAuditResult if data.get("budget", {}).get("detect_tv") else GeneratorAuditResult
