@@ -228,11 +228,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         interrupted = True
     bar.close()
     if interrupted:  # every planned check still gets a verdict: the ones not reached say so
-        reached = {v.check for v in pending}
-        pending += [Verdict(check=c.name, world=c.world, law=c.law, condition="", samples=0, seed=seed,
-                            outcome=Outcome.INCONCLUSIVE, reproduce=reproduce(c.world),
-                            summary="not run: the audit was interrupted (Ctrl-C) before this check")
-                    for c in audit_plan.checks if c.name not in reached]
+        pending += unreached_verdicts(audit_plan, pending, seed, reproduce)
 
     verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     stopped = None
@@ -247,6 +243,18 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         detect_tv=options.target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
         samples_drawn=sum(r.drawn for r in runs), stopped_early_at=stopped, require=options.require,
         interrupted=interrupted)
+
+
+def unreached_verdicts(audit_plan: AuditPlan, pending: list[Verdict], seed: int, reproduce) -> list[Verdict]:
+    """After Ctrl-C: an inconclusive "not run" verdict for every planned check that has none
+    (a world whose subject broke its contract has one contract verdict in place of its laws).
+    ``reproduce(world)`` gives each its reproduce line."""
+    reached = {v.check for v in pending}
+    broken = {v.world for v in pending if v.law == "contract"}
+    return [Verdict(check=c.name, world=c.world, law=c.law, condition="", samples=0, seed=seed,
+                    outcome=Outcome.INCONCLUSIVE, reproduce=reproduce(c.world),
+                    summary="not run: the audit was interrupted (Ctrl-C) before this check")
+            for c in audit_plan.checks if c.name not in reached and c.world not in broken]
 
 
 def planned_checks(**settings) -> list[str]:

@@ -282,6 +282,8 @@ def _e2e(args) -> int:
                                  level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
                                  policies=policies, generations=args.generations, greedy=args.greedy,
                                  progress=not args.quiet, require=args.require, device=args.device)
+    if result.interrupted:
+        return _interrupted(result, args.report, _stem("e2e-", args.subject))
     result = _print_and_write(result, args.report, _stem("e2e-", args.subject))
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
@@ -291,6 +293,8 @@ def _grammar(args) -> int:
     from exactcheck.e2e.real_grammar import run_grammar_audit
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
                                seed=args.seed, progress=not args.quiet, device=_device(args.device))
+    if result.interrupted:
+        return _interrupted(result, args.report, _stem("grammar-smollm2-", args.subject))
     result = _print_and_write(result, args.report, _stem("grammar-smollm2-", args.subject))
     for v in result.verdicts:
         if v.outcome is Outcome.EXACT:
@@ -328,6 +332,8 @@ def _greedy(args) -> int:
     result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
                               per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet,
                               device=_device(args.device))
+    if result.interrupted:
+        return _interrupted(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
     result = _print_and_write(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
     return EXIT_PASS if result.passed else EXIT_DEFECT
 

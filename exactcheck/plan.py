@@ -352,3 +352,26 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
     # generation laws are fixed-budget tests: Holm gets all of alpha
     return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, stop_early=False), tuple(samples),
                      worlds=tuple(worlds))
+
+
+def plan_greedy_audit(model: str) -> AuditPlan:
+    """The plan of ``exactcheck greedy``: greedy identity and the final target cache on a real
+    model pair (deterministic checks only: no alpha is spent)."""
+    checks = (Check(f"{model}/greedy_identity", CheckKind.GREEDY_IDENTITY, model, "greedy_identity"),
+              Check(f"{model}/final_cache", CheckKind.CACHE_INVARIANT, model, "final_cache"))
+    return AuditPlan(AuditOptions.build(), checks, AlphaBudget(DEFAULT_ALPHA, 0, stop_early=False))
+
+
+GRAMMAR_WORLD = "smollm2-json"
+
+
+def plan_grammar_audit(alpha: float = DEFAULT_ALPHA) -> AuditPlan:
+    """The plan of ``exactcheck grammar``: masked greedy identity, validity of every output, and
+    two chain-rule tests of the sampled outputs under Holm at ``alpha``. A generator that fails
+    some sampled generations also gets a ``WORLD/contract`` verdict after these."""
+    w = GRAMMAR_WORLD
+    checks = (Check(f"{w}/greedy_identity", CheckKind.GREEDY_IDENTITY, w, "greedy_identity"),
+              Check(f"{w}/valid_outputs", CheckKind.VALIDITY, w, "valid_outputs"),
+              Check(f"{w}/pit_target_order", CheckKind.CHAIN_RULE, w, "pit_target_order"),
+              Check(f"{w}/surprisal", CheckKind.CHAIN_RULE, w, "surprisal"))
+    return AuditPlan(AuditOptions.build(alpha=alpha), checks, AlphaBudget(alpha, 2, stop_early=False))

@@ -187,6 +187,21 @@ def test_greedy_identity_on_tiny_llama_and_a_defect_classified():
     assert broken.defects[0].gap64 > 1e-3
 
 
+def test_the_greedy_audit_runs_its_plan_and_reads_back_as_its_own_kind():
+    from exactcheck.e2e.real_models import run_greedy_audit
+    from exactcheck.plan import plan_greedy_audit
+    from exactcheck.report.json_md import audit_from_json, audit_to_json
+    from exactcheck.report.result import AuditKind, GreedyAuditResult
+    result = run_greedy_audit(AssistedGeneration(), "tiny-llama", prompts=2, new_tokens=6, draft_lengths=(1, 3),
+                              progress=False)
+    assert isinstance(result, GreedyAuditResult) and result.passed and result.alpha is None
+    assert [v.check for v in result.verdicts] == plan_greedy_audit("tiny-llama").names
+    data = audit_to_json(result)
+    assert data["kind"] == AuditKind.GREEDY.value and data["budget"]["unit"] == "greedy runs"
+    again = audit_from_json(data)
+    assert type(again) is GreedyAuditResult and again.verdicts == result.verdicts
+
+
 def test_a_numerical_tie_is_not_called_a_defect():
     # a toy target whose greedy row has an exact two-way tie: a subject that picks the other
     # token of the pair diverges, and float64 shows a zero gap
@@ -224,3 +239,36 @@ def test_smollm2_greedy_identity():
     result = run_greedy_audit(AssistedGeneration(), "smollm2", prompts=20, new_tokens=32, per_prompt=2,
                               progress=False)
     assert result.passed, [v.describe() for v in result.verdicts]
+
+
+INTERRUPTING_GENERATOR = """
+from exactcheck.e2e.loop import ReferenceSpeculativeLoop
+
+class InterruptedGenerator(ReferenceSpeculativeLoop):
+    calls = 0
+
+    def __call__(self, *args, **kwargs):
+        type(self).calls += 1
+        if type(self).calls == {at}:  # as if the user pressed Ctrl-C during this call
+            raise KeyboardInterrupt
+        return super().__call__(*args, **kwargs)
+"""
+
+
+@pytest.mark.parametrize("command, at", [
+    (["e2e", "--world", WORLD.name, "--generations", "60"], 70),
+    (["greedy", "--model", "tiny-llama", "--prompts", "2", "--new-tokens", "4"], 3),
+])
+def test_ctrl_c_during_e2e_or_greedy_keeps_a_partial_report(tmp_path, capsys, monkeypatch, command, at):
+    name = f"interrupting_generator_{command[0]}"
+    (tmp_path / f"{name}.py").write_text(INTERRUPTING_GENERATOR.replace("{at}", str(at)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main([command[0], f"{name}:InterruptedGenerator", *command[1:], "--report", str(tmp_path / "r"),
+                 "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "interrupted" in captured.err
+    data = json.loads(next((tmp_path / "r").glob("*.json")).read_text())
+    assert data["budget"]["interrupted"] is True and data["summary"]["passed"] is False
+    assert any("interrupted" in v["summary"] for v in data["verdicts"])
+    assert "INCOMPLETE" in next((tmp_path / "r").glob("*.md")).read_text()

@@ -28,7 +28,7 @@ import torch
 
 from exactcheck import __version__
 from exactcheck.report.result import GeneratorAuditResult
-from exactcheck.audit import (STATISTIC_NAME, _apply_holm, _evidence, _failure_verdict,
+from exactcheck.audit import (STATISTIC_NAME, unreached_verdicts, _apply_holm, _evidence, _failure_verdict,
                               keep_plots_where_needed, plot_cells, resolve_device)
 from exactcheck.plan import AuditOptions, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
@@ -205,29 +205,37 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                    desc="exactcheck: generations", enabled=progress)
     pending: list[Verdict] = []
     drawn = 0
-    for world in chosen:
-        world_seed = derive_seed(seed, world.name)
-        reproduce = options.reproduce(subject_name or name, world.name, "e2e", importable=subject_name is not None)
-        base = dict(world=world.name, seed=world_seed, reproduce=reproduce)
-        for policy in world_policies[world.name]:
-            suffix = policy_suffix(policy, world)
-            label = f"{world.name}/sampling{suffix}"
-            try:
-                run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy,
-                                      device=options.device, progress=lambda k, label=label: bar.step(label, k))
-            except SubjectError as exc:
-                pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
-                                                samples=n, condition="every generation"))
-                continue
-            drawn += run.size
-            pending.extend(_law_verdicts(run, share, budget.alpha, base, lossy))
-            if world.validate is not None:
-                pending.append(_validity_verdict(run, base))
-            if policy is world_policies[world.name][0]:
-                pending.append(_rollback_verdict(run, base))
-        if greedy:
-            bar.step(f"{world.name}/greedy_identity", 0)
-            pending.append(_greedy_verdict(generator, world, world_seed, base, lossy, options.device))
+    interrupted = False  # Ctrl-C: report what was generated, marked incomplete
+
+    def reproduce_in(world_name: str) -> str:
+        return options.reproduce(subject_name or name, world_name, "e2e", importable=subject_name is not None)
+
+    try:
+        for world in chosen:
+            world_seed = derive_seed(seed, world.name)
+            base = dict(world=world.name, seed=world_seed, reproduce=reproduce_in(world.name))
+            for policy in world_policies[world.name]:
+                suffix = policy_suffix(policy, world)
+                label = f"{world.name}/sampling{suffix}"
+                try:
+                    run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy,
+                                          device=options.device, progress=lambda k, label=label: bar.step(label, k))
+                except SubjectError as exc:
+                    pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
+                                                    samples=n, condition="every generation"))
+                    continue
+                drawn += run.size
+                pending.extend(_law_verdicts(run, share, budget.alpha, base, lossy))
+                if world.validate is not None:
+                    pending.append(_validity_verdict(run, base))
+                if policy is world_policies[world.name][0]:
+                    pending.append(_rollback_verdict(run, base))
+            if greedy:
+                bar.step(f"{world.name}/greedy_identity", 0)
+                pending.append(_greedy_verdict(generator, world, world_seed, base, lossy, options.device))
+    except KeyboardInterrupt:
+        interrupted = True
+        pending += unreached_verdicts(plan, pending, seed, reproduce_in)
     bar.close()
     verdicts = keep_plots_where_needed(_apply_holm(pending, budget))
     environment = {"exactcheck": __version__, "torch": torch.__version__, "python": platform.python_version(),
@@ -241,7 +249,7 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                        alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
                        duration_s=time.perf_counter() - clock, environment=environment,
                        samples_planned=n * sum(len(v) for v in world_policies.values()), samples_drawn=drawn,
-                       require=options.require)
+                       require=options.require, interrupted=interrupted)
 
 
 def all_model_worlds() -> list[ModelWorld]:

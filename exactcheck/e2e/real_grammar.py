@@ -17,21 +17,15 @@ Checks (one ``GrammarAuditResult``):
 """
 from __future__ import annotations
 
-import datetime as _dt
-import platform
-import time
-
 import torch
 from scipy import stats
 
-from exactcheck import __version__
-from exactcheck.audit import _apply_holm
+from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.report.result import GrammarAuditResult
-from exactcheck.plan import AlphaBudget
+from exactcheck.plan import DEFAULT_ALPHA, GRAMMAR_WORLD, plan_grammar_audit
 from exactcheck.stats.chain_rule import row_statistics, z_test
-from exactcheck.errors import SubjectError
+from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.e2e.generator import call_generator, generator_name
-from exactcheck.e2e.greedy_identity import greedy_identity
 from exactcheck.e2e.policy import DecodingPolicy
 from exactcheck.suite import derive_seed
 from exactcheck.report.verdict import Outcome, Verdict
@@ -61,16 +55,16 @@ def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outp
 
 
 def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
-                      new_tokens: int = 64, seed: int = 0, alpha: float = 1e-3, progress: bool = True,
+                      new_tokens: int = 64, seed: int = 0, alpha: float = DEFAULT_ALPHA, progress: bool = True,
                       loaded=None, device: str = "cpu") -> GrammarAuditResult:
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
-    xgrammar mask of ``FOUR_PROPERTY_SCHEMA``."""
-    import sys
+    xgrammar mask of ``FOUR_PROPERTY_SCHEMA`` (``exactcheck.plan.plan_grammar_audit`` names the
+    checks)."""
+    import importlib.metadata
 
     from exactcheck.adapters.xgrammar_mask import XGrammarMask, matches_schema
     from toy_models import real_models
-    clock = time.perf_counter()
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    plan = plan_grammar_audit(alpha)
     target, tokenizer = loaded or real_models.smollm2()
     target = target.to(device)
     draft = real_models.first_layers_draft(target, 4).to(device)
@@ -79,10 +73,11 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     greedy_policy = DecodingPolicy(0.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema_greedy")
     sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
     prompt_ids = [tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
-    world = "smollm2-json"
+    world = GRAMMAR_WORLD
     reproduce = f"exactcheck grammar --prompts {prompts} --samples {samples} --seed {seed}"
     base = dict(world=world, seed=seed, reproduce=reproduce)
     texts = []
+    run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", progress)
 
     def text(new) -> str:
         return tokenizer.decode([t for t in new if t not in mask.stop_tokens])
@@ -90,29 +85,28 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     def keep(i, k, new, generation):
         texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
 
-    def show(done, total, _name):
-        if progress:
-            print(f"exactcheck: grammar greedy identity [{done}/{total}] ({time.perf_counter() - clock:.0f} s)",
-                  file=sys.stderr, flush=True)
-
-    result = greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
-                             policy=greedy_policy, on_generation=keep, progress=show)
-    condition = f"{prompts} prompts x draft lengths {list(draft_lengths)}, up to {new_tokens} tokens, masked greedy"
-    identity = result.verdict(f"{world}/greedy_identity", condition, **base)
-    outputs, failures = [], []
-    for i in range(samples):
-        prompt = prompt_ids[i % len(prompt_ids)]
-        try:
-            new, _ = call_generator(generator, target, draft, prompt[None].to(target.device), sample_policy, new_tokens,
-                                    derive_seed(seed, f"sample/{i}"), vocab)
-        except SubjectError as exc:
-            failures.append(str(exc))
-            continue
-        outputs.append((i % len(prompt_ids), new.tolist()))
-        texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
-        if progress:
-            print(f"exactcheck: grammar samples [{i + 1}/{samples}] ({time.perf_counter() - clock:.0f} s)",
-                  file=sys.stderr, flush=True)
+    finish = dict(subject=generator_name(generator), seed=seed, alpha=alpha, device=device, reproduce=reproduce,
+                  samples_planned=samples, environment={"xgrammar": importlib.metadata.version("xgrammar")})
+    done, outputs, failures = [], [], []
+    try:
+        result = run.greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
+                                     policy=greedy_policy, on_generation=keep)
+        condition = f"{prompts} prompts x draft lengths {list(draft_lengths)}, up to {new_tokens} tokens, masked greedy"
+        done.append(result.verdict(f"{world}/greedy_identity", condition, **base))
+        for i in range(samples):
+            prompt = prompt_ids[i % len(prompt_ids)]
+            try:
+                new, _ = call_generator(generator, target, draft, prompt[None].to(target.device), sample_policy,
+                                        new_tokens, derive_seed(seed, f"sample/{i}"), vocab)
+            except SubjectError as exc:
+                failures.append(exc)
+                continue
+            finally:
+                run.step("sampled outputs")
+            outputs.append((i % len(prompt_ids), new.tolist()))
+            texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
+    except KeyboardInterrupt:
+        return run.finish(GrammarAuditResult, done, samples_drawn=len(outputs), interrupted=True, **finish)
     # an output that reached max_new_tokens without a stop token was cut by the length limit (the
     # policy's law includes that); every output that stopped must be JSON of the schema
     stopped = [t for t, done in texts if done]
@@ -124,10 +118,10 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                        summary=(f"{len(stopped) - len(invalid)} of {len(stopped)} stopped outputs valid JSON of the schema"
                                 + (f"; {truncated} cut by max_new_tokens={new_tokens}" if truncated else "")
                                 + (f"; first invalid: {invalid[0]!r}" if invalid else "")), **base)
-    verdicts = [identity, validity]
+    verdicts = [*done, validity]
     if failures:
         verdicts.append(Verdict(check=f"{world}/contract", law="contract", condition="every sampled generation",
-                                outcome=Outcome.CRASHED if failures[0].startswith("subject raised")
+                                outcome=Outcome.CRASHED if isinstance(failures[0], SubjectCrashed)
                                 else Outcome.CONTRACT_VIOLATION, pvalue=0.0, samples=samples,
                                 summary=f"{len(failures)} generations failed; first: {failures[0]}", **base))
     if outputs:
@@ -147,14 +141,5 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                                 samples=pit.size, statistic=surprisal.statistic, statistic_name=surprisal.statistic_name,
                                 pvalue=surprisal.pvalue,
                                 summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base))
-    import importlib.metadata
-
-    import transformers
-    environment = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                   "xgrammar": importlib.metadata.version("xgrammar"),
-                   "python": platform.python_version(), "machine": platform.machine(),
-                   "outputs": [t for t, _ in texts][:12]}
-    return GrammarAuditResult(subject=generator_name(generator), level=None, seed=seed, alpha=alpha, device=str(device),
-                       verdicts=tuple(_apply_holm(verdicts, AlphaBudget(alpha, 0, stop_early=False))), started=started,
-                       duration_s=time.perf_counter() - clock, environment=environment,
-                       samples_planned=samples, samples_drawn=len(outputs))
+    finish["environment"]["outputs"] = [t for t, _ in texts][:12]
+    return run.finish(GrammarAuditResult, verdicts, samples_drawn=len(outputs), **finish)

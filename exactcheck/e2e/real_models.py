@@ -12,18 +12,13 @@ a fresh recompute on the final sequence. The result is a ``GreedyAuditResult``.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import platform
-import sys
-import time
-
 import torch
 
-from exactcheck import __version__
 from exactcheck.e2e.cache_invariants import final_cache
 from exactcheck.errors import UsageError
 from exactcheck.e2e.generator import generator_name
-from exactcheck.e2e.greedy_identity import greedy_identity
+from exactcheck.e2e.real_runner import RealModelRun
+from exactcheck.plan import plan_greedy_audit
 from exactcheck.report.result import GreedyAuditResult
 from exactcheck.report.verdict import Outcome, Verdict
 
@@ -93,9 +88,8 @@ class _FinalCaches:
 def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
                      draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
                      progress: bool = True, loaded=None, device: str = "cpu") -> GreedyAuditResult:
-    """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``."""
-    clock = time.perf_counter()
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``
+    (``exactcheck.plan.plan_greedy_audit`` names the checks)."""
     target, draft, all_prompts = loaded or load_models(model, seed)
     target, draft = target.to(device), draft.to(device)
     if prompts > len(all_prompts):
@@ -103,19 +97,18 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     chosen = all_prompts[:prompts]
     lengths = draft_lengths if hasattr(generator, "draft_length") else (None,)
     pairs = default_pairs(prompts, lengths, per_prompt)
-    vocab = target.config.vocab_size
-
-    def show(done, total, _name):
-        if progress:
-            print(f"exactcheck: greedy identity on {model}: [{done}/{total}] ({time.perf_counter() - clock:.0f} s)",
-                  file=sys.stderr, flush=True)
-
-    caches = _FinalCaches(target, chosen)
-    result = greedy_identity(generator, target, draft, chosen, lengths, new_tokens, seed, vocab, pairs=pairs,
-                             progress=show, on_generation=caches)
-    name = generator_name(generator)
+    run = RealModelRun(plan_greedy_audit(model), len(pairs), f"exactcheck: greedy identity on {model}", progress)
     reproduce = (f"exactcheck greedy --model {model} --prompts {prompts} --new-tokens {new_tokens}"
                  + (f" --per-prompt {per_prompt}" if per_prompt else ""))
+    finish = dict(subject=generator_name(generator), seed=seed, alpha=None, device=target.device,
+                  reproduce=reproduce)
+    caches = _FinalCaches(target, chosen)
+    try:
+        result = run.greedy_identity(generator, target, draft, chosen, lengths, new_tokens, seed,
+                                     target.config.vocab_size, pairs=pairs, on_generation=caches)
+    except KeyboardInterrupt:
+        return run.finish(GreedyAuditResult, [], samples_planned=len(pairs), samples_drawn=0, environment={},
+                          interrupted=True, **finish)
     used = sorted({k for _, k in pairs if k is not None})
     common = dict(world=model, seed=seed, reproduce=reproduce)
     condition = (f"{prompts} prompts x draft lengths {used[0]}..{used[-1]}"
@@ -135,10 +128,5 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     else:
         cache = Verdict(outcome=Outcome.INCONCLUSIVE, summary="the generator returned no final cache",
                         **cache_common)
-    import transformers
-    environment = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                   "python": platform.python_version(), "machine": platform.machine(),
-                   "divergences": [d.describe() for d in result.divergences]}
-    return GreedyAuditResult(subject=name, level=None, seed=seed, alpha=None, device=str(target.device),
-                       verdicts=(identity, cache), started=started, duration_s=time.perf_counter() - clock,
-                       environment=environment, samples_planned=result.runs, samples_drawn=result.runs)
+    return run.finish(GreedyAuditResult, [identity, cache], samples_planned=result.runs, samples_drawn=result.runs,
+                      environment={"divergences": [d.describe() for d in result.divergences]}, **finish)
