@@ -35,6 +35,7 @@ LINES = (
     '  json_v13_k3                context LM, V=13, 97 states, L=18, k=3, draft agreement 0.3; transformers models, prompt [0, 5, 2, 4]',
     'generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):',
     '  reference-loop             exactcheck reference speculative loop',
+    '  batched-reference-loop     exactcheck batched reference speculative loop (no cache)',
     '  transformers-assisted      transformers.generate(assistant_model=draft, num_assistant_tokens=4)',
     '  transformers-prompt-lookup transformers.generate(prompt_lookup_num_tokens=3, max_matching_ngram_size=2)',
     '  transformers-ensemble-0.9  transformers.generate(assistant_model=draft, num_assistant_tokens=4, assistant_ensemble_weight=0.9) [lossy by design]',

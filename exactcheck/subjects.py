@@ -13,8 +13,8 @@ from exactcheck.errors import UsageError
 __all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "REAL_MODELS"]
 
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # exactcheck greedy --model
-BUILTIN_GENERATORS = ("reference-loop", "transformers-assisted", "transformers-prompt-lookup",
-                      "transformers-ensemble-0.9")
+BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "transformers-assisted",
+                      "transformers-prompt-lookup", "transformers-ensemble-0.9")
 
 
 def load_subject(path: str):
@@ -66,7 +66,9 @@ def load_generator(name: str):
 def builtin_generators() -> dict:
     """Name -> generator, for ``BUILTIN_GENERATORS`` (imports transformers)."""
     from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
+    from exactcheck.e2e.batched_loop import BatchedReferenceLoop
     from exactcheck.e2e.loop import ReferenceSpeculativeLoop
-    return {"reference-loop": ReferenceSpeculativeLoop(), "transformers-assisted": AssistedGeneration(),
+    return {"reference-loop": ReferenceSpeculativeLoop(), "batched-reference-loop": BatchedReferenceLoop(),
+            "transformers-assisted": AssistedGeneration(),
             "transformers-prompt-lookup": PromptLookup(),
             "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}

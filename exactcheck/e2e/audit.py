@@ -154,6 +154,12 @@ def _rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
     if run.forward_calls == 0 and run.final_caches_checked == 0:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             "the generator made no forward call on the probe models and returned no cache"), **common)
+    if run.batched and run.cached_calls:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"not checked: the generator was driven through the batched contract, where one forward call "
+            f"serves many generations ({run.final_caches_checked:,} final caches compared"
+            + (", all matched" if run.final_caches_checked else "") + "); audit its cache through __call__"
+            " (batch-1) to check rollback"), **common)
     if not run.keeps_cache:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"not applicable: the generator keeps no cache (each of its {run.forward_calls:,} forward "

@@ -1,8 +1,8 @@
 """Driving an end-to-end generator through a model world.
 
 ``drive_generator`` calls the generator ``n`` times on the world's prompt (batch size 1: that is
-what transformers' assisted generation supports), each call with its own seed derived from the
-run's seed, and keeps the new tokens of each (``length`` of them, or fewer up to a stop token). With ``probe=True`` the world's models
+what transformers' assisted generation supports; a generator with the batched contract gets many
+requests per call), each generation with its own seed derived from the run's seed, and keeps the new tokens of each (``length`` of them, or fewer up to a stop token). With ``probe=True`` the world's models
 record every forward call, and the cache-rollback invariants (``exactcheck.e2e.cache_invariants``)
 are checked after each generation, as is any final cache the generator hands back.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from exactcheck.e2e.cache_invariants import Breach, check_calls, final_cache
-from exactcheck.e2e.generator import DecodingPolicy, call_generator
+from exactcheck.e2e.generator import DecodingPolicy, Generation, call_generator, call_generator_batch, is_batched
 from exactcheck.suite import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
 
@@ -34,6 +34,7 @@ class GeneratorSamples:
     breaches: tuple[tuple[int, Breach], ...] = field(default_factory=tuple)
     final_caches_checked: int = 0
     cached_calls: int = 0  # forward calls that found a non-empty cache
+    batched: bool = False  # driven through the batched contract: a forward call serves many generations
 
     @property
     def keeps_cache(self) -> bool:
@@ -51,11 +52,21 @@ def generation_seed(seed: int, i: int) -> int:
 
 
 def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy,
-                    probe: bool = True, progress=None, device: torch.device | str = "cpu") -> GeneratorSamples:
+                    probe: bool = True, progress=None, device: torch.device | str = "cpu",
+                    batch: int | None = None) -> GeneratorSamples:
     """``n`` generations of ``world.length`` tokens; raises ``SubjectError`` (crash, contract
     violation) at the first generation that fails, as the step driver does. The models and the
     prompt are placed on ``device``; outputs come back to the CPU. ``progress(k)``, if given, is
-    called every 25 generations (and at the end) with the number finished since its last call."""
+    called every 25 generations (and at the end) with the number finished since its last call.
+
+    A batched generator (``exactcheck.e2e.generator.is_batched``) is called with ``batch``
+    requests at a time (default: its ``max_batch``, else 256), generation ``i`` with the same
+    seed as in a batch-1 run. Its forward calls serve many generations at once, so the
+    per-generation cache invariants are not checked (``GeneratorSamples.batched``); final caches
+    it hands back still are."""
+    if is_batched(generator):
+        return _drive_batched(generator, world, n, seed, policy, probe, progress, device,
+                              batch or getattr(generator, "max_batch", None) or 256)
     target, draft = (m.to(device) for m in world.models())
     prompt = world.prompt_ids().to(device)
     outputs = []
@@ -75,12 +86,50 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
             cached += sum(1 for call in log if call.cached_tokens)
             final = torch.cat([prompt[0].cpu(), new])
             found = check_calls(log, final.tolist())
-            for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
-                                              (draft, generation.draft_cache, "draft", 2)):
-                if cache is not None:
-                    checked += 1
-                    found += final_cache(model, cache, final[None], role, slack=slack)
+            found += _final_caches(target, draft, generation, final)
+            checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
             breaches.extend((i, b) for b in found)
         if progress is not None and ((i + 1) % 25 == 0 or i + 1 == n):
             progress((i + 1) % 25 or 25)  # generations finished since the last report
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)
+
+
+def _final_caches(target, draft, generation: Generation, final: torch.Tensor) -> list[Breach]:
+    found = []
+    for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
+                                      (draft, generation.draft_cache, "draft", 2)):
+        if cache is not None:
+            found += final_cache(model, cache, final[None], role, slack=slack)
+    return found
+
+
+def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, probe: bool,
+                   progress, device, batch: int) -> GeneratorSamples:
+    target, draft = (m.to(device) for m in world.models())
+    prompt = world.prompt_ids().to(device)[0]
+    outputs = []
+    breaches: list[tuple[int, Breach]] = []
+    calls = checked = cached = 0
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        log = [] if probe else None
+        target.calls = draft.calls = log
+        try:
+            answers = call_generator_batch(generator, target, draft, [prompt] * size, policy, world.new_tokens,
+                                           [generation_seed(seed, start + j) for j in range(size)],
+                                           world.vocab_size)
+        finally:
+            target.calls = draft.calls = None
+        for j, (new, generation) in enumerate(answers):
+            outputs.append(tuple(new.tolist()))
+            if probe:
+                found = _final_caches(target, draft, generation, torch.cat([prompt.cpu(), new]))
+                checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
+                breaches.extend((start + j, b) for b in found)
+        if probe:
+            calls += len(log)
+            cached += sum(1 for call in log if call.cached_tokens)
+        if progress is not None:
+            progress(size)
+    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached,
+                            batched=True)

@@ -9,6 +9,9 @@ can also hand back its final caches. ``call_generator`` validates the answer and
 ``n`` new tokens; anything else becomes a ``ContractViolation`` or ``SubjectCrashed`` with a
 message that says what was wrong.
 
+A generator that also has ``generate_batch`` takes the batched contract (``BatchedGenerator``):
+one call for many prompts and seeds; the audit then drives it in batches.
+
 A generator may carry two attributes: ``draft_length`` (a dataclass field, so checks can
 ``dataclasses.replace`` it to sweep draft lengths) and ``lossy`` (True for a mode that targets
 another law on purpose, such as transformers' ``assistant_ensemble_weight``; the audit then
@@ -25,8 +28,8 @@ import torch
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
 from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
 
-__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "Generation", "call_generator",
-           "with_draft_length", "is_lossy", "generator_name"]
+__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "call_generator",
+           "call_generator_batch", "validated", "is_batched", "with_draft_length", "is_lossy", "generator_name"]
 
 
 @dataclass
@@ -42,6 +45,18 @@ class Generation:
 class Generator(Protocol):
     def __call__(self, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
                  max_new_tokens: int, seed: int) -> torch.Tensor | Generation: ...
+
+
+class BatchedGenerator(Protocol):
+    """The batched contract (what a serving engine does): one call generates for many prompts,
+    request ``i`` from ``prompts[i]`` ([P_i] ids; prompts may differ in length) with its own
+    ``seeds[i]``; the answer is one output per prompt, each in any form the batch-1 contract
+    allows. The law of request ``i`` must depend on its prompt and seed alone, not on the other
+    requests of the batch. A batched generator is also called batch-1 (``__call__``) where an
+    audit needs one generation at a time; ``max_batch`` (optional) caps the requests per call."""
+
+    def generate_batch(self, target, draft, prompts: list[torch.Tensor], policy: DecodingPolicy,
+                       max_new_tokens: int, seeds: list[int]) -> list[torch.Tensor | Generation]: ...
 
 
 def generator_name(generator) -> str:
@@ -64,11 +79,40 @@ def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor,
                    stop_tokens: tuple[int, ...] | None = None) -> tuple[torch.Tensor, Generation]:
     """Run the generator once and validate what it returns: (new tokens [n] int64, Generation).
     Stop tokens (default: the policy's) end the output: it must stop right after the first."""
-    stop_tokens = policy.stop_tokens if stop_tokens is None else stop_tokens
     try:
         out = generator(target, draft, input_ids, policy, max_new_tokens, seed)
     except Exception as exc:  # the subject's own failure becomes a verdict
         raise SubjectCrashed(exc) from exc
+    return validated(out, input_ids[0], policy, max_new_tokens, vocab_size, stop_tokens)
+
+
+def is_batched(generator) -> bool:
+    """Whether ``generator`` takes the batched contract (a ``generate_batch`` method)."""
+    return callable(getattr(generator, "generate_batch", None))
+
+
+def call_generator_batch(generator: "BatchedGenerator", target, draft, prompts: list[torch.Tensor],
+                         policy: DecodingPolicy, max_new_tokens: int, seeds: list[int], vocab_size: int,
+                         stop_tokens: tuple[int, ...] | None = None) -> list[tuple[torch.Tensor, Generation]]:
+    """One ``generate_batch`` call for ``prompts`` (each [P_i]) with one seed each; every answer
+    validated as ``call_generator`` validates one. A wrong count of answers is a contract
+    violation; so is any one invalid answer (the whole call fails, as one request would)."""
+    try:
+        outs = generator.generate_batch(target, draft, prompts, policy, max_new_tokens, seeds)
+    except Exception as exc:
+        raise SubjectCrashed(exc) from exc
+    if not isinstance(outs, (list, tuple)) or len(outs) != len(prompts):
+        got = f"{len(outs)} answers" if isinstance(outs, (list, tuple)) else type(outs).__name__
+        raise ContractViolation(Violation.WRONG_SHAPE, f"generate_batch: {got} for {len(prompts)} prompts")
+    return [validated(out, prompt, policy, max_new_tokens, vocab_size, stop_tokens)
+            for out, prompt in zip(outs, prompts)]
+
+
+def validated(out, prompt: torch.Tensor, policy: DecodingPolicy, max_new_tokens: int, vocab_size: int,
+              stop_tokens: tuple[int, ...] | None = None) -> tuple[torch.Tensor, Generation]:
+    """(new tokens [n] int64, Generation) of one answer to the prompt ``prompt`` [P], or a
+    ``ContractViolation`` saying what is wrong with it."""
+    stop_tokens = policy.stop_tokens if stop_tokens is None else stop_tokens
     generation = out if isinstance(out, Generation) else Generation(out)
     ids = generation.sequences
     if not isinstance(ids, torch.Tensor):
@@ -76,7 +120,7 @@ def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor,
     if ids.dtype not in (torch.int64, torch.int32):
         raise ContractViolation(Violation.WRONG_DTYPE, f"got {ids.dtype}")
     ids = ids.detach().to("cpu", torch.int64)
-    prompt = input_ids.detach().to("cpu", torch.int64)[0]
+    prompt = prompt.detach().to("cpu", torch.int64).reshape(-1)
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise ContractViolation(Violation.WRONG_SHAPE, f"got {tuple(ids.shape)} for one prompt")

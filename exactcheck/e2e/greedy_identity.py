@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.errors import SubjectCrashed, SubjectError
-from exactcheck.e2e.generator import GREEDY, call_generator, generator_name, with_draft_length
+from exactcheck.e2e.generator import (GREEDY, call_generator, call_generator_batch, generator_name, is_batched,
+                                      with_draft_length)
 from exactcheck.reachability import observed_in
 from exactcheck.report.verdict import Outcome, Verdict
 
@@ -145,6 +146,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
     runs = identical = tokens = 0
     divergences, failures = [], []
     crashed = False
+    batched = _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_tokens, seed, vocab_size)
     for index, (i, k) in enumerate(pairs):
         prompt = prompts[i]
         if i not in expected:
@@ -152,8 +154,14 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
         subject = generator if k is None else with_draft_length(generator, k)
         runs += 1
         try:
-            got, generation = call_generator(subject, target, draft, prompt[None], policy, max_new_tokens,
-                                             seed, vocab_size)
+            if batched is not None:
+                answer = batched[index]
+                if isinstance(answer, SubjectError):
+                    raise answer
+                got, generation = answer
+            else:
+                got, generation = call_generator(subject, target, draft, prompt[None], policy, max_new_tokens,
+                                                 seed, vocab_size)
         except SubjectError as exc:
             crashed = crashed if failures else isinstance(exc, SubjectCrashed)
             failures.append(f"prompt {i}, draft length {k}: {exc}")
@@ -175,3 +183,23 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
         if progress is not None:
             progress(index + 1, len(pairs), generator_name(generator))
     return GreedyIdentityResult(runs, identical, tuple(divergences), tuple(failures), tokens, crashed)
+
+
+def _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_tokens: int, seed: int,
+                     vocab_size: int) -> list | None:
+    """For a batched generator: every pair's answer, one ``generate_batch`` call per draft
+    length over its prompts (a failed call fails each of its pairs); None for a batch-1 one."""
+    if not is_batched(generator):
+        return None
+    answers: list = [None] * len(pairs)
+    for k in dict.fromkeys(k for _, k in pairs):
+        chosen = [j for j, (_, length) in enumerate(pairs) if length == k]
+        subject = generator if k is None else with_draft_length(generator, k)
+        try:
+            got = call_generator_batch(subject, target, draft, [prompts[pairs[j][0]] for j in chosen], policy,
+                                       max_new_tokens, [seed] * len(chosen), vocab_size)
+        except SubjectError as exc:
+            got = [exc] * len(chosen)
+        for j, answer in zip(chosen, got):
+            answers[j] = answer
+    return answers

@@ -95,12 +95,7 @@ class ReferenceSpeculativeLoop:
         return emitted
 
     def stop_at(self, emitted: torch.Tensor, policy: DecodingPolicy) -> tuple[int, bool]:
-        """(how many of ``emitted`` to keep, whether generation stops): up to and including the
-        first stop token, and stop there."""
-        for i, token in enumerate(emitted.tolist()):
-            if token in policy.stop_tokens:
-                return i + 1, True
-        return emitted.numel(), False
+        return stop_at(emitted, policy)
 
     def draft_sample(self, q_row: torch.Tensor, logits: torch.Tensor, policy, generator) -> tuple[int, torch.Tensor]:
         """(token, the row it was sampled from)."""
@@ -131,6 +126,15 @@ class ReferenceSpeculativeLoop:
         """Crop both caches to the first ``keep`` committed tokens."""
         for cache in caches.values():
             _crop_to(cache, keep)
+
+
+def stop_at(emitted: torch.Tensor, policy: DecodingPolicy) -> tuple[int, bool]:
+    """(how many of ``emitted`` to keep, whether generation stops): up to and including the
+    first stop token, and stop there."""
+    for i, token in enumerate(emitted.tolist()):
+        if token in policy.stop_tokens:
+            return i + 1, True
+    return emitted.numel(), False
 
 
 def _crop_to(cache, keep: int) -> None:

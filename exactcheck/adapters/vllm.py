@@ -1,0 +1,225 @@
+"""vLLM's V1 rejection sampler as a step verifier subject, and vLLM's ``LLM.generate`` as a
+batched end-to-end generator.
+
+**The rejection sampler.** ``VllmRejectionSampler`` hands exactcheck's verify call to the installed
+vLLM's ``vllm.v1.sample.rejection_sampler.rejection_sample`` in the layout vLLM's model runner
+uses: draft tokens flattened over requests (``[num_tokens]``, int32), ``num_draft_tokens`` and
+``cu_num_draft_tokens`` (k per request), target and draft probabilities flattened to
+``[num_tokens, V]`` float32, one bonus token per request, and the sampling metadata it reads
+(``all_greedy``, ``all_random``, ``temperature`` per request, ``top_k``/``top_p`` unset,
+``generators``: request index -> ``torch.Generator``). exactcheck's subject generator becomes
+every request's generator; a check that hands ``row_generators`` (vLLM's per-request seeds) gets
+exactly those, and a request without one draws from torch's global generator, as in vLLM.
+
+What is exactcheck's and not vLLM's: the bonus token. vLLM samples it with its main sampler
+outside ``rejection_sample`` (or inside ``RejectionSampler.forward`` in newer releases, through
+the same sampler); the adapter draws it from the target's last row by inverse CDF in float64 with
+the request's generator, which is exact, so a defect found is in vLLM's part.
+
+``temperature=T`` also runs vLLM's ``compute_probs``: the adapter hands it logits ``T * log p``
+(and ``T * log q`` for the draft rows, as vLLM's drafters compute theirs the same way), so vLLM's
+temperature scaling and softmax must give back ``p`` and ``q``. ``greedy=True`` runs the greedy
+path (``all_greedy``): the emitted tokens are the target's argmax up to the first mismatch.
+
+``audit_rejection_sampler()`` is the one call a vLLM developer puts in a test. Without vLLM it
+raises ``MissingEngine`` naming what is missing; ``module=`` takes any module with the same
+functions (our tests pass a pure-torch stand-in with vLLM's semantics, because vLLM's Triton
+kernels need a full vLLM install and, in practice, a GPU).
+
+**LLM.generate.** ``VllmGenerate`` wraps an ``LLM`` built with a speculative config as a batched
+generator (``exactcheck.e2e.generator.BatchedGenerator``): one ``generate`` call for many
+prompts, each request with its own seed and the policy's temperature, top-k, top-p and min-p.
+vLLM holds its own models, so the audit's target and draft arguments are not used by it.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from exactcheck.errors import UsageError
+from exactcheck.step.contract import PADDING
+
+__all__ = ["MissingEngine", "VllmRejectionSampler", "SamplingMetadataView", "audit_rejection_sampler",
+           "VllmGenerate", "REJECTION_SAMPLER_MODULE"]
+
+REJECTION_SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
+
+
+class MissingEngine(UsageError):
+    """The serving engine an adapter wraps is not installed (one line, exit 2 from the CLI)."""
+
+
+def load_module(name: str, what: str, hint: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise MissingEngine(f"{what} needs {name} ({exc}); {hint}") from exc
+
+
+@dataclass
+class SamplingMetadataView:
+    """The fields of vLLM's ``SamplingMetadata`` that ``rejection_sample`` and ``compute_probs``
+    read (the full class has many more, which change between releases)."""
+
+    temperature: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    generators: dict[int, torch.Generator]
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+
+
+def _rejection_module(module):
+    if module is None:
+        return load_module(REJECTION_SAMPLER_MODULE, "exactcheck.adapters.vllm",
+                           "install vLLM (pip install vllm) or pass module= a module with the same functions")
+    if isinstance(module, str):
+        return load_module(module, "exactcheck.adapters.vllm", "pass module= an importable module")
+    return module
+
+
+@dataclass
+class VllmRejectionSampler:
+    """A step ``Verifier`` backed by vLLM's ``rejection_sample`` (see the module docstring)."""
+
+    module: Any = None
+    temperature: float | None = None
+    greedy: bool = False
+    name: str = field(default="vllm rejection_sample", init=False)
+
+    def __post_init__(self):
+        self.module = _rejection_module(self.module)
+        parameters = inspect.signature(self.module.rejection_sample).parameters
+        unknown = set(parameters) - set(_ARGUMENTS)
+        required = {n for n in unknown if parameters[n].default is inspect.Parameter.empty}
+        if required:
+            raise UsageError(f"this vLLM's rejection_sample takes {sorted(required)}, which "
+                             f"exactcheck.adapters.vllm does not know how to fill (it knows {sorted(_ARGUMENTS)})")
+        self._parameters = [n for n in parameters if n in _ARGUMENTS]
+        if self.temperature is not None:
+            self.name += f" (compute_probs at temperature {self.temperature:g})"
+        if self.greedy:
+            self.name += " (greedy path)"
+
+    def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                 generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
+                 ) -> torch.Tensor:
+        batch, k = draft_tokens.shape
+        vocab = target_probs.shape[-1]
+        device = target_probs.device
+        if row_generators is None:
+            generators = {i: generator for i in range(batch)}
+        else:
+            generators = {i: g for i, g in enumerate(row_generators) if g is not None}
+        bonus = self._bonus_tokens(target_probs[:, k], generator, row_generators)
+        metadata = SamplingMetadataView(
+            temperature=torch.full((batch,), -1.0 if self.greedy else (self.temperature or 1.0),
+                                   dtype=torch.float32, device=device),
+            all_greedy=self.greedy, all_random=not self.greedy, generators=generators)
+        cu = torch.arange(1, batch + 1, dtype=torch.int32, device=device) * k
+        target = target_probs[:, :k].reshape(batch * k, vocab).float().contiguous()
+        draft = draft_probs.reshape(batch * k, vocab).float().contiguous()
+        if self.temperature is not None and not self.greedy:
+            # vLLM turns the target's logits into probabilities with compute_probs, and its
+            # drafters do the same with the draft's logits: both rows go through it
+            target = self.module.compute_probs((target.log() * self.temperature).contiguous(), cu, metadata)
+            draft = self.module.compute_probs((draft.log() * self.temperature).contiguous(), cu, metadata)
+        arguments = {
+            "draft_token_ids": draft_tokens.reshape(-1).to(torch.int32).contiguous(),
+            "num_draft_tokens": [k] * batch,
+            "max_spec_len": k,
+            "cu_num_draft_tokens": cu,
+            "draft_probs": draft.contiguous(),
+            "target_probs": target.contiguous(),
+            "bonus_token_ids": bonus.to(torch.int32)[:, None].contiguous(),
+            "sampling_metadata": metadata,
+        }
+        out = self.module.rejection_sample(**{n: arguments[n] for n in self._parameters})
+        out = out[:, :k + 1].to(torch.int64)
+        placeholder = getattr(self.module, "PLACEHOLDER_TOKEN_ID", -1)
+        return torch.where(out == placeholder, torch.full_like(out, PADDING), out)
+
+    def _bonus_tokens(self, rows: torch.Tensor, generator, row_generators) -> torch.Tensor:
+        """The bonus token of each request (exactcheck's part): argmax on the greedy path, else
+        inverse CDF in float64 with the request's generator."""
+        if self.greedy:
+            return rows.argmax(-1)
+        batch = rows.shape[0]
+        u = torch.rand(batch, dtype=torch.float64, generator=generator, device=rows.device)
+        for i, g in enumerate(row_generators or ()):
+            if g is not None:
+                u[i] = torch.rand((), dtype=torch.float64, generator=g, device=rows.device)
+        rows = rows.double()
+        cdf = rows.cumsum(-1)
+        token = (cdf <= (u * cdf[:, -1])[:, None]).sum(-1)
+        last = rows.shape[-1] - 1 - (rows.flip(-1) > 0).to(torch.int64).argmax(-1)  # last positive
+        return torch.minimum(token, last)
+
+
+_ARGUMENTS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
+              "target_probs", "bonus_token_ids", "sampling_metadata")
+
+
+def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: float | None = None,
+                            greedy: bool = False, device: str | None = None, **options):
+    """Audit the installed vLLM's rejection sampler (or ``module``) at ``level`` and return the
+    ``StepAuditResult``. For a vLLM test::
+
+        from exactcheck.adapters.vllm import audit_rejection_sampler
+
+        def test_rejection_sampler_is_exact():
+            result = audit_rejection_sampler(level="quick")
+            assert result.passed, "\\n".join(v.describe() for v in result.failed)
+
+    ``device`` defaults to CUDA when available; ``options`` are ``run_audit``'s (``seed``,
+    ``worlds``, ``alpha``, ``require``, ...)."""
+    from exactcheck.audit import run_audit
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy)
+    return run_audit(subject, subject_name=subject.name, level=level, device=device, **options)
+
+
+@dataclass
+class VllmGenerate:
+    """vLLM's ``LLM.generate`` as a batched end-to-end generator. ``llm``: an ``LLM`` built with
+    ``speculative_config``; ``sampling_params``: the ``SamplingParams`` class (vLLM's by default)."""
+
+    llm: Any
+    sampling_params: Any = None
+    name: str = "vllm LLM.generate"
+
+    def __post_init__(self):
+        if self.sampling_params is None:
+            self.sampling_params = load_module("vllm", "exactcheck.adapters.vllm.VllmGenerate",
+                                               "install vLLM or pass sampling_params=").SamplingParams
+
+    def params(self, policy, max_new_tokens: int, seed: int):
+        """One request's ``SamplingParams`` for ``policy`` (temperature 0 is vLLM's greedy)."""
+        settings = dict(max_tokens=max_new_tokens, seed=seed, temperature=0.0 if policy.greedy else policy.temperature,
+                        ignore_eos=True, stop_token_ids=list(policy.stop_tokens) or None)
+        if policy.top_k:
+            settings["top_k"] = policy.top_k
+        if policy.top_p is not None and policy.top_p < 1:
+            settings["top_p"] = policy.top_p
+        if policy.min_p:
+            settings["min_p"] = policy.min_p
+        if policy.mask is not None or policy.logit_bias or policy.banned_tokens:
+            raise UsageError("VllmGenerate passes temperature, top-k, top-p, min-p and stop tokens; "
+                             "not a grammar mask, a logit bias or banned tokens")
+        return self.sampling_params(**settings)
+
+    def generate_batch(self, target, draft, prompts: list[torch.Tensor], policy, max_new_tokens: int,
+                       seeds: list[int]) -> list[torch.Tensor]:
+        requests = [{"prompt_token_ids": p.reshape(-1).tolist()} for p in prompts]
+        params = [self.params(policy, max_new_tokens, s) for s in seeds]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [torch.tensor(list(o.outputs[0].token_ids), dtype=torch.int64) for o in outputs]
+
+    def __call__(self, target, draft, input_ids: torch.Tensor, policy, max_new_tokens: int, seed: int):
+        return self.generate_batch(target, draft, [input_ids[0]], policy, max_new_tokens, [seed])[0]

@@ -1,0 +1,131 @@
+"""Serving engines: vLLM's rejection sampler and LLM.generate adapters (on pure-torch stand-ins
+here: vLLM cannot be installed beside the CPU torch, and its Triton kernels need a GPU), the
+batched generator contract, and its agreement with the batch-1 contract."""
+import dataclasses
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from exactcheck.adapters.vllm import MissingEngine, VllmGenerate, VllmRejectionSampler, audit_rejection_sampler  # noqa: E402
+from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.e2e.batched_loop import BatchedReferenceLoop  # noqa: E402
+from exactcheck.e2e.generator import DecodingPolicy  # noqa: E402
+from exactcheck.e2e.loop import ReferenceSpeculativeLoop  # noqa: E402
+from exactcheck.report.verdict import Outcome  # noqa: E402
+from standins import vllm_rejection_sampler as vllm_standin  # noqa: E402
+from toy_models.hf_toy_lm import model_worlds  # noqa: E402
+
+WORLD = model_worlds()[1]  # hf_v4_l3_k2
+
+
+@pytest.mark.parametrize("temperature", [None, 0.7])
+def test_the_vllm_adapter_through_the_full_quick_audit(temperature):
+    """vLLM V1's semantics (the stand-in) through the adapter's layout: every law is exact; the one
+    finding is vLLM's ``p / q >= u`` accepting a draft the target forbids when the float32
+    uniform is exactly 0 (2^-24 per uniform), the finding the H200 run made on vLLM's own kernel."""
+    result = audit_rejection_sampler(vllm_standin, level="quick", temperature=temperature, device="cpu",
+                                     progress=False)
+    statistical = [v for v in result.verdicts if v.statistic is not None]
+    assert len(statistical) > 40 and all(v.outcome is Outcome.EXACT for v in statistical)
+    assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
+    reach = result.failed[0].reachability
+    assert reach.dtype == "float32" and reach.draw_function == "Tensor.uniform_" and reach.value == 0.0
+    assert math.isclose(reach.per_draw_probability, 2.0 ** -24)
+
+
+def test_the_vllm_greedy_path_emits_the_target_argmax_up_to_the_first_mismatch():
+    subject = VllmRejectionSampler(vllm_standin, greedy=True)
+    p = torch.tensor([[[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]],
+                      [[0.1, 0.7, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]]])
+    q = torch.full((2, 2, 3), 1 / 3)
+    drafts = torch.tensor([[1, 0], [1, 2]])
+    out = subject(p, q, drafts, torch.Generator().manual_seed(0))
+    assert out.tolist() == [[1, 0, 2], [1, 0, -1]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_without_vllm_the_adapter_says_what_is_missing():
+    with pytest.raises(MissingEngine, match="vllm.v1.sample.rejection_sampler"):
+        VllmRejectionSampler()
+
+
+@dataclasses.dataclass
+class FakeSamplingParams:
+    """The fields of vLLM's SamplingParams that VllmGenerate sets."""
+
+    max_tokens: int
+    seed: int
+    temperature: float
+    ignore_eos: bool = False
+    stop_token_ids: list | None = None
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+
+class FakeLLM:
+    """An object with vLLM's ``LLM.generate`` shape (prompts as ``{"prompt_token_ids": ...}``, one
+    SamplingParams per request, RequestOutput-like answers) that runs exactcheck's batched
+    reference loop on a toy world's models: it tests VllmGenerate's mapping, not vLLM."""
+
+    def __init__(self, world):
+        self.target, self.draft = world.models()
+        self.requests = 0
+
+    def generate(self, prompts, params, use_tqdm=False):
+        first = params[0]
+        policy = DecodingPolicy(first.temperature, top_k=first.top_k if first.top_k > 0 else None,
+                                top_p=first.top_p if first.top_p < 1 else None, min_p=first.min_p or None,
+                                stop_tokens=tuple(first.stop_token_ids or ()))
+        ids = [torch.tensor(p["prompt_token_ids"]) for p in prompts]
+        self.requests += len(ids)
+        outputs = BatchedReferenceLoop().generate_batch(self.target, self.draft, ids, policy, first.max_tokens,
+                                                        [p.seed for p in params])
+        return [type("RequestOutput", (), {"outputs": [type("CompletionOutput", (), {"token_ids": o.tolist()})]})
+                for o in outputs]
+
+
+def _law_verdicts(result):
+    return [(v.check, v.outcome, v.pvalue, v.samples) for v in result.verdicts if v.law != "cache_rollback"]
+
+
+def test_the_batched_contract_gives_the_batch_1_verdicts_for_the_same_seeds():
+    settings = dict(level="quick", worlds=[WORLD.name], generations=300, progress=False)
+    one = run_generator_audit(ReferenceSpeculativeLoop(), **settings)
+    many = run_generator_audit(BatchedReferenceLoop(), **settings)
+    assert one.passed and many.passed
+    assert _law_verdicts(one) == _law_verdicts(many)
+    rollback = {v.check: v for v in many.verdicts}[f"{WORLD.name}/cache_rollback"]
+    assert rollback.outcome is Outcome.INCONCLUSIVE and "keeps no cache" in rollback.summary
+    fake = FakeLLM(WORLD)
+    through_vllm_shape = run_generator_audit(VllmGenerate(fake, sampling_params=FakeSamplingParams), **settings)
+    # vLLM's draft length is the engine's setting, so its greedy sweep runs at that one length
+    assert _law_verdicts(through_vllm_shape)[:-1] == _law_verdicts(many)[:-1]
+    assert through_vllm_shape.verdicts[-1].outcome is Outcome.EXACT and fake.requests >= 300
+
+
+def test_the_batched_loop_on_real_transformers_models_is_greedy_identical():
+    """Right-padded batches through a real Llama (no cache, attention mask): the same greedy
+    identity verdict as the batch-1 loop with its cache."""
+    from exactcheck.e2e.real_models import run_greedy_audit
+    settings = dict(prompts=4, new_tokens=8, draft_lengths=(1, 3), progress=False)
+    one = run_greedy_audit(ReferenceSpeculativeLoop(), "tiny-llama", **settings)
+    many = run_greedy_audit(BatchedReferenceLoop(), "tiny-llama", **settings)
+    assert one.verdicts[0].outcome is many.verdicts[0].outcome is Outcome.EXACT
+    assert one.verdicts[0].samples == many.verdicts[0].samples == 8
+
+
+def test_a_batched_generator_that_answers_the_wrong_count_gets_a_contract_verdict():
+    class Short(BatchedReferenceLoop):
+        def generate_batch(self, *args, **kwargs):
+            return super().generate_batch(*args, **kwargs)[:-1]
+
+    result = run_generator_audit(Short(), level="quick", worlds=[WORLD.name], generations=20, greedy=False,
+                                 progress=False)
+    contract = [v for v in result.verdicts if v.law == "contract"]
+    assert contract and contract[0].outcome is Outcome.CONTRACT_VIOLATION
+    assert "answers for" in contract[0].summary
