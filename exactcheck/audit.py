@@ -18,7 +18,7 @@ import torch
 
 from exactcheck import __version__
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
-from exactcheck.step.contract import Verifier
+from exactcheck.step.contract import Verifier, acceptance_rule
 from exactcheck.step.drive import drive
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
@@ -135,6 +135,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
+    options = replace(options, acceptance_rule=acceptance_rule(subject).value)
     device = resolve_device(options.device)
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress)
 

@@ -94,6 +94,9 @@ class AuditOptions:
     max_samples: int | None = None
     require: tuple[str, ...] = DEFAULT_REQUIRE
     generations: int | None = None  # end-to-end audits: generations per world (default: the level's)
+    # step audits: the subject's acceptance rule (``exactcheck.step.contract.AcceptanceRule``
+    # value), which the step laws follow; set from the subject by ``run_audit``
+    acceptance_rule: str = "min(1, p/q)"
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -270,8 +273,10 @@ def budget_plan(options: AuditOptions):
     the Holm share the fixed-budget tests will use; planned on every built-in world, so a world's
     budget (and its samples) is the same when it is audited alone."""
     from exactcheck.stats.planning import default_plan
+    from exactcheck.step.contract import AcceptanceRule
     holm_alpha = AlphaBudget(options.alpha, 1, options.stop_early).holm_alpha
-    return default_plan(options.target_tv, holm_alpha, options.cap, options.level.min_samples)
+    return default_plan(options.target_tv, holm_alpha, options.cap, options.level.min_samples,
+                        AcceptanceRule(options.acceptance_rule))
 
 
 def plan_step_audit(options: AuditOptions) -> AuditPlan:
@@ -279,6 +284,7 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
     budget, the chain-rule tests of named large worlds, the properties, the invalid-input probe."""
     from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS
     from exactcheck.stats.laws import planned_laws
+    from exactcheck.step.contract import AcceptanceRule
     from exactcheck.step.properties import PROPERTIES
     from exactcheck.suite import default_worlds, large_worlds
 
@@ -300,7 +306,7 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
     for world in chosen:
         n = plan.samples(world.name)
         samples.append((world.name, n))
-        laws.append((world.name, tuple(planned_laws(world, n))))
+        laws.append((world.name, tuple(planned_laws(world, n, AcceptanceRule(options.acceptance_rule)))))
         checks += [Check(f"{world.name}/{law.law}", CheckKind.LAW, world.name, law.law)
                    for law in laws[-1][1]]
     for world in chains:

@@ -129,3 +129,121 @@ def test_a_batched_generator_that_answers_the_wrong_count_gets_a_contract_verdic
     contract = [v for v in result.verdicts if v.law == "contract"]
     assert contract and contract[0].outcome is Outcome.CONTRACT_VIOLATION
     assert "answers for" in contract[0].summary
+
+
+# ---- SGLang: the target-only rule on a chain ----------------------------------------------------
+
+from exactcheck.adapters.sglang import SglangChainVerifier  # noqa: E402
+from exactcheck.audit import run_audit  # noqa: E402
+from standins import sglang_kernel  # noqa: E402
+
+
+def test_the_sglang_adapter_through_the_full_quick_audit():
+    """SGLang's target-only chain verification (the stand-in kernel) through the adapter's layout:
+    every law of the target-only rule is exact; the one finding is ``coin <= p(x)`` accepting a
+    draft the target forbids when the float32 coin is exactly 0 (2^-24 per coin)."""
+    result = run_audit(SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only), level="quick",
+                       progress=False)
+    statistical = [v for v in result.verdicts if v.statistic is not None]
+    assert len(statistical) > 40 and all(v.outcome is Outcome.EXACT for v in statistical)
+    accepted = {v.check: v for v in result.verdicts}["three_token/accepted_length"]
+    assert "target only" in accepted.condition
+    assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
+    reach = result.failed[0].reachability
+    assert reach.dtype == "float32" and reach.value == 0.0 and math.isclose(reach.per_draw_probability, 2.0 ** -24)
+
+
+def test_the_target_only_rule_is_what_makes_sglang_exact_here():
+    """Judged by Leviathan's laws, the same exact kernel would be a defect: the rule matters."""
+    subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
+    object.__setattr__(subject, "acceptance_rule", "min(1, p/q)")
+    result = run_audit(subject, level="quick", worlds=["three_token"], progress=False)
+    assert "three_token/accepted_length" in [v.check for v in result.failed]
+
+
+def _kernel_keeping_the_rejected_draft(**arguments):
+    """A broken target-only kernel: after a rejection it samples from p with the rejected draft
+    still in it (it never marks the tried sibling), so the correction law is p, not p(1 - q)."""
+    arguments["retrive_next_sibling"] = arguments["retrive_next_sibling"].clone()
+    draft_probs = arguments["draft_probs"]
+    sglang_kernel.tree_speculative_sampling_target_only(**arguments)
+    draft_probs.zero_()
+    batch, nodes = arguments["candidates"].shape
+    n = arguments["accept_token_num"].to(torch.int64)
+    p = arguments["target_probs"][torch.arange(batch), n]
+    u = arguments["uniform_samples_for_final_sampling"]
+    resampled = (p.cumsum(1) <= (u * p.sum(1))[:, None]).sum(1).clamp(max=p.shape[1] - 1)
+    slots = arguments["retrive_index"][torch.arange(batch), n]
+    arguments["predicts"][slots] = resampled.to(arguments["predicts"].dtype)
+
+
+def test_a_target_only_kernel_that_keeps_the_rejected_draft_is_caught():
+    result = run_audit(SglangChainVerifier(_kernel_keeping_the_rejected_draft), level="quick",
+                       worlds=["three_token", "random_v8_k4"], progress=False)
+    assert any(v.law in ("correction_token", "accepted_length", "first_token") for v in result.failed), \
+        [v.check for v in result.failed]
+
+
+def test_the_sglang_stand_in_walks_a_chain_like_its_general_tree_walk():
+    generator = torch.Generator().manual_seed(3)
+    batch, k, vocab = 64, 3, 6
+    p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=generator), -1)
+    drafts = torch.randint(vocab, (batch, k), generator=generator)
+    outputs = []
+    for chain in (True, False):
+        subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
+        if not chain:  # an accept_index one column wider sends the stand-in down its general tree walk
+            def general(**arguments):
+                speculative = arguments["accept_index"].shape[1]
+                padded = torch.full((batch, speculative + 1), -1, dtype=torch.int32)
+                padded_arguments = dict(arguments, accept_index=padded)
+                sglang_kernel.tree_speculative_sampling_target_only(**padded_arguments)
+                arguments["accept_index"].copy_(padded[:, :speculative])
+            subject = SglangChainVerifier(general)
+        outputs.append(subject(p, torch.full_like(p[:, :k], 1 / vocab), drafts, torch.Generator().manual_seed(0)))
+    assert torch.equal(outputs[0], outputs[1])
+
+
+# ---- the README's recipes, run as written against the stand-ins --------------------------------
+
+import importlib  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+RECIPES = pathlib.Path(__file__).resolve().parent.parent / "examples" / "engine_recipes"
+
+
+def _run_recipe(path: pathlib.Path, monkeypatch, modules: dict) -> list[str]:
+    """Run every test function of a recipe file with ``modules`` standing in for the engine's;
+    the failure messages of those that fail."""
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    failures = []
+    for name in dir(recipe):
+        if name.startswith("test_"):
+            try:
+                getattr(recipe, name)()
+            except AssertionError as exc:
+                failures.append(str(exc))
+    return failures
+
+
+def test_the_vllm_recipe_runs_as_written_and_names_the_finding(monkeypatch):
+    vllm_package = types.ModuleType("vllm")
+    failures = _run_recipe(RECIPES / "test_vllm_rejection_sampler.py", monkeypatch,
+                           {"vllm": vllm_package, "vllm.v1": types.ModuleType("vllm.v1"),
+                            "vllm.v1.sample": types.ModuleType("vllm.v1.sample"),
+                            "vllm.v1.sample.rejection_sampler": vllm_standin})
+    # vLLM's semantics fail both of the recipe's tests today, on the u = 0 acceptance
+    assert len(failures) == 2 and all("no_forbidden_token" in f and "2^-24" in f for f in failures)
+
+
+def test_the_sglang_recipe_runs_as_written_and_names_the_finding(monkeypatch):
+    kernel = types.ModuleType("sgl_kernel")
+    kernel.tree_speculative_sampling_target_only = sglang_kernel.tree_speculative_sampling_target_only
+    failures = _run_recipe(RECIPES / "test_sglang_chain_verifier.py", monkeypatch, {"sgl_kernel": kernel})
+    assert len(failures) == 1 and "no_forbidden_token" in failures[0] and "2^-24" in failures[0]

@@ -11,8 +11,14 @@ subject. For a step world with target rows p_i and draft rows q_i (i < k) the Le
     first emitted token ~  p_0
 
 The accepted-length, correction and bonus laws are those of Leviathan et al.'s rejection
-sampler; a verifier with another valid acceptance scheme would fail them while keeping the
-sequence law, and the verdict says which law differs.
+sampler. A verifier that declares the target-only rule (``AcceptanceRule.TARGET_ONLY``: accept x
+with probability p_i(x); after a rejection draw from p_i without x) is checked against that
+rule's laws instead:
+
+    beta_i = sum_x q_i(x) p_i(x);   correction | N = j  ~  p_j(y) (1 - q_j(y)) / (1 - beta_j)
+
+(the draft token x ~ q_j is rejected with probability 1 - p_j(x) and then y != x is drawn from
+p_j / (1 - p_j(x)); summing over x gives p_j(y) (1 - q_j(y))).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from exactcheck.step.contract import AcceptanceRule
 from exactcheck.step.drive import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
@@ -49,13 +56,18 @@ class LawComparison:
     counts: np.ndarray
 
 
-def step_law_parts(world: StepWorld) -> tuple[np.ndarray, np.ndarray]:
-    """(P(N = j) for j = 0..k, residual laws [k, V]) of the exact Leviathan step."""
+def step_law_parts(world: StepWorld, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(P(N = j) for j = 0..k, residual laws [k, V]) of the exact step under ``rule``."""
     p, q = world.target_law(), world.draft_law()
-    beta = np.minimum(p[:-1], q).sum(1)
+    if rule is AcceptanceRule.TARGET_ONLY:
+        beta = (p[:-1] * q).sum(1)
+        raw = p[:-1] * (1 - q)
+    else:
+        beta = np.minimum(p[:-1], q).sum(1)
+        raw = np.clip(p[:-1] - q, 0, None)
     reach = np.concatenate([[1.0], np.cumprod(beta)])
     accepted = reach * np.concatenate([1 - beta, [1.0]])
-    raw = np.clip(p[:-1] - q, 0, None)
     mass = raw.sum(1, keepdims=True)
     residual = np.where(mass > 0, raw / np.where(mass > 0, mass, 1), p[:-1])
     return np.clip(accepted, 0, 1), residual
@@ -65,8 +77,10 @@ def _token(i: int) -> str:
     return f"token {i}"
 
 
-def planned_laws(world: StepWorld | ContextWorld, n: int) -> list[LawPlan]:
-    """The laws checked on ``world`` with ``n`` trials, decided before any sample is drawn."""
+def planned_laws(world: StepWorld | ContextWorld, n: int,
+                 rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> list[LawPlan]:
+    """The laws checked on ``world`` with ``n`` trials under the subject's acceptance ``rule``,
+    decided before any sample is drawn."""
     if isinstance(world, ContextWorld):
         vocab, length = world.vocab_size, world.length
 
@@ -76,17 +90,18 @@ def planned_laws(world: StepWorld | ContextWorld, n: int) -> list[LawPlan]:
         return [LawPlan("sequence", f"first {length} tokens", world.sequence_law(), sequence)]
     p = world.target_law()
     k, vocab = world.draft_length, world.vocab_size
-    accepted, residual = step_law_parts(world)
+    accepted, residual = step_law_parts(world, rule)
+    under = "" if rule is AcceptanceRule.LEVIATHAN else f" (acceptance rule {rule.value})"
     plans = [
         LawPlan("first_token", "first emitted token", p[0], _token),
-        LawPlan("accepted_length", "drafts accepted per step", accepted, lambda j: f"N={j}"),
+        LawPlan("accepted_length", f"drafts accepted per step{under}", accepted, lambda j: f"N={j}"),
     ]
     if n * accepted[k] >= MIN_CONDITIONAL_SAMPLES:
         plans.append(LawPlan("bonus_token", f"given N={k}", p[k], _token, float(accepted[k])))
     rejected = accepted[:k].sum()
     if n * rejected >= MIN_CONDITIONAL_SAMPLES:
         joint = (accepted[:k, None] * residual / rejected).reshape(-1)
-        plans.append(LawPlan("correction_token", f"(N, token) given N<{k}", joint,
+        plans.append(LawPlan("correction_token", f"(N, token) given N<{k}{under}", joint,
                              lambda c: f"N={c // vocab}, token {c % vocab}", float(rejected)))
     return plans
 

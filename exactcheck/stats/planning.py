@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exactcheck.stats.laws import planned_laws
+from exactcheck.step.contract import AcceptanceRule
 from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
 from exactcheck.suite import Level, default_worlds
 from toy_models import ContextWorld, StepWorld
@@ -142,14 +143,15 @@ def _round_up(n: int) -> int:
 
 def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha: float,
                 power: float = POWER, max_samples: int = Level.RELEASE.max_samples,
-                checks: int | None = None, min_samples: int = MIN_SAMPLES) -> BudgetPlan:
+                checks: int | None = None, min_samples: int = MIN_SAMPLES,
+                rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> BudgetPlan:
     """Trials per world so that each law detects ``detect_tv`` with ``power`` at its Holm share.
 
     ``checks`` is the number of statistical checks alpha is split over; by default the laws the
     worlds would check at ``max_samples`` (the most there can be, so the share is conservative)."""
     if not 0 < detect_tv <= 1:
         raise ValueError(f"detect_tv ({detect_tv}) must be in (0, 1]")
-    laws_at_cap = {w.name: planned_laws(w, max_samples) for w in worlds}
+    laws_at_cap = {w.name: planned_laws(w, max_samples, rule) for w in worlds}
     m = checks if checks is not None else sum(len(v) for v in laws_at_cap.values())
     share = alpha / max(m, 1)
     out = []
@@ -162,7 +164,7 @@ def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha:
         wanted = [max_samples if needed is None else needed for _, _, needed in rows]
         samples = min(max_samples, _round_up(max([min_samples, *wanted])))
         # Laws checked at the planned size (conditional laws may drop out when rare).
-        kept = {law.law for law in planned_laws(world, samples)}
+        kept = {law.law for law in planned_laws(world, samples, rule)}
         out.append(WorldBudget(world.name, samples, tuple(
             LawBudget(world.name, law.law, law.condition, rate, law.expected.size, needed,
                       law_detectable_tv(law.expected, samples * rate, share, power))
@@ -172,7 +174,7 @@ def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha:
 
 @functools.lru_cache(maxsize=16)
 def default_plan(detect_tv: float, alpha: float, max_samples: int,
-                 min_samples: int = MIN_SAMPLES) -> BudgetPlan:
+                 min_samples: int = MIN_SAMPLES, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> BudgetPlan:
     """The plan over every built-in world (what an audit uses, whichever worlds it runs)."""
     return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples,
-                       min_samples=min(min_samples, max_samples))
+                       min_samples=min(min_samples, max_samples), rule=rule)

@@ -46,7 +46,7 @@ from hypothesis.errors import Flaky, NoSuchExample
 # hypothesis >= 6.100 raises FlakyFailure (an exception group); older releases raise Flaky
 FlakyFailure = getattr(_hypothesis_errors, "FlakyFailure", Flaky)
 
-from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.contract import PADDING, AcceptanceRule, Verifier, acceptance_rule, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.step.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
 from exactcheck.reachability import Reachability, forced_draws, structural
@@ -99,10 +99,19 @@ class PropertyResult:
     unrepeatable: PropertyFailure | None = None
 
 
-def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bool) -> torch.Tensor:
+def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bool,
+           rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> torch.Tensor:
+    """The acceptance probability's argument at each draft: p/q (Leviathan), or p itself for the
+    target-only rule."""
     p64, q64 = p[:, :-1].double(), q.double()
+    if rule is AcceptanceRule.TARGET_ONLY:
+        q64 = torch.ones_like(q64)
+        normalise_q = False
+    else:
+        normalise_q = normalise
     if normalise:
         p64 = p64 / p64.sum(-1, keepdim=True)
+    if normalise_q:
         q64 = q64 / q64.sum(-1, keepdim=True)
     pi = p64.gather(2, tokens[..., None])[..., 0]
     qi = q64.gather(2, tokens[..., None])[..., 0]
@@ -120,13 +129,13 @@ def tie_margin(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.
     return (8 * eps * (2 + logs)).clamp(min=TIE_MARGIN)
 
 
-def forced_uniform(value: str, case_tensors) -> str | float:
+def forced_uniform(value: str, case_tensors, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> str | float:
     """What a forced value stands for on this case: ``ratio`` is exactly p/q of row 0's first
     draft (normalised rows, float64); ``ratio_minus``/``ratio_plus`` sit 2^-14 below/above; the
     named boundaries stay names, resolved in each draw's dtype."""
     if value in ("ratio", "ratio_minus", "ratio_plus"):
         p, q, tokens = case_tensors
-        r = float(_ratio(p[:1], q[:1], tokens[:1], normalise=True)[0, 0].clamp(max=1.0))
+        r = float(_ratio(p[:1], q[:1], tokens[:1], normalise=True, rule=rule)[0, 0].clamp(max=1.0))
         c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
         return min(max(c, 0.0), 1.0)
     return value
@@ -156,7 +165,8 @@ def _no_forbidden_token(out, tensors, log: DrawLog) -> tuple[int, str] | None:
                  f"{[float(x) for x in prob[row][emitted[row]]]}")
 
 
-def _acceptance(out, tensors, log: DrawLog) -> tuple[int, str, float] | None:
+def _acceptance(out, tensors, log: DrawLog, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN
+                ) -> tuple[int, str, float] | None:
     """A wrong acceptance decision that no exact convention explains: (row, message, the
     delivered uniform it was judged at), or None."""
     p, q, tokens = tensors
@@ -164,7 +174,7 @@ def _acceptance(out, tensors, log: DrawLog) -> tuple[int, str, float] | None:
     if not values:
         return None
     accepted = (out != PADDING).sum(1) - 1
-    raw, norm = _ratio(p, q, tokens, False), _ratio(p, q, tokens, True)
+    raw, norm = _ratio(p, q, tokens, False, rule), _ratio(p, q, tokens, True, rule)
     low, high = torch.minimum(raw, norm), torch.maximum(raw, norm)
     margin = tie_margin(p, q, tokens)
     k = tokens.shape[1]
@@ -182,8 +192,9 @@ def _acceptance(out, tensors, log: DrawLog) -> tuple[int, str, float] | None:
                 first = (row, d, int(oracle[row]))
     row, d, expected = first
     ratios = [float(f"{float(x):.9g}") for x in norm[row]]
+    what = "p" if rule is AcceptanceRule.TARGET_ONLY else "p/q"
     return row, (f"with every uniform = {d!r}, row {row} accepted {int(accepted[row])} drafts; "
-                 f"p/q at its drafts is {ratios}, so exactly {expected} should be accepted "
+                 f"{what} at its drafts is {ratios}, so exactly {expected} should be accepted "
                  f"(no exact convention, u or 1 - u, strict or not, explains every row)"), d
 
 
@@ -301,7 +312,8 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         return _same_seed(subject, tensors, seed, fail)
     if name not in PROPERTIES:
         raise ValueError(f"unknown property {name!r}")
-    c = forced_uniform(value, tensors)
+    rule = acceptance_rule(subject)
+    c = forced_uniform(value, tensors, rule)
     options = {}
     if name == "seeded_rows":
         # row 0 repeated, alternately unseeded and seeded (at least one of each)
@@ -329,7 +341,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
     if not_judged(log):
         return None
     if name == "acceptance":
-        found = _acceptance(out, tensors, log)
+        found = _acceptance(out, tensors, log, rule)
         if found is None:
             return None
         row, message, d = found
