@@ -20,6 +20,7 @@ from exactcheck import __version__
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
 from exactcheck.step.contract import Verifier, acceptance_rule
 from exactcheck.step.drive import drive
+from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
 from exactcheck.stats.laws import LawComparison, LawPlan, compare
@@ -102,6 +103,7 @@ class _WorldRun:
     processes: list[EProcess | None]
     drawn: int = 0
     failure: Verdict | None = None
+    pending: int = 0  # shards of the current batch
 
     @property
     def finished(self) -> bool:
@@ -109,7 +111,7 @@ class _WorldRun:
 
 
 def run_audit(subject: Verifier, *, subject_name: str | None = None, options: AuditOptions | None = None,
-              progress: bool = True, **settings) -> AuditResult:
+              progress: bool = True, executor: Executor | None = None, **settings) -> AuditResult:
     """Audit a step-level verifier on the built-in worlds and return every verdict.
 
     ``options`` (an ``AuditOptions``), or its fields as keywords: ``level`` (default quick),
@@ -131,17 +133,33 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     it cannot change the false-alarm rate, which only the statistical checks spend.
 
     ``require``: the finding categories that fail the audit (exactness always; add
-    "reproducible" and/or "input-handling"); findings in other categories are reported only."""
+    "reproducible" and/or "input-handling"); findings in other categories are reported only.
+
+    ``shards`` = N > 1 splits every batch of every world into N shards with seeds derived from
+    the batch seed, run on ``executor`` (``exactcheck.executors``: this process by default, or Ray
+    tasks); their counts are merged before each look, so alpha and early stopping are unchanged
+    and the verdicts are the same on every executor."""
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     options = replace(options, acceptance_rule=acceptance_rule(subject).value)
     device = resolve_device(options.device)
-    return run_plan(subject, plan_step_audit(options), subject_name, device, progress)
+    return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
+
+
+def shard_counts(subject, world, plans, size: int, seed: int, device: str):
+    """One shard: ``size`` trials of ``world`` driven with ``seed``, counted into each law's cells
+    (what a Ray task returns: counts, not samples), or the subject's failure as a value."""
+    try:
+        samples = drive(subject, world, size, seed, device)
+    except (SubjectCrashed, ContractViolation) as exc:
+        return exc
+    return [compare(plan, samples).counts for plan in plans]
 
 
 def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None = None,
-             device: torch.device = torch.device("cpu"), progress: bool = True) -> AuditResult:
+             device: torch.device = torch.device("cpu"), progress: bool = True,
+             executor: Executor | None = None) -> AuditResult:
     """Execute a step-audit plan (``exactcheck.plan.plan_step_audit``) on ``subject``."""
     options, budget = audit_plan.options, audit_plan.budget
     level, seed, stop_early = options.level, options.seed, options.stop_early
@@ -170,26 +188,37 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
 
     evident: tuple[_WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
+    executor = executor or LocalExecutor()
+    shards = options.shards
     try:
         for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
-            for run in runs:
-                if run.finished or evident or batch_index >= len(run.batches):
-                    continue
-                size = run.batches[batch_index]
+            # every live world's shards of this batch go out at once; their counts come back and
+            # are merged, in world order, before the look (a sharded batch is one batch)
+            live = [r for r in runs if not r.finished and batch_index < len(r.batches)]
+            calls = []
+            for run in live:
                 batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
-                try:
-                    samples = drive(subject, run.world, size, batch_seed, device)
-                except (SubjectCrashed, ContractViolation) as exc:
-                    run.failure = _drive_failure(exc, run, size, reproduce(run.world.name))
+                parts = split(run.batches[batch_index], shards)
+                calls += [(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device))
+                          for j, size in enumerate(parts)]
+                run.pending = len(parts)
+            results = iter(executor.submit(shard_counts, calls))
+            for run in live:
+                shard_results = [next(results) for _ in range(run.pending)]
+                if evident:
+                    continue  # the audit stopped: this batch's shards are not counted
+                size = run.batches[batch_index]
+                counted = [result() for result in shard_results]
+                failure = next((c for c in counted if isinstance(c, Exception)), None)
+                if failure is not None:
+                    run.failure = _drive_failure(failure, run, size, reproduce(run.world.name))
                     bar.step(run.world.name, run.budget - run.drawn)
                     if stop_early and run.failure.outcome.failed:
                         evident = (run, -1)
                     continue
                 run.drawn += size
-                for i, plan in enumerate(run.plans):
-                    counts = compare(plan, samples).counts
-                    run.counts[i] += counts
-                    process = run.processes[i]
+                for i, process in enumerate(run.processes):
+                    run.counts[i] += sum(c[i] for c in counted)
                     if process is not None and process.look(run.counts[i]) >= threshold and not evident:
                         evident = (run, i)
                 bar.step(run.world.name, size)

@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.step.reference:reference_verifier")
     audit.add_argument("--world", action="append", metavar="NAME",
                        help="only this world (repeatable); see `exactcheck list`")
+    audit.add_argument("--shards", type=int, default=1, metavar="N",
+                       help="split every batch into N shards with derived seeds (default 1); the counts "
+                            "are merged before each look, so alpha and early stopping are unchanged")
+    audit.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="where the shards run: this process, or Ray tasks (pip install 'exactcheck[distributed]')")
+    audit.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
     _common(audit)
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
@@ -130,6 +136,24 @@ def _parser() -> argparse.ArgumentParser:
     grammar.add_argument("--report", metavar="DIR")
     grammar.add_argument("--quiet", action="store_true")
     grammar.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
+    cost = sub.add_parser("cost", help="the speed claim next to the exactness verdict: a generator against the "
+                                       "target alone on the same prompts and policy, per draft length")
+    cost.add_argument("subject", nargs="?", default="transformers-assisted",
+                      help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
+    where = cost.add_mutually_exclusive_group()
+    where.add_argument("--model", choices=list(REAL_MODELS), help="a real model pair (default tiny-llama)")
+    where.add_argument("--world", metavar="NAME", help="a toy model world (the exact acceptance is known there)")
+    cost.add_argument("--draft-lengths", default="1,2,4,8", metavar="K,K,...")
+    cost.add_argument("--prompts", type=int, default=8, help="requests per draft length (default 8)")
+    cost.add_argument("--new-tokens", type=int, metavar="N", help="new tokens per request (default 32; a world's length)")
+    cost.add_argument("--policy", metavar="SPEC", help="'greedy', or e.g. 'temperature=0.7,top_k=50' (default: "
+                                                      "sampling at temperature 1)")
+    cost.add_argument("--no-exactness", dest="exactness", action="store_false",
+                      help="skip the exactness audit that goes into the same report")
+    cost.add_argument("--seed", type=int, default=0)
+    cost.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML here")
+    cost.add_argument("--quiet", action="store_true")
+    cost.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
     render.add_argument("--format", choices=("markdown", "html", "pr"), default="markdown",
@@ -206,11 +230,19 @@ def _print_and_write(result: AuditResult, report: str | None, stem: str) -> Audi
 def _audit(args) -> int:
     from exactcheck.audit import run_audit
     from exactcheck.report.verdict import Outcome
+    from exactcheck.executors import make_executor
     subject = load_subject(args.subject)
-    result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
-                       alpha=args.alpha, device=args.device, worlds=args.world,
-                       progress=not args.quiet, stop_early=args.stop_early,
-                       detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require)
+    if args.shards < 1:
+        raise UsageError(f"--shards ({args.shards}) must be at least 1")
+    executor = make_executor(args.executor, args.ray_address)
+    try:
+        result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
+                           alpha=args.alpha, device=args.device, worlds=args.world,
+                           progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
+                           detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
+                           executor=executor)
+    finally:
+        executor.close()
     stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
     if result.interrupted:
         return _interrupted(result, args.report, stem)
@@ -338,6 +370,36 @@ def _greedy(args) -> int:
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
+def _cost(args) -> int:
+    from exactcheck.e2e.cost import run_cost
+    from exactcheck.e2e.policy import GREEDY
+    try:
+        lengths = tuple(int(k) for k in args.draft_lengths.split(",") if k.strip())
+    except ValueError:
+        raise UsageError(f"--draft-lengths {args.draft_lengths!r}: expected integers like 1,2,4,8") from None
+    if not lengths or min(lengths) < 1:
+        raise UsageError(f"--draft-lengths {args.draft_lengths!r}: expected positive integers")
+    if args.prompts < 2:
+        raise UsageError("--prompts must be at least 2 (the intervals need more than one request)")
+    policy = None if args.policy is None else (GREEDY if args.policy == "greedy" else _parse_policy(args.policy))
+    model = None if args.world else (args.model or "tiny-llama")
+    reproduce = " ".join(["exactcheck cost", args.subject] + ([f"--model {model}"] if model else [f"--world {args.world}"])
+                         + [f"--draft-lengths {args.draft_lengths}", f"--prompts {args.prompts}", f"--seed {args.seed}"]
+                         + ([f"--new-tokens {args.new_tokens}"] if args.new_tokens else [])
+                         + ([f"--policy '{args.policy}'"] if args.policy else []))
+    data = run_cost(load_generator(args.subject), model=model, world=args.world, draft_lengths=lengths,
+                    prompts=args.prompts, new_tokens=args.new_tokens, policy=policy, device=_device(args.device),
+                    seed=args.seed, exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
+    from exactcheck.report.cost_report import render_cost_markdown
+    text = render_cost_markdown(data)
+    print("\n".join(text.splitlines()[2:5]).strip())
+    if args.report:
+        from exactcheck.report.files import write_report
+        for path in write_report(data, args.report, _stem(f"cost-{model or args.world}-", args.subject)):
+            print(f"report: {path}")
+    return EXIT_PASS
+
+
 def _gate(args) -> int:
     from exactcheck.report.files import write_report
     from exactcheck.report.json_md import audit_to_json
@@ -418,6 +480,16 @@ def _render(args) -> int:
     from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
     data = _read_json(args.report)
     schema = data.get("schema")
+    from exactcheck.report.cost_report import COST_SCHEMA, render_cost_html, render_cost_markdown
+    if schema == COST_SCHEMA:
+        if args.format == "pr":
+            raise UsageError("a cost report renders as markdown or html")
+        try:
+            text = (render_cost_markdown if args.format == "markdown" else render_cost_html)(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{args.report}: a report field is missing or malformed ({type(exc).__name__}: {exc})") from None
+        print(text, end="")
+        return EXIT_PASS
     if schema == SELFTEST_SCHEMA:
         if args.format != "markdown":
             raise UsageError("a selftest report renders as markdown only; render its audits' reports instead")
@@ -455,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
                 "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy,
-                "gate": _gate, "grammar": _grammar}[args.command](args)
+                "gate": _gate, "grammar": _grammar, "cost": _cost}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

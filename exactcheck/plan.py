@@ -97,6 +97,7 @@ class AuditOptions:
     # step audits: the subject's acceptance rule (``exactcheck.step.contract.AcceptanceRule``
     # value), which the step laws follow; set from the subject by ``run_audit``
     acceptance_rule: str = "min(1, p/q)"
+    shards: int = 1  # step audits: shards per batch (``exactcheck.executors``); the seeds depend on it
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -119,6 +120,8 @@ class AuditOptions:
             raise _usage(f"detect_tv ({values['detect_tv']}) must be in (0, 1]")
         if values.get("max_samples") is not None and int(values["max_samples"]) < 1:
             raise _usage(f"max_samples ({values['max_samples']}) must be positive")
+        if values.get("shards") is not None and int(values["shards"]) < 1:
+            raise _usage(f"shards ({values['shards']}) must be at least 1")
         if values.get("generations") is not None and int(values["generations"]) < 1:
             raise _usage(f"generations ({values['generations']}) must be positive")
         values["require"] = _resolve_require(values.get("require", ()))
@@ -147,6 +150,8 @@ class AuditOptions:
         flags = f"--level {self.level.value} --seed {self.seed} --alpha {self.alpha:g} --world {world}"
         if command == "audit" and not self.stop_early:
             flags += " --no-stop-early"
+        if command == "audit" and self.shards > 1:
+            flags += f" --shards {self.shards}"
         if command == "e2e" and self.generations is not None:
             flags += f" --generations {self.generations}"
         for category in self.require:
@@ -156,7 +161,8 @@ class AuditOptions:
             return f"exactcheck {command} {subject} {flags}"
         call = "run_audit" if command == "audit" else "run_generator_audit"
         return (f"{call}({subject}, level={self.level.value!r}, seed={self.seed}, alpha={self.alpha:g}, "
-                f"worlds=[{world!r}]" + (")" if self.stop_early or command != "audit" else ", stop_early=False)"))
+                f"worlds=[{world!r}]" + ("" if self.stop_early or command != "audit" else ", stop_early=False")
+                + (f", shards={self.shards})" if command == "audit" and self.shards > 1 else ")"))
 
 
 def _resolve_require(require) -> tuple[str, ...]:

@@ -139,7 +139,7 @@ def test_audit_command_plans_for_a_requested_tv(capsys):
     assert main(["audit", "exactcheck.step.reference:reference_verifier", "--level", "quick",
                  "--detect-tv", "0.1", "--world", "three_token", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "budget: detect TV >= 0.1" in out and "5,000 of 5,000 planned trials" in out
+    assert "budget planned to detect TV ≥ 0.1" in out and "5,000 of 5,000 planned trials" in out
     assert main(["audit", "exactcheck.step.mutants:trust_draft", "--level", "quick", "--world",
                  "random_v8_k4", "--quiet"]) == 1
     assert "stopped early on random_v8_k4/" in capsys.readouterr().out

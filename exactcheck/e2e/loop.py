@@ -33,7 +33,7 @@ from exactcheck.adapters.transformers_compat import forward, new_cache
 from exactcheck.e2e.generator import DecodingPolicy, Generation
 from exactcheck.step.reference import ReferenceVerifier
 
-__all__ = ["ReferenceSpeculativeLoop", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
+__all__ = ["ReferenceSpeculativeLoop", "DilutedDraft", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",
            "CACHE_MUTANTS", "POLICY_MUTANTS", "PolicyOnDraftOnly", "PolicyOnBonusOnly", "TemperatureTwice",
            "MaskOnDraftOnly", "MaskAfterAcceptance", "TokensAfterStop"]
@@ -209,6 +209,21 @@ class SoftmaxQTopKDraft(ReferenceSpeculativeLoop):
         top = q_row.topk(min(2, q_row.numel()))
         truncated = torch.zeros_like(q_row).scatter(0, top.indices, top.values)
         return int(torch.multinomial(truncated / truncated.sum(), 1, generator=generator)), q_row
+
+
+@dataclass(frozen=True)
+class DilutedDraft(ReferenceSpeculativeLoop):
+    """A cost mutant, exact by construction: the drafter samples from its law mixed with the
+    uniform law (weight ``uniform``) and reports that mixture as q, so every output still follows
+    the target while fewer drafts are accepted. ``exactcheck cost`` shows it (accepted drafts per
+    round below the world's exact expectation); the exactness audit passes it."""
+
+    uniform: float = 0.9
+    name: str = "cost mutant: diluted_draft"
+
+    def draft_sample(self, q_row, logits, policy, generator):
+        diluted = (1 - self.uniform) * q_row + self.uniform / q_row.numel()
+        return int(torch.multinomial(diluted, 1, generator=generator)), diluted
 
 
 # -- policy mutants (field notes: vLLM #9834, #42744; SGLang #10617; the guide's JSON exercise) ----

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from exactcheck.audit import reproducer_path
+from exactcheck.report.cost_report import COST_SCHEMA, render_cost_html, render_cost_markdown
 from exactcheck.report.html import render_audit_html, render_selftest_html
 from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
 
@@ -20,6 +21,12 @@ def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ..
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
+    if data["schema"] == COST_SCHEMA:
+        html_path = directory / f"{stem}.html"
+        json_path.write_text(json.dumps(data, indent=1) + "\n")
+        md_path.write_text(render_cost_markdown(data))
+        html_path.write_text(render_cost_html(data))
+        return json_path, md_path, html_path
     audits = [data] if data["schema"] == AUDIT_SCHEMA else [data["reference"]]
     for audit in audits:
         for verdict in audit["verdicts"]:

@@ -1,0 +1,94 @@
+"""Where an audit's shards run: in this process (``LocalExecutor``) or as Ray tasks across a
+cluster (``RayExecutor``, ``pip install 'exactcheck[distributed]'``).
+
+A sharded step audit (``AuditOptions.shards`` = N > 1) splits each world's batch of trials into N
+shards, each driven with its own seed derived from the batch seed (``shard_seed``), and merges the
+shards' counts by adding them before every look of the sequential test, so early stopping and
+alpha are unchanged. The shards' samples depend only on their seeds, so a sharded audit gives the
+same counts, and the same verdicts, on any executor: ``LocalExecutor`` with the same N is the
+single-process reference.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from exactcheck.errors import UsageError
+
+__all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed"]
+
+
+def split(n: int, shards: int) -> list[int]:
+    """``n`` trials as ``shards`` parts differing by at most one (empty parts dropped)."""
+    base, extra = divmod(n, shards)
+    return [size for size in (base + (i < extra) for i in range(shards)) if size > 0]
+
+
+def shard_seed(batch_seed: int, shard: int, shards: int) -> int:
+    """Shard ``shard``'s seed; an unsharded audit keeps the batch seed, so its samples are unchanged."""
+    from exactcheck.plan import derive_seed
+    return batch_seed if shards == 1 else derive_seed(batch_seed, f"shard/{shard}")
+
+
+class Executor:
+    name = "executor"
+
+    def submit(self, fn: Callable, calls: Sequence[tuple]) -> list[Callable[[], Any]]:
+        """One thunk per call; calling it gives that call's result (waiting for it if needed)."""
+        raise NotImplementedError
+
+    def map(self, fn: Callable, calls: Sequence[tuple]) -> list[Any]:
+        return [result() for result in self.submit(fn, calls)]
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor(Executor):
+    """Every shard in this process, one after another, computed when its result is asked for (a
+    shard the audit no longer needs, after an early stop, is never run)."""
+
+    name = "local"
+
+    def submit(self, fn, calls):
+        return [lambda args=args: fn(*args) for args in calls]
+
+
+class RayExecutor(Executor):
+    """Every shard a Ray task (one GPU each where the cluster has GPUs). ``address``: an existing
+    cluster (``ray://host:10001`` or ``auto``); None starts a local one with ``num_cpus``."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, gpus_per_task: float | None = None):
+        try:
+            import ray
+        except ImportError as exc:
+            raise UsageError(f"--executor ray needs Ray ({exc}); pip install 'exactcheck[distributed]'") from None
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            options = dict(address=address, ignore_reinit_error=True, include_dashboard=False,
+                           log_to_driver=False, configure_logging=False)
+            if address is None and num_cpus is not None:
+                options["num_cpus"] = num_cpus
+            ray.init(**options)
+        if gpus_per_task is None:
+            gpus_per_task = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        self.gpus_per_task = gpus_per_task
+
+    def submit(self, fn, calls):
+        remote = self.ray.remote(num_gpus=self.gpus_per_task)(fn)
+        refs = [remote.remote(*args) for args in calls]
+        return [lambda ref=ref: self.ray.get(ref) for ref in refs]
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+def make_executor(name: str = "local", address: str | None = None, num_cpus: int | None = None) -> Executor:
+    if name == "local":
+        return LocalExecutor()
+    if name == "ray":
+        return RayExecutor(address, num_cpus)
+    raise UsageError(f"executor {name!r}: expected local or ray")
