@@ -27,6 +27,12 @@ def test_observed_acceptance_agrees_with_the_exact_expectation_and_a_diluted_dra
     assert same == expected and diluted["high"] < expected, (diluted, expected)
 
 
+def test_the_diluted_drafter_is_slower_not_wrong():
+    from exactcheck.e2e.audit import run_generator_audit
+    result = run_generator_audit(DilutedDraft(), level="quick", worlds=[WORLD.name], generations=500, progress=False)
+    assert result.passed, [v.describe() for v in result.failed]
+
+
 def test_the_exact_expectation_by_brute_force_on_a_tiny_world():
     """(L - E[R]) / E[R] against a Monte Carlo of the loop's round structure done in float64."""
     import numpy as np
