@@ -392,7 +392,7 @@ def _cost(args) -> int:
                     seed=args.seed, exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
     from exactcheck.report.cost_report import render_cost_markdown
     text = render_cost_markdown(data)
-    print("\n".join(text.splitlines()[2:5]).strip())
+    print("\n".join(text.splitlines()[2:5]).strip().replace("**", ""))
     if args.report:
         from exactcheck.report.files import write_report
         for path in write_report(data, args.report, _stem(f"cost-{model or args.world}-", args.subject)):

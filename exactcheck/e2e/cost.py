@@ -381,6 +381,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
                      "run per mode excluded; the baseline is the target alone (transformers generate, no draft) "
                      "under the same policy and seed, each pair run in a random order"),
             **environment(target), "prompt_lengths": sorted({int(p.numel()) for p in chosen}),
+            "draft_lengths": [k for k in lengths if k is not None],
             "new_tokens": new_tokens, "policy": policy.label(), "exactcheck": __version__},
         "reproduce": reproduce,
     }

@@ -31,13 +31,18 @@ def _verdict_line(data: dict) -> str:
             f"{lossy}")
 
 
+def _swept(denominators: dict) -> str:
+    lengths = denominators.get("draft_lengths")
+    return f", draft length swept over {', '.join(map(str, lengths))}" if lengths else ""
+
+
 def render_cost_markdown(data: dict) -> str:
     cost, d = data["cost"], data["denominators"]
     s, f, a = cost["speedup"], cost["fraction_slower"], cost["accepted_per_round_mean"]
     verdict = ("**faster** than the target alone" if s["low"] > 1 else "**slower** than the target alone"
                if s["high"] < 1 else "**not distinguishable** from the target alone (the interval spans 1)")
     lines = [
-        f"# exactcheck cost of `{data['generator']['name']}` on {data['model']}",
+        f"# exactcheck cost of `{data['generator']['name']}` on {data['model']}" + _swept(d),
         "",
         f"Speedup **{s['estimate']:.2f}×** ({s['confidence']:.0%} interval {s['low']:.2f}–{s['high']:.2f}): "
         f"{verdict}. {f['slower']} of {f['requests']} requests were slower than their "
@@ -82,7 +87,7 @@ def _table(cost: dict) -> list[str]:
 def _bars(rows: list[dict], key: str, title: str, reference: float, fmt: str, width: int = 460) -> str:
     """One bar per draft length with its interval; a dashed line at ``reference``."""
     height, left, top, bottom = 220, 50, 30, 40
-    top_value = max([reference * 1.2] + [r[key]["high"] for r in rows if r[key]["high"] == r[key]["high"]])
+    top_value = 1.15 * max([reference * 1.05] + [r[key]["high"] for r in rows if r[key]["high"] == r[key]["high"]])
     step = (width - left - 10) / max(1, len(rows))
     scale = (height - top - bottom) / (top_value or 1)
     parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">',
@@ -90,7 +95,7 @@ def _bars(rows: list[dict], key: str, title: str, reference: float, fmt: str, wi
     base_y = height - bottom
     ref_y = base_y - reference * scale
     parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{ref_y:.1f}" y2="{ref_y:.1f}" stroke="#555" stroke-dasharray="4 3"/>')
-    parts.append(f'<text x="{width - 12}" y="{ref_y - 4:.1f}" font-size="11" text-anchor="end">{format(reference, fmt)}</text>')
+    parts.append(f'<text x="{left - 4}" y="{ref_y + 4:.1f}" font-size="11" text-anchor="end">{format(reference, fmt)}</text>')
     for i, r in enumerate(rows):
         est, low, high = r[key]["estimate"], r[key]["low"], r[key]["high"]
         x = left + i * step + step * 0.2
@@ -138,12 +143,16 @@ def render_cost_html(data: dict) -> str:
     from exactcheck.report.html import _page as page
     cost = data["cost"]
     body = [f"<h1>exactcheck cost of <code>{html.escape(data['generator']['name'])}</code> on "
-            f"{html.escape(data['model'])}</h1>"]
-    body += [f"<p>{html.escape(line)}</p>" for line in render_cost_markdown(data).splitlines()[2:5] if line]
+            f"{html.escape(data['model'] + _swept(data['denominators']))}</h1>"]
+    body += [f"<p>{html.escape(line.replace('**', ''))}</p>" for line in render_cost_markdown(data).splitlines()[2:5]
+             if line]
     rows = cost["by_draft_length"]
     body.append('<div class="plots">' + _bars(rows, "speedup", "speedup against draft length (bar: estimate; line: interval)", 1.0, ".2f")
                 + _bars(rows, "fraction_slower", "share of requests slower than the baseline", 0.5, ".0%")
                 + _histogram(cost["ratios"]) + "</div>")
-    body.append("<pre>" + html.escape("\n".join(_table(cost))) + "</pre>")
+    table = [line.strip("|").split(" | ") for line in _table(cost)]
+    body.append("<table><tr>" + "".join(f"<th>{html.escape(c.strip())}</th>" for c in table[0]) + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in row) + "</tr>"
+                          for row in table[2:]) + "</table>")
     body.append(f"<p><small>{html.escape(data['denominators']['time'])}. Reproduce: <code>{html.escape(data['reproduce'])}</code></small></p>")
     return page(f"exactcheck cost: {data['generator']['name']}", body)
