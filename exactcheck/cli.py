@@ -47,6 +47,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     _require(parser)
 
 
+def _sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
+    parser.add_argument("--shards", type=int, default=1, metavar="N", help=shards_help)
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where the shards run: this process, or Ray tasks (pip install 'exactcheck[distributed]')")
+    parser.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
+
+
 def _require(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require", action="append", choices=("reproducible", "input-handling"),
                         default=[], help="also fail on findings of this category (repeatable; by "
@@ -62,12 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.step.reference:reference_verifier")
     audit.add_argument("--world", action="append", metavar="NAME",
                        help="only this world (repeatable); see `exactcheck list`")
-    audit.add_argument("--shards", type=int, default=1, metavar="N",
-                       help="split every batch into N shards with derived seeds (default 1); the counts "
-                            "are merged before each look, so alpha and early stopping are unchanged")
-    audit.add_argument("--executor", choices=("local", "ray"), default="local",
-                       help="where the shards run: this process, or Ray tasks (pip install 'exactcheck[distributed]')")
-    audit.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
+    _sharding(audit, "split every batch into N shards with derived seeds (default 1); the counts are merged "
+                     "before each look, so alpha and early stopping are unchanged")
     _common(audit)
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
@@ -105,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     e2e.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     e2e.add_argument("--quiet", action="store_true")
     e2e.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
+    _sharding(e2e, "split each run's generations into N ranges (default 1); generations keep their seeds, "
+                   "so the verdicts are the unsharded audit's")
     _require(e2e)
     greedy = sub.add_parser("greedy", help="greedy identity of a generator on real transformer models")
     greedy.add_argument("subject", nargs="?", default="transformers-assisted",
@@ -310,10 +315,18 @@ def _e2e(args) -> int:
     generator = load_generator(args.subject)
     policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
     policies += tuple(_parse_policy(spec) for spec in (args.policy or []))
-    result = run_generator_audit(generator, subject_name=args.subject,
-                                 level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
-                                 policies=policies, generations=args.generations, greedy=args.greedy,
-                                 progress=not args.quiet, require=args.require, device=args.device)
+    from exactcheck.executors import make_executor
+    if args.shards < 1:
+        raise UsageError(f"--shards ({args.shards}) must be at least 1")
+    executor = make_executor(args.executor, args.ray_address)
+    try:
+        result = run_generator_audit(generator, subject_name=args.subject,
+                                     level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
+                                     policies=policies, generations=args.generations, greedy=args.greedy,
+                                     progress=not args.quiet, require=args.require, device=args.device,
+                                     shards=args.shards, executor=executor if args.executor == "ray" else None)
+    finally:
+        executor.close()
     if result.interrupted:
         return _interrupted(result, args.report, _stem("e2e-", args.subject))
     result = _print_and_write(result, args.report, _stem("e2e-", args.subject))

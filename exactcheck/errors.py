@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import traceback
 
 __all__ = [
@@ -25,7 +26,31 @@ class UsageError(ExactcheckError, ValueError):
 
 
 class SubjectError(ExactcheckError):
-    """The subject under test misbehaved; the audit turns this into a verdict, not a traceback."""
+    """The subject under test misbehaved; the audit turns this into a verdict, not a traceback.
+
+    Picklable with its attributes (a shard run as a Ray task returns it as a value); the
+    subject's own exception travels as a ``RemoteException`` with its type name and message when
+    it cannot be pickled itself."""
+
+    def __reduce__(self):
+        state = dict(self.__dict__)
+        if "exc" in state:
+            try:
+                pickle.dumps(state["exc"])
+            except Exception:
+                state["exc"] = RemoteException(f"{type(state['exc']).__name__}: {state['exc']}")
+        return _restore, (type(self), self.args, state)
+
+
+class RemoteException(Exception):
+    """A subject's exception that could not cross a process boundary: its type and message."""
+
+
+def _restore(cls, args, state):
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 # exactcheck's own driving code: frames here are not the subject's

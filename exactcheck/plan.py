@@ -97,7 +97,9 @@ class AuditOptions:
     # step audits: the subject's acceptance rule (``exactcheck.step.contract.AcceptanceRule``
     # value), which the step laws follow; set from the subject by ``run_audit``
     acceptance_rule: str = "min(1, p/q)"
-    shards: int = 1  # step audits: shards per batch (``exactcheck.executors``); the seeds depend on it
+    # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
+    # generations keep their seeds); ``exactcheck.executors``
+    shards: int = 1
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":

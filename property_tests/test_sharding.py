@@ -79,3 +79,17 @@ def test_a_fixed_budget_ray_run_counts_exactly_what_one_process_counts(ray_execu
     assert local.samples_drawn == remote.samples_drawn == local.samples_planned
     for a, b in zip(local.verdicts, remote.verdicts):
         assert (a.check, a.samples, a.statistic, a.evidence) == (b.check, b.samples, b.statistic, b.evidence)
+
+
+def test_a_sharded_end_to_end_audit_is_the_unsharded_one(ray_executor):
+    """Generations keep their seeds across shards: 2 Ray shards (each with its own model copy)
+    give exactly the unsharded audit's verdicts."""
+    pytest.importorskip("transformers")
+    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.e2e.loop import CropOffByOne, ReferenceSpeculativeLoop
+    settings = dict(level="quick", worlds=["hf_v4_l3_k2"], generations=200, greedy=False, progress=False)
+    for generator in (ReferenceSpeculativeLoop(), CropOffByOne()):
+        one = run_generator_audit(generator, **settings)
+        sharded = run_generator_audit(generator, shards=2, executor=ray_executor, **settings)
+        assert _outcomes(one) == _outcomes(sharded)
+        assert one.passed is (type(generator) is ReferenceSpeculativeLoop) is sharded.passed

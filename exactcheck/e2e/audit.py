@@ -33,7 +33,8 @@ from exactcheck.audit import (STATISTIC_NAME, unreached_verdicts, _apply_holm, _
 from exactcheck.plan import AuditOptions, derive_seed, plan_generator_audit
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, generator_name, is_lossy
-from exactcheck.e2e.drive import GeneratorSamples, drive_generator
+from exactcheck.e2e.drive import GeneratorSamples, drive_generator, drive_generator_sharded
+from exactcheck.executors import Executor, LocalExecutor
 from exactcheck.e2e.greedy_identity import greedy_identity
 from exactcheck.stats.laws import LawComparison, LawPlan, policy_sequence_law
 from exactcheck.progress import Progress
@@ -187,12 +188,17 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
 
 def run_generator_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
                         policies: tuple[DecodingPolicy, ...] = (SAMPLING,), greedy: bool = True,
-                        progress: bool = True, **settings) -> GeneratorAuditResult:
+                        progress: bool = True, executor: Executor | None = None,
+                        **settings) -> GeneratorAuditResult:
     """Audit an end-to-end generator on the model worlds; see the module docstring.
     ``options`` (an ``AuditOptions``) or its fields as keywords (``level``, ``seed``, ``alpha``,
     ``worlds``, ``generations``, ``require``); ``plan_generator_audit`` decides what runs.
     ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
-    MODULE:CALLABLE); given, reproduce lines are commands."""
+    MODULE:CALLABLE); given, reproduce lines are commands.
+
+    ``shards`` = N > 1 (or an ``executor``) splits each run's generations into N ranges run on
+    ``executor`` (this process by default, or Ray tasks, each building its own copy of the world's
+    models); every generation keeps its seed, so the verdicts are the unsharded audit's."""
     options = AuditOptions.of(options, settings)
     resolve_device(options.device)
     if not callable(generator):
@@ -224,8 +230,14 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                 suffix = policy_suffix(policy, world)
                 label = f"{world.name}/sampling{suffix}"
                 try:
-                    run = drive_generator(generator, world, n, derive_seed(world_seed, "sampling" + suffix), policy,
-                                          device=options.device, progress=lambda k, label=label: bar.step(label, k))
+                    run_seed = derive_seed(world_seed, "sampling" + suffix)
+                    if options.shards > 1 or executor is not None:
+                        run = drive_generator_sharded(generator, world, n, run_seed, policy, executor or LocalExecutor(),
+                                                      options.shards, options.device,
+                                                      progress=lambda k, label=label: bar.step(label, k))
+                    else:
+                        run = drive_generator(generator, world, n, run_seed, policy, device=options.device,
+                                              progress=lambda k, label=label: bar.step(label, k))
                 except SubjectError as exc:
                     pending.append(_failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
                                                     samples=n, condition="every generation"))

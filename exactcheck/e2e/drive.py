@@ -14,10 +14,11 @@ import torch
 
 from exactcheck.e2e.cache_invariants import Breach, check_calls, final_cache
 from exactcheck.e2e.generator import DecodingPolicy, Generation, call_generator, call_generator_batch, is_batched
+from exactcheck.errors import SubjectError
 from exactcheck.suite import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
 
-__all__ = ["GeneratorSamples", "drive_generator"]
+__all__ = ["GeneratorSamples", "drive_generator", "drive_generator_sharded", "merge_samples"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def generation_seed(seed: int, i: int) -> int:
 
 def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy,
                     probe: bool = True, progress=None, device: torch.device | str = "cpu",
-                    batch: int | None = None) -> GeneratorSamples:
+                    batch: int | None = None, first: int = 0) -> GeneratorSamples:
     """``n`` generations of ``world.length`` tokens; raises ``SubjectError`` (crash, contract
     violation) at the first generation that fails, as the step driver does. The models and the
     prompt are placed on ``device``; outputs come back to the CPU. ``progress(k)``, if given, is
@@ -63,16 +64,19 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     requests at a time (default: its ``max_batch``, else 256), generation ``i`` with the same
     seed as in a batch-1 run. Its forward calls serve many generations at once, so the
     per-generation cache invariants are not checked (``GeneratorSamples.batched``); final caches
-    it hands back still are."""
+    it hands back still are.
+
+    ``first``: the index of the first generation (a shard of a run drives generations ``first``
+    to ``first + n - 1``, with the seeds they have in the whole run)."""
     if is_batched(generator):
         return _drive_batched(generator, world, n, seed, policy, probe, progress, device,
-                              batch or getattr(generator, "max_batch", None) or 256)
+                              batch or getattr(generator, "max_batch", None) or 256, first)
     target, draft = (m.to(device) for m in world.models())
     prompt = world.prompt_ids().to(device)
     outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = cached = 0
-    for i in range(n):
+    for i in range(first, first + n):
         log = [] if probe else None
         target.calls = draft.calls = log
         try:
@@ -89,8 +93,9 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
             found += _final_caches(target, draft, generation, final)
             checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
             breaches.extend((i, b) for b in found)
-        if progress is not None and ((i + 1) % 25 == 0 or i + 1 == n):
-            progress((i + 1) % 25 or 25)  # generations finished since the last report
+        done = i + 1 - first
+        if progress is not None and (done % 25 == 0 or done == n):
+            progress(done % 25 or 25)  # generations finished since the last report
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)
 
 
@@ -104,14 +109,14 @@ def _final_caches(target, draft, generation: Generation, final: torch.Tensor) ->
 
 
 def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, probe: bool,
-                   progress, device, batch: int) -> GeneratorSamples:
+                   progress, device, batch: int, first: int = 0) -> GeneratorSamples:
     target, draft = (m.to(device) for m in world.models())
     prompt = world.prompt_ids().to(device)[0]
     outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = cached = 0
-    for start in range(0, n, batch):
-        size = min(batch, n - start)
+    for start in range(first, first + n, batch):
+        size = min(batch, first + n - start)
         log = [] if probe else None
         target.calls = draft.calls = log
         try:
@@ -133,3 +138,43 @@ def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: Deco
             progress(size)
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached,
                             batched=True)
+
+
+def drive_shard(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, device: str,
+                first: int):
+    """One shard of a run (what a Ray task runs; the world's models are built where it runs):
+    the shard's ``GeneratorSamples``, or the subject's failure as a value."""
+    try:
+        return drive_generator(generator, world, n, seed, policy, device=device, first=first)
+    except SubjectError as exc:
+        return exc
+
+
+def drive_generator_sharded(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy,
+                            executor, shards: int, device: str = "cpu", progress=None) -> GeneratorSamples:
+    """``drive_generator`` split into ``shards`` ranges of generations run on ``executor``; every
+    generation keeps its seed, so the merged samples are the unsharded run's. Raises the first
+    failing shard's ``SubjectError``."""
+    from exactcheck.executors import split
+    parts, calls, first = split(n, shards), [], 0
+    for size in parts:
+        calls.append((generator, world, size, seed, policy, str(device), first))
+        first += size
+    results = []
+    for size, result in zip(parts, executor.submit(drive_shard, calls)):
+        value = result()
+        if isinstance(value, SubjectError):
+            raise value
+        results.append(value)
+        if progress is not None:
+            progress(size)
+    return merge_samples(results)
+
+
+def merge_samples(parts: list[GeneratorSamples]) -> GeneratorSamples:
+    """The samples of consecutive shards of one run, as one run's."""
+    first = parts[0]
+    return GeneratorSamples(first.world, first.policy, tuple(o for p in parts for o in p.outputs), first.seed,
+                            sum(p.forward_calls for p in parts), tuple(b for p in parts for b in p.breaches),
+                            sum(p.final_caches_checked for p in parts), sum(p.cached_calls for p in parts),
+                            any(p.batched for p in parts))
