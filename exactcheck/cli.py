@@ -420,6 +420,20 @@ def _gate(args) -> int:
     config = Path(args.config)
     subjects = gate.read_config(config, level=args.level, device=args.device)
     results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent)
+    if results and results[-1].audit.interrupted:
+        written = []
+        if args.junit_xml:
+            written.append(str(gate.write(args.junit_xml, gate.junit_xml(results))))
+        if args.json:
+            written.append(str(gate.write(args.json, gate.dumps(gate.gate_json(results)))))
+        if args.report:
+            for result in results:
+                written.append(str(write_report(audit_to_json(result.audit), args.report,
+                                                _stem("audit-", result.subject.name))[0]))
+        print(f"exactcheck: interrupted while auditing {results[-1].subject.name} ({len(results) - 1} of "
+              f"{len(subjects)} subjects finished)" + (f"; partial results, marked incomplete: {', '.join(written)}"
+                                                       if written else ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
     for result in results:
         status = "passes" if result.passed else "FAILS"
         exempt = [v.check for v in result.audit.failed if result.exempted(v)]

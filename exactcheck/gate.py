@@ -127,7 +127,8 @@ def _require(path, name: str, value) -> tuple[str, ...]:
 def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None) -> list[GateResult]:
     """Audit every subject (imports resolve from ``root``, default the current directory). Every
     subject is loaded and its options checked before any audit runs, so a mistake in the last
-    one costs no audit time."""
+    one costs no audit time. Ctrl-C during an audit ends the gate there: that audit's result is
+    marked interrupted and is the last one returned."""
     from exactcheck.audit import resolve_device
     from exactcheck.plan import AuditOptions
     from exactcheck.subjects import load_generator, load_subject
@@ -160,6 +161,8 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
                                         worlds=worlds, progress=progress, require=subject.require,
                                         device=subject.device)
         results.append(GateResult(subject, audit))
+        if audit.interrupted:  # Ctrl-C: the subjects after this one are not audited
+            break
     return results
 
 
@@ -203,7 +206,8 @@ def gate_json(results: list[GateResult]) -> dict:
     from exactcheck.report.json_md import audit_to_json
     return {
         "schema": "exactcheck.gate/1",
-        "passed": all(r.passed for r in results),
+        "passed": all(r.passed for r in results) and not any(r.audit.interrupted for r in results),
+        "interrupted": any(r.audit.interrupted for r in results),
         "subjects": [{"name": r.subject.name, "kind": r.subject.kind, "target": r.subject.target,
                       "passed": r.passed, "exempt": list(r.subject.exempt),
                       "blocking": [v.check for v in r.blocking], "audit": audit_to_json(r.audit)}

@@ -122,3 +122,32 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     shot = tmp_path / "failing-audit.png"  # the committed screenshots come from benchmarks/screenshots.py
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, capsys):
+    (tmp_path / "interrupting_subject.py").write_text(
+        "from exactcheck.step.reference import reference_verifier\n"
+        "calls = [0]\n"
+        "def verify(p, q, tokens, generator):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 3:  # as if the user pressed Ctrl-C\n"
+        "        raise KeyboardInterrupt\n"
+        "    return reference_verifier(p, q, tokens, generator)\n")
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.exactcheck]\nlevel = "quick"\n\n'
+                      '[[tool.exactcheck.subject]]\nname = "first"\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+                      'worlds = ["three_token"]\n\n'
+                      '[[tool.exactcheck.subject]]\nname = "second"\nverifier = "interrupting_subject:verify"\n'
+                      'worlds = ["three_token", "random_v8_k4", "ctx_v4_l5_k4"]\n\n'
+                      '[[tool.exactcheck.subject]]\nname = "third"\nverifier = "exactcheck.step.reference:reference_verifier"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    xml, data = tmp_path / "gate.xml", tmp_path / "gate.json"
+    code = main(["gate", "--config", str(config), "--junit-xml", str(xml), "--json", str(data), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 130 and captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and "interrupted while auditing second" in captured.err
+    gate = json.loads(data.read_text())
+    assert gate["interrupted"] is True and gate["passed"] is False
+    assert [s["name"] for s in gate["subjects"]] == ["first", "second"]
+    assert gate["subjects"][1]["audit"]["budget"]["interrupted"] is True
+    assert "first" in xml.read_text() and "third" not in xml.read_text()
