@@ -115,11 +115,25 @@ def pytest_generate_tests(metafunc):
     from exactcheck.plan import AuditOptions, plan_generator_audit, plan_step_audit
     if spec.kind == "verifier":
         keep = {k: v for k, v in spec.options.items() if k in ("properties", "detect_tv", "max_samples", "stop_early")}
-        names = plan_step_audit(AuditOptions.build(level=level, alpha=alpha, worlds=spec.worlds, **keep)).names
+        names = plan_step_audit(AuditOptions.build(level=level, alpha=alpha, worlds=spec.worlds,
+                                                   acceptance_rule=_acceptance_rule(spec.subject), **keep)).names
     else:
         keep = {k: v for k, v in spec.options.items() if k in ("policies", "greedy")}
         names = plan_generator_audit(AuditOptions.build(level=level, alpha=alpha, worlds=spec.worlds), **keep).names
     metafunc.parametrize(_CHECK, names, ids=names)
+
+
+def _acceptance_rule(subject) -> str:
+    """The subject's acceptance rule (its laws depend on it), loading it if named by a string."""
+    from exactcheck.errors import UsageError
+    from exactcheck.step.contract import acceptance_rule
+    if isinstance(subject, str):
+        from exactcheck.subjects import load_subject
+        try:
+            subject = load_subject(subject)
+        except UsageError:  # the audit reports the mistake when it runs
+            return acceptance_rule(None).value
+    return acceptance_rule(subject).value
 
 
 class ExactcheckSession:

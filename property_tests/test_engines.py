@@ -148,6 +148,12 @@ def test_the_sglang_adapter_through_the_full_quick_audit():
     assert len(statistical) > 40 and all(v.outcome is Outcome.EXACT for v in statistical)
     accepted = {v.check: v for v in result.verdicts}["three_token/accepted_length"]
     assert "target only" in accepted.condition
+    # what the pytest plugin lists for this subject is what the audit reports
+    from exactcheck.plan import AuditOptions, plan_step_audit
+    from exactcheck.pytest_plugin import _acceptance_rule
+    rule = _acceptance_rule(SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only))
+    assert plan_step_audit(AuditOptions.build(level="quick", acceptance_rule=rule)).names == \
+        [v.check for v in result.verdicts]
     assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
     reach = result.failed[0].reachability
     assert reach.dtype == "float32" and reach.value == 0.0 and math.isclose(reach.per_draw_probability, 2.0 ** -24)
