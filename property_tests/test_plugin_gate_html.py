@@ -125,7 +125,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
 
 
 def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, capsys):
-    (tmp_path / "interrupting_subject.py").write_text(
+    (tmp_path / "gate_interrupting_subject.py").write_text(
         "from exactcheck.step.reference import reference_verifier\n"
         "calls = [0]\n"
         "def verify(p, q, tokens, generator):\n"
@@ -137,7 +137,7 @@ def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, ca
     config.write_text('[tool.exactcheck]\nlevel = "quick"\n\n'
                       '[[tool.exactcheck.subject]]\nname = "first"\nverifier = "exactcheck.step.reference:reference_verifier"\n'
                       'worlds = ["three_token"]\n\n'
-                      '[[tool.exactcheck.subject]]\nname = "second"\nverifier = "interrupting_subject:verify"\n'
+                      '[[tool.exactcheck.subject]]\nname = "second"\nverifier = "gate_interrupting_subject:verify"\n'
                       'worlds = ["three_token", "random_v8_k4", "ctx_v4_l5_k4"]\n\n'
                       '[[tool.exactcheck.subject]]\nname = "third"\nverifier = "exactcheck.step.reference:reference_verifier"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
