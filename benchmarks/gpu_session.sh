@@ -3,6 +3,8 @@
 # every device point of the open issues in one run, each step time-bounded, results under $OUT.
 #   1. throughput sweep on CUDA (V x k, batch sized to the device)            issue 16
 #   2. the CLI on CUDA: selftest, e2e on the toy models, greedy on tiny-llama  issue 15
+#      the vLLM and SGLang adapters' quick audits on CUDA (the real vLLM / sgl-kernel when the
+#      machine has them, else the pure-torch stand-ins), cost on tiny-llama     issues 15, 17
 #   3. the default test suite under the machine's torch/transformers          issue 18
 # Run from the repository root:  OUT=/some/dir bash benchmarks/gpu_session.sh
 set -u
@@ -30,6 +32,28 @@ echo "rc=$?" >> "$OUT/throughput-cuda.txt"
   echo "rc=$?"
   step "greedy transformers-assisted --model tiny-llama --device cuda"
   time timeout 60 python3 -m exactcheck greedy transformers-assisted --model tiny-llama --device cuda --prompts 4 --new-tokens 16 --quiet
+  echo "rc=$?"
+  step "engine adapters' quick audits on cuda"
+  time timeout 120 python3 - <<'PY'
+import importlib.util, sys
+sys.path.insert(0, "property_tests")
+from exactcheck.adapters.vllm import audit_rejection_sampler
+from exactcheck.adapters.sglang import audit_chain_verifier
+from standins import sglang_kernel, vllm_rejection_sampler
+real_vllm = importlib.util.find_spec("vllm") is not None
+real_sgl = importlib.util.find_spec("sgl_kernel") is not None
+for name, run in (("vllm" + (" (installed)" if real_vllm else " (stand-in)"),
+                   lambda: audit_rejection_sampler(None if real_vllm else vllm_rejection_sampler, device="cuda", progress=False)),
+                  ("sglang" + (" (installed)" if real_sgl else " (stand-in)"),
+                   lambda: audit_chain_verifier(None if real_sgl else sglang_kernel.tree_speculative_sampling_target_only,
+                                                device="cuda", progress=False))):
+    result = run()
+    print(name, "passed" if result.passed else "FAILED", f"{result.duration_s:.1f} s",
+          [(v.check, v.outcome.value, v.reachability.describe() if v.reachability else "") for v in result.failed])
+PY
+  echo "rc=$?"
+  step "cost transformers-assisted --model tiny-llama --device cuda"
+  time timeout 120 python3 -m exactcheck cost transformers-assisted --model tiny-llama --device cuda --prompts 8 --quiet --report "$OUT/reports/cost"
   echo "rc=$?"
 } > "$OUT/cli-cuda.txt" 2>&1
 
