@@ -22,13 +22,12 @@ from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 WORLD = model_worlds()[1]  # hf_v4_l3_k2
 
 
-@pytest.mark.parametrize("temperature", [None, 0.7])
-def test_the_vllm_adapter_through_the_full_quick_audit(temperature):
+def test_the_vllm_adapter_through_the_full_quick_audit():
     """vLLM V1's semantics (the stand-in) through the adapter's layout: every law is exact; the one
     finding is vLLM's ``p / q >= u`` accepting a draft the target forbids when the float32
-    uniform is exactly 0 (2^-24 per uniform), the finding the H200 run made on vLLM's own kernel."""
-    result = audit_rejection_sampler(vllm_standin, level="quick", temperature=temperature, device="cpu",
-                                     progress=False)
+    uniform is exactly 0 (2^-24 per uniform), the finding the H200 run made on vLLM's own kernel.
+    (The temperature path's full audit runs in the README recipe's test below.)"""
+    result = audit_rejection_sampler(vllm_standin, level="quick", device="cpu", progress=False)
     statistical = [v for v in result.verdicts if v.statistic is not None]
     assert len(statistical) > 40 and all(v.outcome is Outcome.EXACT for v in statistical)
     assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
@@ -244,8 +243,10 @@ def test_the_vllm_recipe_runs_as_written_and_names_the_finding(monkeypatch):
                            {"vllm": vllm_package, "vllm.v1": types.ModuleType("vllm.v1"),
                             "vllm.v1.sample": types.ModuleType("vllm.v1.sample"),
                             "vllm.v1.sample.rejection_sampler": vllm_standin})
-    # vLLM's semantics fail both of the recipe's tests today, on the u = 0 acceptance
+    # vLLM's semantics fail both of the recipe's tests (the plain and the temperature path), on
+    # the u = 0 acceptance and nothing else
     assert len(failures) == 2 and all("no_forbidden_token" in f and "2^-24" in f for f in failures)
+    assert all(f.count(" law in world ") == 1 for f in failures)
 
 
 def test_the_sglang_recipe_runs_as_written_and_names_the_finding(monkeypatch):

@@ -87,7 +87,7 @@ def test_a_sharded_end_to_end_audit_is_the_unsharded_one(ray_executor):
     pytest.importorskip("transformers")
     from exactcheck.e2e.audit import run_generator_audit
     from exactcheck.e2e.loop import CropOffByOne, ReferenceSpeculativeLoop
-    settings = dict(level="quick", worlds=["hf_v4_l3_k2"], generations=200, greedy=False, progress=False)
+    settings = dict(level="quick", worlds=["hf_v4_l3_k2"], generations=100, greedy=False, progress=False)
     for generator in (ReferenceSpeculativeLoop(), CropOffByOne()):
         one = run_generator_audit(generator, **settings)
         sharded = run_generator_audit(generator, shards=2, executor=ray_executor, **settings)
