@@ -103,7 +103,6 @@ class _WorldRun:
     processes: list[EProcess | None]
     drawn: int = 0
     failure: Verdict | None = None
-    pending: int = 0  # shards of the current batch
 
     @property
     def finished(self) -> bool:
@@ -198,13 +197,11 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             calls = []
             for run in live:
                 batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
-                parts = split(run.batches[batch_index], shards)
-                calls += [(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device))
-                          for j, size in enumerate(parts)]
-                run.pending = len(parts)
-            results = iter(executor.submit(shard_counts, calls))
-            for run in live:
-                shard_results = [next(results) for _ in range(run.pending)]
+                calls.append([(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device))
+                              for j, size in enumerate(split(run.batches[batch_index], shards))])
+            results = iter(executor.submit(shard_counts, [call for shard_calls in calls for call in shard_calls]))
+            for run, shard_calls in zip(live, calls):
+                shard_results = [next(results) for _ in shard_calls]
                 if evident:
                     continue  # the audit stopped: this batch's shards are not counted
                 size = run.batches[batch_index]

@@ -42,6 +42,7 @@ import torch
 
 from exactcheck.errors import UsageError
 from exactcheck.step.contract import PADDING
+from exactcheck.step.sampling import inverse_cdf
 
 __all__ = ["MissingEngine", "VllmRejectionSampler", "SamplingMetadataView", "audit_rejection_sampler",
            "VllmGenerate", "REJECTION_SAMPLER_MODULE"]
@@ -149,16 +150,12 @@ class VllmRejectionSampler:
         inverse CDF in float64 with the request's generator."""
         if self.greedy:
             return rows.argmax(-1)
-        batch = rows.shape[0]
-        u = torch.rand(batch, dtype=torch.float64, generator=generator, device=rows.device)
+        u = torch.rand(rows.shape[0], dtype=torch.float64, generator=generator, device=rows.device)
         for i, g in enumerate(row_generators or ()):
             if g is not None:
                 u[i] = torch.rand((), dtype=torch.float64, generator=g, device=rows.device)
-        rows = rows.double()
-        cdf = rows.cumsum(-1)
-        token = (cdf <= (u * cdf[:, -1])[:, None]).sum(-1)
-        last = rows.shape[-1] - 1 - (rows.flip(-1) > 0).to(torch.int64).argmax(-1)  # last positive
-        return torch.minimum(token, last)
+        cdf = rows.double().cumsum(-1)
+        return inverse_cdf(cdf, u * cdf[:, -1])
 
 
 _ARGUMENTS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
