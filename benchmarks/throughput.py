@@ -65,19 +65,41 @@ def measure(vocab: int, k: int, batch: int, length: int, device: torch.device, r
         result["samples"] = drive_sequences(reference_verifier, world, batch, seed=1, device=device,
                                             max_elements=elements)
 
+    subject_s = []
+
+    def timed_reference(*args):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = reference_verifier(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        subject_s[-1] += time.perf_counter() - start
+        return out
+
+    def split():
+        subject_s.append(0.0)
+        drive_sequences(timed_reference, world, batch, seed=1, device=device, max_elements=elements)
+
     run()  # warm up (alias tables, allocator, kernels)
-    copies, drives = [], []
+    copies, drives, splits = [], [], []
     for _ in range(repeats):
         copies += [_timed(lambda: dst.copy_(src)) for _ in range(5)]
         drives.append(_timed(run))
+        splits.append(_timed(split))
     copy_s, drive_s = statistics.median(copies), statistics.median(drives)
+    # where the time goes, from separate runs with the subject's calls timed: the reference
+    # (the subject) against the driver (drafting, building rows, validating, committing)
+    reference_s = statistics.median(subject_s)
+    driver_s = statistics.median(total - inside for total, inside in zip(splits, subject_s))
     samples = result["samples"]
     floor = batch / copy_s
     rate = samples.steps / drive_s
     return dict(vocab=vocab, k=k, batch=batch, states=states, length=length,
                 bytes_per_step=step_bytes, copy_s=copy_s, copy_gb_per_s=batch * step_bytes / copy_s / 1e9,
                 floor_steps_per_s=floor, drive_s=drive_s, steps=samples.steps, calls=samples.calls,
-                steps_per_s=rate, ratio=rate / floor)
+                steps_per_s=rate, ratio=rate / floor, reference_s=reference_s, driver_s=driver_s,
+                driver_ratio=samples.steps / driver_s / floor, reference_ratio=samples.steps / reference_s / floor)
 
 
 def sweep(device: torch.device, length: int, repeats: int, max_batch: int) -> list[dict]:
@@ -105,6 +127,7 @@ def sweep(device: torch.device, length: int, repeats: int, max_batch: int) -> li
             print(f"V={vocab:>7,} k={k}  B={batch:>8,}  floor {row['floor_steps_per_s']:>14,.0f} steps/s "
                   f"({row['copy_gb_per_s']:6.1f} GB/s)  driver {row['steps_per_s']:>14,.0f} steps/s "
                   f"({row['calls']} calls, {row['drive_s']:.3f} s)  ratio {row['ratio']:.3f}"
+                  f"  (reference alone {row['reference_ratio']:.2f}, driver alone {row['driver_ratio']:.2f})"
                   + (f"  peak {row['peak_bytes_per_element']:.0f} B/element" if "peak_bytes_per_element" in row else ""),
                   flush=True)
     return rows
@@ -143,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"driver + reference (median of {args.repeats}): {row['steps']:,} verify steps "
               f"({row['calls']} calls) in {row['drive_s']:.2f} s = {row['steps_per_s']:,.0f} verify steps/s")
         print(f"ratio to floor: {row['ratio']:.2f} (target >= 0.25)")
+        print(f"split (median of {args.repeats} timed runs): reference {row['reference_s']:.2f} s "
+              f"(alone {row['reference_ratio']:.2f} of the floor), driver {row['driver_s']:.2f} s "
+              f"(alone {row['driver_ratio']:.2f} of the floor)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(header=header, rows=rows), f, indent=1)

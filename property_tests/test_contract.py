@@ -88,3 +88,45 @@ def test_python_subjects_get_a_python_reproducer():
     result = run_audit(_crash, level="quick", worlds=["three_token"], progress=False)
     assert result.verdicts[0].reproduce == (
         "run_audit(_crash, level='quick', seed=0, alpha=0.001, worlds=['three_token'])")
+
+
+def _first_violation_by_rows(out: torch.Tensor, drafts: torch.Tensor, vocab: int):
+    """The contract read row by row, rule by rule (the order ``validate_output`` promises)."""
+    rows = out.tolist()
+    checks = [
+        (Violation.OUT_OF_VOCABULARY, lambda r, d: any(t < -1 or t >= vocab for t in r)),
+        (Violation.TOKEN_AFTER_PADDING, lambda r, d: any(a == -1 and b != -1 for a, b in zip(r, r[1:]))),
+        (Violation.NOTHING_EMITTED, lambda r, d: all(t == -1 for t in r)),
+        (Violation.DRAFT_MISMATCH, lambda r, d: any(r[i] != d[i] for i in range(sum(t != -1 for t in r) - 1))),
+    ]
+    for violation, broken in checks:
+        bad = [b for b, row in enumerate(rows) if broken(row, drafts[b].tolist())]
+        if bad:
+            return violation, bad[0]
+    return None, None
+
+
+def test_validation_names_the_first_rule_and_row_on_random_outputs():
+    """Random outputs near the contract (few tokens, drafts mostly copied, padding in random
+    places): the vectorised validation names the same rule and row as the row-by-row reading."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, k = 4, 3
+    seen = set()
+    for _ in range(3000):
+        batch = int(torch.randint(1, 4, (1,), generator=gen))
+        drafts = torch.randint(0, vocab, (batch, k), generator=gen)
+        emitted = torch.randint(0, k + 2, (batch,), generator=gen)
+        out = torch.cat([drafts, torch.randint(0, vocab, (batch, 1), generator=gen)], 1)
+        out = torch.where(torch.arange(k + 1) < emitted[:, None], out, -1)
+        noise = torch.rand(batch, k + 1, generator=gen) < 0.08
+        out = torch.where(noise, torch.randint(-2, vocab + 1, (batch, k + 1), generator=gen), out)
+        violation, row = _first_violation_by_rows(out, drafts, vocab)
+        seen.add(violation)
+        if violation is None:
+            assert validate_output(out, drafts, vocab) is out
+            continue
+        with pytest.raises(ContractViolation) as info:
+            validate_output(out, drafts, vocab)
+        assert (info.value.violation, info.value.row) == (violation, row), out.tolist()
+    assert seen == {None, Violation.OUT_OF_VOCABULARY, Violation.TOKEN_AFTER_PADDING,
+                    Violation.NOTHING_EMITTED, Violation.DRAFT_MISMATCH}

@@ -65,23 +65,25 @@ def validate_output(out: object, draft_tokens: torch.Tensor, vocab_size: int) ->
     def first_row(bad: torch.Tensor) -> int:
         return int(bad.reshape(batch, -1).any(1).nonzero()[0, 0])
 
-    bad = (out < PADDING) | (out >= vocab_size)
-    if bad.any():
-        row = first_row(bad)
-        raise ContractViolation(Violation.OUT_OF_VOCABULARY,
-                                f"row {row} is {out[row].tolist()} with V = {vocab_size}", row)
+    # each rule costs one or two passes over the [B, k+1] output: the driver validates every call
+    if out.numel():
+        low, high = torch.aminmax(out)
+        if bool(low < PADDING) or bool(high >= vocab_size):
+            bad = (out < PADDING) | (out >= vocab_size)
+            row = first_row(bad)
+            raise ContractViolation(Violation.OUT_OF_VOCABULARY,
+                                    f"row {row} is {out[row].tolist()} with V = {vocab_size}", row)
     pad = out == PADDING
-    bad = pad[:, :-1] & ~pad[:, 1:]
+    bad = pad[:, :-1] > pad[:, 1:]  # padding, then a token
     if bad.any():
         row = first_row(bad)
         raise ContractViolation(Violation.TOKEN_AFTER_PADDING, f"row {row} is {out[row].tolist()}", row)
-    emitted = (~pad).sum(1)
-    if (emitted == 0).any():
-        row = first_row(emitted == 0)
+    # padding is now a suffix: nothing emitted means padding from position 0, and position i holds
+    # an accepted draft exactly when position i + 1 is not padding
+    if pad[:, 0].any():
+        row = first_row(pad[:, 0])
         raise ContractViolation(Violation.NOTHING_EMITTED, f"row {row} is {out[row].tolist()}", row)
-    accepted = emitted - 1
-    is_draft = torch.arange(k, device=out.device)[None, :] < accepted[:, None]
-    bad = is_draft & (out[:, :k] != draft_tokens)
+    bad = (out[:, :k] != draft_tokens) > pad[:, 1:]
     if bad.any():
         row = first_row(bad)
         raise ContractViolation(

@@ -56,9 +56,10 @@ def run_speculative_loop(verifier: Verifier, proposer: Proposer, batch: int, len
     so every row handed over is live; 0.5: at most twice the useful work, fewer index copies)."""
     k = proposer.draft_length
     offsets = torch.arange(k + 1, device=device)
-    # one spare column past the longest write receives the entries that must not be written
-    width = length + k + 2
-    spare = width - 1
+    # each call writes the k + 1 entries from a trial's fill point on (tokens, then padding the
+    # next call overwrites); a finished trial still handed over writes past ``length``, so the
+    # row has room for ``length + 2k + 1`` entries and no write needs masking
+    width = length + 2 * k + 1
     seq = torch.full((batch * width,), PADDING, dtype=torch.int64, device=device)
     trial = torch.arange(batch, device=device)
     state = proposer.start(batch, device)
@@ -73,8 +74,7 @@ def run_speculative_loop(verifier: Verifier, proposer: Proposer, batch: int, len
                             subject_gen)
         calls += 1
         emitted = (out != PADDING).sum(1)
-        column = torch.where((out != PADDING) & live[:, None], filled[:, None] + offsets, spare)
-        seq.scatter_(0, (trial[:, None] * width + column).reshape(-1), out.reshape(-1))
+        seq.scatter_(0, ((trial * width + filled)[:, None] + offsets).reshape(-1), out.reshape(-1))
         accepted = emitted - 1
         after = proposer.advance(proposal.path, accepted, out.gather(1, accepted[:, None])[:, 0])
         state = torch.where(live, after, state)
