@@ -30,7 +30,7 @@ from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, hol
 from exactcheck.step.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.step.properties import PropertyResult, reproducer, search
 from exactcheck.reachability import observed_in, structural
-from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
+from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_CALL_ELEMENTS, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
                              derive_seed, plan_step_audit)
 from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Category, CellDeviation, Evidence, Outcome, Verdict
@@ -146,11 +146,13 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
 
 
-def shard_counts(subject, world, plans, size: int, seed: int, device: str):
-    """One shard: ``size`` trials of ``world`` driven with ``seed``, counted into each law's cells
-    (what a Ray task returns: counts, not samples), or the subject's failure as a value."""
+def shard_counts(subject, world, plans, size: int, seed: int, device: str,
+                 max_elements: int = DEFAULT_CALL_ELEMENTS):
+    """One shard: ``size`` trials of ``world`` driven with ``seed`` in verify calls of at most
+    ``max_elements`` target_probs elements, counted into each law's cells (what a Ray task
+    returns: counts, not samples), or the subject's failure as a value."""
     try:
-        samples = drive(subject, world, size, seed, device)
+        samples = drive(subject, world, size, seed, device, max_elements)
     except (SubjectCrashed, ContractViolation) as exc:
         return exc
     return [compare(plan, samples).counts for plan in plans]
@@ -197,7 +199,8 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             calls = []
             for run in live:
                 batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
-                calls.append([(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device))
+                calls.append([(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device),
+                               options.max_elements)
                               for j, size in enumerate(split(run.batches[batch_index], shards))])
             results = iter(executor.submit(shard_counts, [call for shard_calls in calls for call in shard_calls]))
             for run, shard_calls in zip(live, calls):
@@ -269,7 +272,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                      "python": platform.python_version(), "platform": platform.platform()},
         detect_tv=options.target_tv, stop_early=stop_early, samples_planned=sum(r.budget for r in runs),
         samples_drawn=sum(r.drawn for r in runs), stopped_early_at=stopped, require=options.require,
-        interrupted=interrupted)
+        interrupted=interrupted, call_elements=options.max_elements)
 
 
 def unreached_verdicts(audit_plan: AuditPlan, pending: list[Verdict], seed: int, reproduce) -> list[Verdict]:

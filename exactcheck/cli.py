@@ -54,6 +54,14 @@ def _sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
     parser.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
 
 
+def _call_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--call-elements", metavar="N|auto",
+                        help="largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, "
+                             "or auto (half the device's free memory); default 2^24 on every machine. "
+                             "Another size draws other random numbers: the same seed gives other, "
+                             "equally valid samples, and the reproducer names the size")
+
+
 def _require(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require", action="append", choices=("reproducible", "input-handling"),
                         default=[], help="also fail on findings of this category (repeatable; by "
@@ -72,9 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     _sharding(audit, "split every batch into N shards with derived seeds (default 1); the counts are merged "
                      "before each look, so alpha and early stopping are unchanged")
     _common(audit)
+    _call_size(audit)
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
+    _call_size(selftest)
     listing = sub.add_parser("list", help="list the built-in worlds, subjects, generators and mutants")
     listing.add_argument("--live", action="store_true",
                          help="build the list from the code (imports torch) instead of the stored copy")
@@ -245,7 +255,7 @@ def _audit(args) -> int:
                            alpha=args.alpha, device=args.device, worlds=args.world,
                            progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
                            detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                           executor=executor)
+                           call_elements=args.call_elements, executor=executor)
     finally:
         executor.close()
     stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
@@ -294,7 +304,8 @@ def _selftest(args) -> int:
 
     result = run_selftest(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
                           mutants=args.mutant, on_audit=show, stop_early=args.stop_early,
-                          detect_tv=args.detect_tv, max_samples=args.max_samples)
+                          detect_tv=args.detect_tv, max_samples=args.max_samples,
+                          call_elements=args.call_elements)
     print()
     detected = len(result.mutants) - len(result.undetected)
     print(f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "

@@ -56,6 +56,7 @@ class GateSubject:
     exempt: tuple[str, ...] = ()
     require: tuple[str, ...] = ()  # finding categories that gate besides exactness
     device: str = "cpu"
+    call_elements: int | str | None = None  # verifiers: target_probs elements per call, or "auto"
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
         if name in names:
             raise UsageError(f"{path}: two subjects are named {name!r}")
         names.add(name)
-        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require", "device"}
+        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require", "device",
+                                *(("call_elements",) if kind == "verifier" else ())}
         if unknown:
             raise UsageError(f"{path}: subject {name!r} has unknown keys {sorted(unknown)}")
         subjects.append(GateSubject(
@@ -112,7 +114,8 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
             worlds=tuple(entry["worlds"]) if entry.get("worlds") else None,
             exempt=tuple(entry.get("exempt", ())),
             require=_require(path, name, entry.get("require", section.get("require", ()))),
-            device=device or str(entry.get("device", section.get("device", "cpu")))))
+            device=device or str(entry.get("device", section.get("device", "cpu"))),
+            call_elements=entry.get("call_elements")))
     return subjects
 
 
@@ -138,7 +141,8 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
     for subject in subjects:
         try:
             AuditOptions.build(level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                               worlds=subject.worlds, require=subject.require, device=subject.device)
+                               worlds=subject.worlds, require=subject.require, device=subject.device,
+                               call_elements=subject.call_elements)
             resolve_device(subject.device)
             loaded[subject.name] = (load_subject if subject.kind == "verifier" else load_generator)(subject.target)
         except UsageError as exc:
@@ -153,7 +157,8 @@ def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Pat
             from exactcheck.audit import run_audit
             audit = run_audit(loaded[subject.name], subject_name=subject.target, level=subject.level,
                               seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress,
-                              require=subject.require, device=subject.device)
+                              require=subject.require, device=subject.device,
+                              call_elements=subject.call_elements)
         else:
             from exactcheck.e2e.audit import run_generator_audit
             audit = run_generator_audit(loaded[subject.name], subject_name=subject.target,

@@ -22,6 +22,9 @@ __all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "derive
 DEFAULT_ALPHA = 1e-3
 DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
 DEFAULT_REQUIRE = ("exactness",)
+# elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
+# for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
+DEFAULT_CALL_ELEMENTS = 1 << 24
 
 
 class Level(enum.Enum):
@@ -100,6 +103,11 @@ class AuditOptions:
     # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
     # generations keep their seeds); ``exactcheck.executors``
     shards: int = 1
+    # step audits: the largest target_probs tensor (B * (k+1) * V elements) handed to the subject
+    # in one call; None: ``DEFAULT_CALL_ELEMENTS``, the same on every machine. The size decides
+    # which random numbers each trial gets, so a different size gives different (equally valid)
+    # samples, and the reproducer names it
+    call_elements: int | None = None
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -124,6 +132,16 @@ class AuditOptions:
             raise _usage(f"max_samples ({values['max_samples']}) must be positive")
         if values.get("shards") is not None and int(values["shards"]) < 1:
             raise _usage(f"shards ({values['shards']}) must be at least 1")
+        if values.get("call_elements") == "auto":  # sized to the device's free memory, then fixed
+            from exactcheck.memory import device_max_elements
+            values["call_elements"] = device_max_elements(values.get("device", "cpu"))
+        if values.get("call_elements") is not None:
+            try:
+                values["call_elements"] = int(values["call_elements"])
+            except (TypeError, ValueError):
+                raise _usage(f"call_elements ({values['call_elements']!r}) must be a number or 'auto'") from None
+            if values["call_elements"] < 1:
+                raise _usage(f"call_elements ({values['call_elements']}) must be positive")
         if values.get("generations") is not None and int(values["generations"]) < 1:
             raise _usage(f"generations ({values['generations']}) must be positive")
         values["require"] = _resolve_require(values.get("require", ()))
@@ -143,6 +161,11 @@ class AuditOptions:
         return self.level.detect_tv if self.detect_tv is None else self.detect_tv
 
     @property
+    def max_elements(self) -> int:
+        """Elements of target_probs per verify call in a step audit."""
+        return DEFAULT_CALL_ELEMENTS if self.call_elements is None else self.call_elements
+
+    @property
     def cap(self) -> int:
         return self.level.max_samples if self.max_samples is None else int(self.max_samples)
 
@@ -154,6 +177,8 @@ class AuditOptions:
             flags += " --no-stop-early"
         if command == "audit" and self.shards > 1:
             flags += f" --shards {self.shards}"
+        if command == "audit" and self.call_elements is not None:
+            flags += f" --call-elements {self.call_elements}"
         if command == "e2e" and self.generations is not None:
             flags += f" --generations {self.generations}"
         for category in self.require:
@@ -164,7 +189,9 @@ class AuditOptions:
         call = "run_audit" if command == "audit" else "run_generator_audit"
         return (f"{call}({subject}, level={self.level.value!r}, seed={self.seed}, alpha={self.alpha:g}, "
                 f"worlds=[{world!r}]" + ("" if self.stop_early or command != "audit" else ", stop_early=False")
-                + (f", shards={self.shards})" if command == "audit" and self.shards > 1 else ")"))
+                + (f", shards={self.shards}" if command == "audit" and self.shards > 1 else "")
+                + (f", call_elements={self.call_elements}" if command == "audit" and self.call_elements is not None
+                   else "") + ")")
 
 
 def _resolve_require(require) -> tuple[str, ...]:

@@ -44,3 +44,35 @@ def test_trust_the_draft_law_is_reproduced_exactly():
     index = samples.sequences.numpy() @ (vocab ** np.arange(length - 1, -1, -1))
     counts = np.bincount(index, minlength=vocab ** length)
     assert goodness_of_fit(counts, law, 1e-3).pvalue > 1e-4
+
+
+def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
+    """``call_elements`` sets how many target_probs elements one verify call gets: the samples
+    change (other random numbers per trial), the verdicts stay exact, the report and the
+    reproducer name the size, and ``auto`` sizes to the device's free memory."""
+    from exactcheck.audit import run_audit
+    from exactcheck.cli import main
+    from exactcheck.memory import device_max_elements
+    from exactcheck.plan import DEFAULT_CALL_ELEMENTS, AuditOptions
+    from exactcheck.report.json_md import audit_from_json, audit_to_json
+
+    settings = dict(level="quick", worlds=["ctx_v4_l5_k4"], properties=False, max_samples=20_000, progress=False)
+    default = run_audit(reference_verifier, **settings)
+    small = run_audit(reference_verifier, call_elements=4_000, **settings)
+    assert default.call_elements == DEFAULT_CALL_ELEMENTS and small.call_elements == 4_000
+    assert default.passed and small.passed
+    assert default.samples_drawn == small.samples_drawn
+    assert [v.statistic for v in default.verdicts] != [v.statistic for v in small.verdicts]
+    assert audit_from_json(audit_to_json(small)).call_elements == 4_000
+    assert all("call_elements=4000" in v.reproduce for v in small.verdicts)  # a Python call here
+    assert not any("call_elements" in v.reproduce for v in default.verdicts)
+    named = run_audit(reference_verifier, subject_name="exactcheck.step.reference:reference_verifier",
+                      call_elements=4_000, **settings)
+    assert all("--call-elements 4000" in v.reproduce for v in named.verdicts)  # a command
+    assert AuditOptions.build(call_elements="auto").call_elements == device_max_elements("cpu")
+
+    for bad in ("0", "many"):
+        assert main(["audit", "exactcheck.step.reference:reference_verifier", "--world", "three_token",
+                     "--call-elements", bad, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "call_elements" in err[0]

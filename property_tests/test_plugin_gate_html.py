@@ -88,6 +88,16 @@ def test_gate_exemptions_and_config_errors(tmp_path):
         read_config(config)
     assert main(["gate", "--config", str(config), "--quiet"]) == 2
     assert main(["gate", "--config", str(tmp_path / "missing.toml"), "--quiet"]) == 2
+    # call_elements: verifiers only, checked before any audit runs
+    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+                      'worlds = ["three_token"]\ncall_elements = "auto"\n')
+    assert read_config(config)[0].call_elements == "auto"
+    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+                      'call_elements = -5\n')
+    assert main(["gate", "--config", str(config), "--quiet"]) == 2
+    config.write_text('[[tool.exactcheck.subject]]\ngenerator = "reference-loop"\ncall_elements = 1000\n')
+    with pytest.raises(UsageError, match="call_elements"):
+        read_config(config)
 
 
 def _failing_report(tmp_path) -> Path:

@@ -52,7 +52,7 @@ def audit_from_json(data: dict) -> AuditResult:
     if kind is StepAuditResult:
         budget["stopped_early_at"] = budget.pop("stopped_at", None)
     else:  # fields only a step audit has (written by earlier versions for every kind)
-        for key in ("detect_tv", "stop_early", "stopped_at"):
+        for key in ("detect_tv", "stop_early", "stopped_at", "call_elements"):
             budget.pop(key, None)
     level, alpha = data["level"], data["alpha"]
     if kind in (GreedyAuditResult, GrammarAuditResult) and level in ("greedy", "grammar"):

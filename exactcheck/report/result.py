@@ -125,6 +125,8 @@ class StepAuditResult(AuditResult):
     detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
     stop_early: bool = False
     stopped_early_at: str | None = None  # the check whose evidence stopped the audit
+    # target_probs elements per verify call (None in reports of earlier versions: 2^24)
+    call_elements: int | None = None
 
     @property
     def stopped_at(self) -> str | None:
@@ -141,7 +143,7 @@ class StepAuditResult(AuditResult):
 
     def budget_fields(self) -> dict:
         return {"detect_tv": self.detect_tv, "stop_early": self.stop_early, **super().budget_fields(),
-                "stopped_at": self.stopped_at}
+                "stopped_at": self.stopped_at, "call_elements": self.call_elements}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Union
 
 import torch
 
+from exactcheck.plan import DEFAULT_CALL_ELEMENTS
 from exactcheck.step.contract import PADDING, Verifier, call_verifier
 from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
@@ -29,7 +30,7 @@ __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_se
            "DEFAULT_MAX_ELEMENTS"]
 
 # Largest target_probs tensor (B * (k+1) * V elements) handed to the subject in one call.
-DEFAULT_MAX_ELEMENTS = 1 << 24
+DEFAULT_MAX_ELEMENTS = DEFAULT_CALL_ELEMENTS
 
 
 @dataclass(frozen=True)

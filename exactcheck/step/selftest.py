@@ -36,7 +36,7 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
                  device: str = "cpu", mutants: list[str] | None = None,
                  on_audit: Callable[[str, AuditResult], None] | None = None,
                  stop_early: bool = True, detect_tv: float | None = None,
-                 max_samples: int | None = None) -> SelftestResult:
+                 max_samples: int | None = None, call_elements: int | str | None = None) -> SelftestResult:
     """Audit ``reference_verifier`` and each mutant (all, or those named). With ``stop_early``
     a mutant's audit ends at the first evident defect (see ``run_audit``)."""
     names = list(MUTANTS) if mutants is None else mutants
@@ -48,7 +48,7 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
     def audit(verifier, name):
         result = run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
                            device=device, progress=progress, stop_early=stop_early,
-                           detect_tv=detect_tv, max_samples=max_samples)
+                           detect_tv=detect_tv, max_samples=max_samples, call_elements=call_elements)
         if result.interrupted:  # Ctrl-C inside this audit: stop the selftest, not just this subject
             raise KeyboardInterrupt
         if on_audit:
