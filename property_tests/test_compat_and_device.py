@@ -28,6 +28,28 @@ def test_cdf_sampler_draws_the_law_on_a_grid_of_uniforms():
         assert int(tokens[law[state, tokens] == 0].numel()) == 0
 
 
+def test_cdf_sampler_bisects_to_the_inverse_cdf_of_the_gathered_row():
+    """The in-place bisection gives the token ``inverse_cdf`` gives on the state's gathered row,
+    at u = 0, at u on a cumulative value, at u past the rounded total (the clamp to the last
+    token of positive mass), with zero-mass tokens at the ends and a one-token row."""
+    from exactcheck.step.sampling import inverse_cdf
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (65, 128, 129, 1000, 32000):
+        law = torch.rand(9, vocab, generator=gen, dtype=torch.float64) ** 4
+        law[torch.rand(9, vocab, generator=gen) < 0.3] = 0.0
+        law[3, -50:] = 0.0
+        law[5] = 0.0
+        law[5, 7] = 1.0
+        table = CdfTable(law)
+        states = torch.randint(0, 9, (6_000,), generator=gen)
+        u = torch.rand(6_000, generator=gen, dtype=torch.float64)
+        u[:500] = 0.0
+        u[500:1000] = 1.0 - 2.0 ** -53
+        on = table.cdf[states[1000:2000], torch.randint(0, vocab, (1000,), generator=gen)]
+        u[1000:2000] = torch.where(on < 1, on, 0.5)
+        assert torch.equal(table.sample(states, u), inverse_cdf(table.cdf.index_select(0, states), u))
+
+
 def test_driver_keeps_walker_tables_where_the_builtin_worlds_are():
     assert isinstance(state_sampler(_law(64, 2, 1)), AliasTable)
     assert isinstance(state_sampler(_law(65, 2, 1)), CdfTable)

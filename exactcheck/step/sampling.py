@@ -75,8 +75,10 @@ class AliasTable:
 
 class CdfTable:
     """Per-state inverse-CDF sampling from a float64 cumulative table ``[S, V]``: built in
-    O(S V) (a Walker table takes O(S V^2), hopeless at V = 32,000), each draw gathers its state's
-    row and binary-searches it. Same law as ``AliasTable`` up to float64 rounding."""
+    O(S V) (a Walker table takes O(S V^2), hopeless at V = 32,000). Each draw binary-searches its
+    state's row in place, reading about log2(V) entries instead of gathering the row: the token is
+    the one ``inverse_cdf`` gives for that row, clamp included. Same law as ``AliasTable`` up to
+    float64 rounding."""
 
     def __init__(self, law: torch.Tensor):
         law = law.double()
@@ -88,7 +90,22 @@ class CdfTable:
         return self
 
     def sample(self, states: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        return inverse_cdf(self.cdf.index_select(0, states), u)
+        vocab = self.vocab
+        flat = self.cdf.view(-1)
+        row = states * vocab
+        # #{j : cdf_j <= u} by bisection: lo counts entries known to be <= u, hi bounds the count
+        lo = torch.zeros_like(states)
+        hi = torch.full_like(states, vocab)
+        for _ in range(vocab.bit_length()):
+            mid = (lo + hi) >> 1
+            below = flat.take(row + mid.clamp(max=vocab - 1)) <= u
+            lo = torch.where(below & (lo < hi), mid + 1, lo)
+            hi = torch.where(below, hi, mid)
+        overflow = lo >= vocab  # u at or past the rounded total: the last token of positive mass
+        if overflow.any():
+            rows = self.cdf.index_select(0, states[overflow])
+            lo[overflow] = (rows < rows[:, -1:]).sum(1)
+        return lo
 
 
 def state_sampler(law: torch.Tensor) -> "AliasTable | CdfTable":
