@@ -2,7 +2,8 @@
 # One prepared session on a lent GPU machine (no network; its own torch and transformers):
 # every device point of the open issues in one run, each step time-bounded, results under $OUT.
 #   1. throughput sweep on CUDA (V x k, batch sized to the device)            issue 16
-#   2. the CLI on CUDA: selftest, e2e on the toy models, greedy on tiny-llama  issue 15
+#   2. the CLI on CUDA: selftest, the reference audit with default and device-sized calls (16),
+#      e2e on the toy models, greedy on tiny-llama                                issue 15
 #      the vLLM and SGLang adapters' quick audits on CUDA (the real vLLM / sgl-kernel when the
 #      machine has them, else the pure-torch stand-ins), cost on tiny-llama     issues 15, 17
 #   3. the default test suite under the machine's torch/transformers          issue 18
@@ -27,6 +28,12 @@ echo "rc=$?" >> "$OUT/throughput-cuda.txt"
   step "selftest --level quick --device cuda"
   time timeout 100 python3 -m exactcheck selftest --level quick --device cuda --quiet --report "$OUT/reports/selftest"
   echo "rc=$?"
+  for size in default auto; do  # issue 16: calls sized to the device fill it in fewer launches
+    step "audit reference --level standard --device cuda, call size $size"
+    time timeout 90 python3 -m exactcheck audit exactcheck.step.reference:reference_verifier --level standard \
+        --device cuda --quiet $([ $size = auto ] && echo --call-elements auto) --report "$OUT/reports/audit-$size"
+    echo "rc=$?"
+  done
   step "e2e reference-loop --device cuda"
   time timeout 60 python3 -m exactcheck e2e reference-loop --device cuda --level quick --quiet --world hf_v4_l3_k2 --report "$OUT/reports/e2e"
   echo "rc=$?"

@@ -61,7 +61,7 @@ def throughput() -> str:
     lines += ["", f"At V = 32, k = 4, B = 200,000 the ratio is {target['ratio']:.2f}: the 0.25 target is "
               + ("met." if met else "**not met**.")
               + ("" if met or target["reference_ratio"] >= 0.25 else
-                 f" The reference verifier's own calls alone come to {target['reference_ratio']:.2f} of the "
+                 f" The reference verifier's own calls alone come to {target['reference_ratio']:.3f} of the "
                  "floor, so no driver reaches 0.25 with it on this machine; "
                  "[docs/speed-and-devices.md](docs/speed-and-devices.md) says where its time goes.")]
     return "\n".join(lines)
