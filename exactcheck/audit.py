@@ -26,6 +26,7 @@ from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
 from exactcheck.stats.laws import LawComparison, LawPlan, compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.progress import Progress
+from exactcheck.memory import device_max_elements
 from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, holm, tv_certificate
 from exactcheck.step.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.step.properties import PropertyResult, reproducer, search
@@ -143,6 +144,8 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
         raise UsageError(f"subject ({subject!r}) is not callable")
     options = replace(options, acceptance_rule=acceptance_rule(subject).value)
     device = resolve_device(options.device)
+    if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it
+        options = replace(options, call_elements=device_max_elements(device))
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
 
 

@@ -106,8 +106,9 @@ class AuditOptions:
     # step audits: the largest target_probs tensor (B * (k+1) * V elements) handed to the subject
     # in one call; None: ``DEFAULT_CALL_ELEMENTS``, the same on every machine. The size decides
     # which random numbers each trial gets, so a different size gives different (equally valid)
-    # samples, and the reproducer names it
-    call_elements: int | None = None
+    # samples, and the reproducer names it. "auto": half the device's free memory, resolved to a
+    # number when the audit starts (``exactcheck.memory.device_max_elements``)
+    call_elements: int | str | None = None
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -132,10 +133,7 @@ class AuditOptions:
             raise _usage(f"max_samples ({values['max_samples']}) must be positive")
         if values.get("shards") is not None and int(values["shards"]) < 1:
             raise _usage(f"shards ({values['shards']}) must be at least 1")
-        if values.get("call_elements") == "auto":  # sized to the device's free memory, then fixed
-            from exactcheck.memory import device_max_elements
-            values["call_elements"] = device_max_elements(values.get("device", "cpu"))
-        if values.get("call_elements") is not None:
+        if values.get("call_elements") not in (None, "auto"):  # auto: sized when the audit runs
             try:
                 values["call_elements"] = int(values["call_elements"])
             except (TypeError, ValueError):
@@ -162,7 +160,9 @@ class AuditOptions:
 
     @property
     def max_elements(self) -> int:
-        """Elements of target_probs per verify call in a step audit."""
+        """Elements of target_probs per verify call in a step audit ("auto" resolved first)."""
+        if self.call_elements == "auto":
+            raise ValueError("call_elements 'auto' is resolved on the device when the audit starts")
         return DEFAULT_CALL_ELEMENTS if self.call_elements is None else self.call_elements
 
     @property

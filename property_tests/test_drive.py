@@ -69,10 +69,18 @@ def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
     named = run_audit(reference_verifier, subject_name="exactcheck.step.reference:reference_verifier",
                       call_elements=4_000, **settings)
     assert all("--call-elements 4000" in v.reproduce for v in named.verdicts)  # a command
-    assert AuditOptions.build(call_elements="auto").call_elements == device_max_elements("cpu")
+    auto = run_audit(reference_verifier, call_elements="auto", **settings)
+    assert auto.passed and auto.call_elements >= device_max_elements("cpu") // 2
+    assert all(f"call_elements={auto.call_elements}" in v.reproduce for v in auto.verdicts)
+    assert AuditOptions.build(call_elements="auto").call_elements == "auto"  # resolved on the device
 
     for bad in ("0", "many"):
         assert main(["audit", "exactcheck.step.reference:reference_verifier", "--world", "three_token",
                      "--call-elements", bad, "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "call_elements" in err[0]
+    for device in ("nonsense", "cuda:7"):  # auto on a device torch cannot use: the device's error
+        assert main(["audit", "exactcheck.step.reference:reference_verifier", "--world", "three_token",
+                     "--call-elements", "auto", "--device", device, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "device" in err[0], err
