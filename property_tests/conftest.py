@@ -4,9 +4,20 @@ import torch
 from exactcheck.step.selftest import run_selftest
 
 
-@pytest.fixture(scope="session")
-def standard_selftest():
-    """The standard-level selftest (reference + every mutant), run once per test session. Every
+def _selftest(level: str):
+    """The selftest (reference + every mutant) at ``level``, run once per test session. Every
     check runs to its budget (no early stop) so each mutant is seen by every law that can."""
     torch.manual_seed(0)  # nothing should depend on it; set so a stray global draw is repeatable
-    return run_selftest(level="standard", seed=0, stop_early=False)
+    return run_selftest(level=level, seed=0, stop_early=False)
+
+
+@pytest.fixture(scope="session")
+def quick_selftest():
+    """Level quick (about 75 s here): the default run's power check."""
+    return _selftest("quick")
+
+
+@pytest.fixture(scope="session")
+def standard_selftest():
+    """Level standard (about 210 s here): the same checks in the slow run (``-m slow``)."""
+    return _selftest("standard")

@@ -1,4 +1,7 @@
-"""Power, measured: the standard selftest passes the reference and detects every mutant."""
+"""Power, measured: the selftest passes the reference and detects every mutant by the check
+family expected to catch it, every check run to its budget. The default run does it at level quick
+(50,000 trials per world); the slow run (``-m slow``) repeats it at level standard, the level of
+the README's main command and of reports/selftest-standard.json."""
 import pytest
 
 from exactcheck import MUTANTS, Outcome
@@ -32,15 +35,20 @@ def test_every_mutant_has_an_expectation():
     assert set(EXPECTED_LAW) == set(MUTANTS)
 
 
-def test_reference_passes_standard(standard_selftest):
-    ref = standard_selftest.reference
+LEVELS = ["quick", pytest.param("standard", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_reference_passes(request, level):
+    ref = request.getfixturevalue(f"{level}_selftest").reference
     assert ref.passed, [v.describe() for v in ref.failed]
     assert all(v.outcome is Outcome.EXACT for v in ref.verdicts)
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", list(MUTANTS))
-def test_mutant_detected(standard_selftest, name):
-    audit = next(a for m, _, a in standard_selftest.mutants if m == name)
+def test_mutant_detected(request, level, name):
+    audit = next(a for m, _, a in request.getfixturevalue(f"{level}_selftest").mutants if m == name)
     assert not audit.passed
     laws = {v.law for v in audit.failed}
     assert EXPECTED_LAW[name] in laws, laws
@@ -49,10 +57,11 @@ def test_mutant_detected(standard_selftest, name):
 @pytest.mark.parametrize("name", ["accept_on_equal_uniform", "unguarded_zero_residual",
                                   "zero_residual_to_vocab", "ratio_in_half_precision",
                                   "uninitialised_unseeded_rows", "exponential_race_nan"])
-def test_edge_mutants_are_invisible_to_sampling(standard_selftest, name):
+@pytest.mark.parametrize("level", LEVELS)
+def test_edge_mutants_are_invisible_to_sampling(request, level, name):
     """These differ from the reference only on events of probability ~0 (u == 0, a rounding
     rejection, a ratio rounded to float16, per-row generators): every statistical check passes
     them and only a deterministic property fails them — no check claims what it cannot see."""
-    audit = next(a for m, _, a in standard_selftest.mutants if m == name)
+    audit = next(a for m, _, a in request.getfixturevalue(f"{level}_selftest").mutants if m == name)
     assert {v.world for v in audit.failed} <= {"properties", "inputs"}  # deterministic checks only
     assert EXPECTED_LAW[name] in {v.law for v in audit.failed}
