@@ -54,6 +54,14 @@ def _sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
     parser.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
 
 
+def _executor(args):
+    """Where ``--shards`` run (checked before a Ray cluster is started or joined)."""
+    from exactcheck.executors import make_executor
+    if args.shards < 1:
+        raise UsageError(f"--shards ({args.shards}) must be at least 1")
+    return make_executor(args.executor, args.ray_address)
+
+
 def _call_size(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--call-elements", metavar="N|auto",
                         help="largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, "
@@ -245,11 +253,8 @@ def _print_and_write(result: AuditResult, report: str | None, stem: str) -> Audi
 def _audit(args) -> int:
     from exactcheck.audit import run_audit
     from exactcheck.report.verdict import Outcome
-    from exactcheck.executors import make_executor
     subject = load_subject(args.subject)
-    if args.shards < 1:
-        raise UsageError(f"--shards ({args.shards}) must be at least 1")
-    executor = make_executor(args.executor, args.ray_address)
+    executor = _executor(args)
     try:
         result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
                            alpha=args.alpha, device=args.device, worlds=args.world,
@@ -326,10 +331,7 @@ def _e2e(args) -> int:
     generator = load_generator(args.subject)
     policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
     policies += tuple(_parse_policy(spec) for spec in (args.policy or []))
-    from exactcheck.executors import make_executor
-    if args.shards < 1:
-        raise UsageError(f"--shards ({args.shards}) must be at least 1")
-    executor = make_executor(args.executor, args.ray_address)
+    executor = _executor(args)
     try:
         result = run_generator_audit(generator, subject_name=args.subject,
                                      level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,

@@ -26,11 +26,8 @@ from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
 from toy_models import ContextWorld, StepWorld, ToyLM
 
-__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
-           "DEFAULT_MAX_ELEMENTS"]
+__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs"]
 
-# Largest target_probs tensor (B * (k+1) * V elements) handed to the subject in one call.
-DEFAULT_MAX_ELEMENTS = DEFAULT_CALL_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ def step_inputs(world: StepWorld, batch: int, generator: torch.Generator,
 
 def drive_steps(verifier: Verifier, world: StepWorld, n: int, seed: int,
                 device: torch.device | str = "cpu",
-                max_elements: int = DEFAULT_MAX_ELEMENTS) -> StepSamples:
+                max_elements: int = DEFAULT_CALL_ELEMENTS) -> StepSamples:
     """``n`` trials of one verify call each with the world's rows."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
@@ -126,7 +123,7 @@ def _alias_table(model: ToyLM) -> AliasTable | CdfTable:
 
 def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
                     device: torch.device | str = "cpu",
-                    max_elements: int = DEFAULT_MAX_ELEMENTS) -> SequenceSamples:
+                    max_elements: int = DEFAULT_CALL_ELEMENTS) -> SequenceSamples:
     """``n`` speculative generations of ``world.length`` tokens from the world's prompt state."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
@@ -182,7 +179,7 @@ class _ContextProposer:
 
 
 def drive(verifier: Verifier, world: StepWorld | ContextWorld, n: int, seed: int,
-          device: torch.device | str = "cpu", max_elements: int = DEFAULT_MAX_ELEMENTS) -> Samples:
+          device: torch.device | str = "cpu", max_elements: int = DEFAULT_CALL_ELEMENTS) -> Samples:
     """Drive ``verifier`` through either kind of world."""
     if isinstance(world, StepWorld):
         return drive_steps(verifier, world, n, seed, device, max_elements)

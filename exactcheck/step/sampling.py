@@ -101,10 +101,9 @@ class CdfTable:
             below = flat.take(row + mid.clamp(max=vocab - 1)) <= u
             lo = torch.where(below & (lo < hi), mid + 1, lo)
             hi = torch.where(below, hi, mid)
-        overflow = lo >= vocab  # u at or past the rounded total: the last token of positive mass
+        overflow = lo >= vocab  # u at or past the rounded total: inverse_cdf's clamp, on those rows
         if overflow.any():
-            rows = self.cdf.index_select(0, states[overflow])
-            lo[overflow] = (rows < rows[:, -1:]).sum(1)
+            lo[overflow] = inverse_cdf(self.cdf.index_select(0, states[overflow]), u[overflow])
         return lo
 
 
