@@ -38,15 +38,14 @@ def at_drafts(rows: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
     """``rows[b, i, draft_tokens[b, i]]`` for i < k: each row's probability of its draft token."""
     batch, positions, vocab = rows.shape
     k = draft_tokens.shape[1]
-    start = torch.arange(batch, device=rows.device)[:, None] * positions
-    flat = (start + torch.arange(k, device=rows.device)) * vocab + draft_tokens
-    return rows.reshape(-1).take(flat)
+    row = torch.arange(batch * positions, device=rows.device).view(batch, positions)[:, :k]
+    return rows.reshape(-1).take(torch.add(draft_tokens, row, alpha=vocab))
 
 
 def row_at(rows: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """``rows[b, position[b]]`` for ``rows`` [B, P, V]: the row at each trial's position."""
     batch, positions, vocab = rows.shape
-    flat = torch.arange(batch, device=position.device) * positions + position
+    flat = torch.add(position, torch.arange(batch, device=position.device), alpha=positions)
     return rows.reshape(batch * positions, vocab).index_select(0, flat)
 
 
@@ -68,12 +67,18 @@ def final_pq(target: torch.Tensor, draft_probs: torch.Tensor,
     return row_at(target, n), row_at(draft_probs, n.clamp(max=k - 1)).mul_((n < k)[:, None])
 
 
-def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
-    """Refuse NaN, infinite or negative probabilities among the entries actually read."""
-    low, high = torch.aminmax(values)  # one pass; a NaN makes both comparisons fail
-    if not (bool(low >= 0) and bool(high < math.inf)):
+def _smallest(values: torch.Tensor, name: str) -> float:
+    """The smallest of the entries actually read, after refusing NaN, infinite or negative ones."""
+    low, high = (float(v) for v in torch.aminmax(values))  # one pass; a NaN fails both tests
+    if not (low >= 0 and high < math.inf):
         raise ValueError(f"{name} holds a NaN, infinite or negative probability where the "
                          "verifier reads it")
+    return low
+
+
+def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
+    """``values``, after refusing NaN, infinite or negative probabilities among them."""
+    _smallest(values, name)
     return values
 
 
@@ -92,8 +97,8 @@ class ReferenceVerifier:
         target = self.target_rows(target_probs)
         u_accept = self.acceptance_uniforms(batch, k, generator, device, row_generators)
         p_draft = _checked(at_drafts(target, draft_tokens).double(), "target_probs")
-        q_draft = _checked(at_drafts(draft_probs, draft_tokens).double(), "draft_probs")
-        if bool((q_draft == 0).any()):
+        q_draft = at_drafts(draft_probs, draft_tokens).double()
+        if _smallest(q_draft, "draft_probs") == 0:
             raise ValueError("a draft token has draft probability 0: it cannot have been proposed")
         accepted = self.accept(u_accept, p_draft, q_draft)
         n = self.accepted_length(accepted)
@@ -124,7 +129,7 @@ class ReferenceVerifier:
         max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
         p, q = final_pq(target, draft_probs, n)
         p, q = _checked(p, "target_probs"), _checked(q, "draft_probs")
-        residual = p.double().sub_(q.double()).clamp_(min=0)  # exact for float32 p, q
+        residual = torch.sub(p.double(), q).clamp_(min=0)  # q promoted: exact for float32 p, q
         mass = residual.sum(1, keepdim=True)
         empty = mass[:, 0] <= 0
         if empty.any():  # p_n == q_n up to rounding: the residual's limit is p_n
@@ -146,9 +151,9 @@ class ReferenceVerifier:
                  last: torch.Tensor) -> torch.Tensor:
         """Accepted drafts, then the final token, then -1 padding."""
         batch, k = draft_tokens.shape
-        positions = torch.arange(k + 1, device=draft_tokens.device)[None, :]
-        out = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), PADDING)], 1)
-        out = torch.where(positions < n[:, None], out, PADDING)
+        positions = torch.arange(k + 1, device=draft_tokens.device)
+        out = torch.nn.functional.pad(draft_tokens, (0, 1), value=PADDING)
+        out.masked_fill_(positions >= n[:, None], PADDING)
         return out.scatter_(1, n[:, None], last[:, None])
 
 
