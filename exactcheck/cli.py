@@ -350,7 +350,8 @@ def _grammar(args) -> int:
     from exactcheck.report.verdict import Outcome
     from exactcheck.e2e.real_grammar import run_grammar_audit
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
-                               seed=args.seed, progress=not args.quiet, device=_device(args.device))
+                               seed=args.seed, progress=not args.quiet, device=_device(args.device),
+                               subject_name=args.subject)
     if result.interrupted:
         return _interrupted(result, args.report, _stem("grammar-smollm2-", args.subject))
     result = _print_and_write(result, args.report, _stem("grammar-smollm2-", args.subject))
@@ -389,7 +390,7 @@ def _greedy(args) -> int:
     generator = load_generator(args.subject)
     result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
                               per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet,
-                              device=_device(args.device))
+                              device=_device(args.device), subject_name=args.subject)
     if result.interrupted:
         return _interrupted(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
     result = _print_and_write(result, args.report, _stem(f"greedy-{args.model}-", args.subject))

@@ -169,29 +169,41 @@ class AuditOptions:
     def cap(self) -> int:
         return self.level.max_samples if self.max_samples is None else int(self.max_samples)
 
-    def reproduce(self, subject: str, world: str, command: str = "audit", importable: bool | None = None) -> str:
-        """The one line that re-runs this audit on ``world``: a command when the subject can be
-        named on the command line (MODULE:CALLABLE, or a built-in generator), else the Python call."""
-        flags = f"--level {self.level.value} --seed {self.seed} --alpha {self.alpha:g} --world {world}"
-        if command == "audit" and not self.stop_early:
-            flags += " --no-stop-early"
-        if command == "audit" and self.shards > 1:
-            flags += f" --shards {self.shards}"
-        if command == "audit" and self.call_elements is not None:
-            flags += f" --call-elements {self.call_elements}"
-        if command == "e2e" and self.generations is not None:
-            flags += f" --generations {self.generations}"
-        for category in self.require:
-            if category != "exactness":
-                flags += f" --require {'reproducible' if category == 'reproducibility' else category}"
+    def reproduce(self, subject: str, world: str, command: str = "audit", importable: bool | None = None,
+                  extra: tuple[tuple[str, str], ...] = ()) -> str:
+        """The one line that re-runs this audit on ``world`` with the same samples: a command when
+        the subject can be named on the command line (MODULE:CALLABLE, or a built-in generator), else
+        the Python call. It names every setting that changes what the world draws or how it is
+        judged (budget, call size, shards, device, generations, categories required); ``extra``
+        holds (command-line flag, Python keyword) pairs for settings the front end keeps outside
+        the options (an end-to-end audit's decoding policies)."""
+        step = command == "audit"
+        settings: list[tuple[str, str]] = []
+        if step and not self.stop_early:
+            settings.append(("--no-stop-early", "stop_early=False"))
+        if step and self.detect_tv is not None:
+            settings.append((f"--detect-tv {self.detect_tv!r}", f"detect_tv={self.detect_tv!r}"))
+        if step and self.max_samples is not None:
+            settings.append((f"--max-samples {int(self.max_samples)}", f"max_samples={int(self.max_samples)}"))
+        if step and self.shards > 1:
+            settings.append((f"--shards {self.shards}", f"shards={self.shards}"))
+        if step and self.call_elements is not None:
+            settings.append((f"--call-elements {self.call_elements}", f"call_elements={self.call_elements!r}"))
+        if not step and self.generations is not None:
+            settings.append((f"--generations {int(self.generations)}", f"generations={int(self.generations)}"))
+        if self.device != "cpu":
+            settings.append((f"--device {self.device}", f"device={self.device!r}"))
+        required = [category for category in self.require if category != "exactness"]
+        if required:
+            settings.append((" ".join(f"--require {'reproducible' if c == 'reproducibility' else c}"
+                                      for c in required), f"require={required!r}"))
+        settings += extra
+        head = f"--level {self.level.value} --seed {self.seed} --alpha {self.alpha!r} --world {world}"
         if importable if importable is not None else ":" in subject:
-            return f"exactcheck {command} {subject} {flags}"
-        call = "run_audit" if command == "audit" else "run_generator_audit"
-        return (f"{call}({subject}, level={self.level.value!r}, seed={self.seed}, alpha={self.alpha:g}, "
-                f"worlds=[{world!r}]" + ("" if self.stop_early or command != "audit" else ", stop_early=False")
-                + (f", shards={self.shards}" if command == "audit" and self.shards > 1 else "")
-                + (f", call_elements={self.call_elements}" if command == "audit" and self.call_elements is not None
-                   else "") + ")")
+            return " ".join([f"exactcheck {command} {subject} {head}"] + [flag for flag, _ in settings])
+        call = "run_audit" if step else "run_generator_audit"
+        keywords = [f"level={self.level.value!r}", f"seed={self.seed}", f"alpha={self.alpha!r}", f"worlds=[{world!r}]"]
+        return f"{call}({subject}, " + ", ".join(keywords + [keyword for _, keyword in settings]) + ")"
 
 
 def _resolve_require(require) -> tuple[str, ...]:

@@ -152,3 +152,52 @@ def test_ctrl_c_during_an_audit_keeps_a_partial_report_marked_incomplete(tmp_pat
     assert data["budget"]["interrupted"] is True and data["summary"]["passed"] is False
     assert any("interrupted" in v["summary"] for v in data["verdicts"])
     assert "INCOMPLETE" in (tmp_path / "r" / "audit-interrupting_subject-verify.md").read_text()
+
+
+def _statistics(result, world: str) -> dict:
+    return {v.check: (v.statistic, v.samples) for v in result.verdicts if v.world == world}
+
+
+def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
+    """Every setting that changes what a world draws is in its reproduce line (budget caps, the
+    target TV, decoding policies, generations, the greedy sweep): the line, run as written (the
+    command, or the Python call with the subject bound to its name), gives the same statistics
+    on the same number of samples. Before, --max-samples, --detect-tv and --policy were dropped
+    and the line re-ran a different audit."""
+    import shlex
+
+    from exactcheck.audit import run_audit
+    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.report.json_md import audit_from_json
+    from exactcheck.step.reference import reference_verifier
+    from exactcheck.subjects import load_generator
+
+    def rerun(line: str, python: dict):
+        if line.startswith("exactcheck "):
+            report = tmp_path / str(len(list(tmp_path.iterdir())))
+            assert main(shlex.split(line)[1:] + ["--quiet", "--report", str(report)]) in (0, 1)
+            return audit_from_json(json.loads(next(report.glob("*.json")).read_text()))
+        return eval(line, {"DecodingPolicy": DecodingPolicy, "subject": None, **python})
+
+    step = dict(level="quick", worlds=["three_token"], max_samples=3_000, detect_tv=0.08, progress=False)
+    e2e = dict(level="quick", worlds=["hf_v3_l4_k3"], generations=300, greedy=False, progress=False,
+               policies=(DecodingPolicy(0.7), DecodingPolicy(top_k=2)))
+    loop = load_generator("reference-loop")
+    runs = [(run_audit(reference_verifier, subject_name=REFERENCE, **step), "three_token"),
+            (run_audit(reference_verifier, **step), "three_token"),
+            (run_generator_audit(loop, subject_name="reference-loop", **e2e), "hf_v3_l4_k3"),
+            (run_generator_audit(loop, **e2e), "hf_v3_l4_k3")]
+    python = {"run_audit": lambda subject, **kw: run_audit(reference_verifier, progress=False, **kw),
+              "run_generator_audit": lambda subject, **kw: run_generator_audit(loop, progress=False, **kw)}
+    for result, world in runs:
+        lines = {v.reproduce for v in result.verdicts}
+        assert len(lines) == 1, lines
+        line = lines.pop()
+        if not line.startswith("exactcheck "):  # the Python form names the subject by its description
+            call, rest = line.split("(", 1)
+            line = f"{call}(subject, {rest.split(', ', 1)[1]}"
+        assert ("max_samples" in line.replace("-", "_")) == ("--world three_token" in line or "'three_token'" in line)
+        again = rerun(line, python)
+        assert _statistics(again, world) == _statistics(result, world), line
+        assert all(v.samples == 3_000 for v in result.verdicts if v.law in ("first_token", "accepted_length"))

@@ -196,6 +196,9 @@ def test_the_greedy_audit_runs_its_plan_and_reads_back_as_its_own_kind():
                               progress=False)
     assert isinstance(result, GreedyAuditResult) and result.passed and result.alpha is None
     assert [v.check for v in result.verdicts] == plan_greedy_audit("tiny-llama").names
+    # draft lengths the command cannot state: the reproduce line is the Python call with them
+    assert all(v.reproduce.startswith("run_greedy_audit(") and "draft_lengths=(1, 3)" in v.reproduce
+               for v in result.verdicts)
     data = audit_to_json(result)
     assert data["kind"] == AuditKind.GREEDY.value and data["budget"]["unit"] == "greedy runs"
     again = audit_from_json(data)
@@ -271,4 +274,7 @@ def test_ctrl_c_during_e2e_or_greedy_keeps_a_partial_report(tmp_path, capsys, mo
     data = json.loads(next((tmp_path / "r").glob("*.json")).read_text())
     assert data["budget"]["interrupted"] is True and data["summary"]["passed"] is False
     assert any("interrupted" in v["summary"] for v in data["verdicts"])
+    # the reproduce line names the subject and the settings given
+    assert all(v["reproduce"].startswith(f"exactcheck {command[0]} {name}:InterruptedGenerator ")
+               and " ".join(command[1:]).split(" --")[-1] in v["reproduce"] for v in data["verdicts"])
     assert "INCOMPLETE" in next((tmp_path / "r").glob("*.md")).read_text()

@@ -186,6 +186,20 @@ def _greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: 
     return result.verdict(f"{world.name}/greedy_identity", condition, lossy, **base)
 
 
+def _policy_settings(policies: tuple[DecodingPolicy, ...], greedy: bool) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """(command-line flag, Python keyword) pairs that state ``policies`` and ``greedy`` in a
+    reproduce line, and whether the command line can state them at all."""
+    extra, stateable = [], True
+    if tuple(policies) != (SAMPLING,):
+        specs = [policy.spec() for policy in policies]
+        stateable = all(specs)
+        extra.append((" ".join(f"--policy {spec}" for spec in specs if spec),
+                      f"policies=[{', '.join(policy.code() for policy in policies)}]"))
+    if not greedy:
+        extra.append(("--no-greedy", "greedy=False"))
+    return tuple(extra), stateable
+
+
 def run_generator_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
                         policies: tuple[DecodingPolicy, ...] = (SAMPLING,), greedy: bool = True,
                         progress: bool = True, executor: Executor | None = None,
@@ -219,8 +233,11 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     drawn = 0
     interrupted = False  # Ctrl-C: report what was generated, marked incomplete
 
+    extra, stateable = _policy_settings(policies, greedy)
+
     def reproduce_in(world_name: str) -> str:
-        return options.reproduce(subject_name or name, world_name, "e2e", importable=subject_name is not None)
+        return options.reproduce(subject_name or name, world_name, "e2e", extra=extra,
+                                 importable=subject_name is not None and stateable)
 
     try:
         for world in chosen:

@@ -78,6 +78,30 @@ class DecodingPolicy:
             parts.append("mask")
         return "_".join(parts)
 
+    def spec(self) -> str | None:
+        """The policy as ``exactcheck e2e --policy`` takes it ('temperature=0.7,top_k=2'), or None
+        when it holds a setting the command line cannot state (bias, banned or stop tokens, a mask,
+        a name)."""
+        if self.logit_bias or self.banned_tokens or self.stop_tokens or self.mask is not None or self.name:
+            return None
+        parts = [f"temperature={self.temperature!r}"]
+        parts += [f"{key}={value!r}" for key, value in (("top_k", self.top_k), ("top_p", self.top_p),
+                                                      ("min_p", self.min_p)) if value is not None]
+        return ",".join(parts)
+
+    def code(self) -> str:
+        """The Python expression that builds this policy (a mask is named by its function)."""
+        fields = [f"temperature={self.temperature!r}"]
+        for key in ("top_k", "top_p", "min_p", "name"):
+            if getattr(self, key) is not None:
+                fields.append(f"{key}={getattr(self, key)!r}")
+        for key in ("logit_bias", "banned_tokens", "stop_tokens"):
+            if getattr(self, key):
+                fields.append(f"{key}={getattr(self, key)!r}")
+        if self.mask is not None:
+            fields.append(f"mask={getattr(self.mask, '__qualname__', type(self.mask).__name__)}")
+        return f"DecodingPolicy({', '.join(fields)})"
+
     def describe(self) -> str:
         if self.greedy and self.label() == "greedy":
             return "greedy"

@@ -56,10 +56,11 @@ def pit_and_surprisal(target, policy: DecodingPolicy, prompt: torch.Tensor, outp
 
 def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), samples: int = 24,
                       new_tokens: int = 64, seed: int = 0, alpha: float = DEFAULT_ALPHA, progress: bool = True,
-                      loaded=None, device: str = "cpu") -> GrammarAuditResult:
+                      loaded=None, device: str = "cpu", subject_name: str | None = None) -> GrammarAuditResult:
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
     xgrammar mask of ``FOUR_PROPERTY_SCHEMA`` (``exactcheck.plan.plan_grammar_audit`` names the
-    checks)."""
+    checks). ``subject_name``: how the ``exactcheck grammar`` command names the generator; given
+    (and the settings are the command's), the reproduce line is a command."""
     import importlib.metadata
 
     from exactcheck.adapters.xgrammar_mask import XGrammarMask, matches_schema
@@ -74,7 +75,13 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
     prompt_ids = [tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
     world = GRAMMAR_WORLD
-    reproduce = f"exactcheck grammar --prompts {prompts} --samples {samples} --seed {seed}"
+    if subject_name is not None and (tuple(draft_lengths), new_tokens, alpha) == ((1, 4, 8), 64, DEFAULT_ALPHA):
+        reproduce = (f"exactcheck grammar {subject_name} --prompts {prompts} --samples {samples} --seed {seed}"
+                     + (f" --device {device}" if str(device) != "cpu" else ""))
+    else:  # the command cannot state these settings (or the generator): the Python call
+        reproduce = (f"run_grammar_audit({subject_name or generator_name(generator)}, prompts={prompts}, "
+                     f"draft_lengths={tuple(draft_lengths)!r}, samples={samples}, new_tokens={new_tokens}, "
+                     f"seed={seed}, alpha={alpha!r}, device={str(device)!r})")
     base = dict(world=world, seed=seed, reproduce=reproduce)
     texts = []
     run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", progress)

@@ -85,11 +85,26 @@ class _FinalCaches:
         self.breaches += [(i, k, b) for b in final_cache(self.target, generation.target_cache, final, atol=1e-3)]
 
 
+def _greedy_reproduce(subject_name, generator, model, prompts, new_tokens, draft_lengths, per_prompt, seed,
+                      device) -> str:
+    """The command that re-runs this greedy audit, or the Python call where the command cannot
+    state it (a generator passed as an object, draft lengths other than the command's 1..8)."""
+    if subject_name is not None and tuple(draft_lengths) == tuple(range(1, 9)):
+        return (f"exactcheck greedy {subject_name} --model {model} --prompts {prompts} --new-tokens {new_tokens}"
+                + (f" --per-prompt {per_prompt}" if per_prompt else "") + f" --seed {seed}"
+                + (f" --device {device}" if device != "cpu" else ""))
+    return (f"run_greedy_audit({subject_name or generator_name(generator)}, {model!r}, prompts={prompts}, "
+            f"new_tokens={new_tokens}, draft_lengths={tuple(draft_lengths)!r}, per_prompt={per_prompt!r}, "
+            f"seed={seed}, device={device!r})")
+
+
 def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
                      draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
-                     progress: bool = True, loaded=None, device: str = "cpu") -> GreedyAuditResult:
+                     progress: bool = True, loaded=None, device: str = "cpu",
+                     subject_name: str | None = None) -> GreedyAuditResult:
     """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``
-    (``exactcheck.plan.plan_greedy_audit`` names the checks)."""
+    (``exactcheck.plan.plan_greedy_audit`` names the checks). ``subject_name``: how the
+    ``exactcheck greedy`` command names the generator; given, the reproduce line is a command."""
     target, draft, all_prompts = loaded or load_models(model, seed)
     target, draft = target.to(device), draft.to(device)
     if prompts > len(all_prompts):
@@ -98,8 +113,8 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     lengths = draft_lengths if hasattr(generator, "draft_length") else (None,)
     pairs = default_pairs(prompts, lengths, per_prompt)
     run = RealModelRun(plan_greedy_audit(model), len(pairs), f"exactcheck: greedy identity on {model}", progress)
-    reproduce = (f"exactcheck greedy --model {model} --prompts {prompts} --new-tokens {new_tokens}"
-                 + (f" --per-prompt {per_prompt}" if per_prompt else ""))
+    reproduce = _greedy_reproduce(subject_name, generator, model, prompts, new_tokens, draft_lengths, per_prompt,
+                                  seed, str(device))
     finish = dict(subject=generator_name(generator), seed=seed, alpha=None, device=target.device,
                   reproduce=reproduce)
     caches = _FinalCaches(target, chosen)
