@@ -31,8 +31,8 @@ from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, hol
 from exactcheck.step.properties import FORCED_VALUES as FORCED_VALUE_NAMES
 from exactcheck.step.properties import PropertyResult, reproducer, search
 from exactcheck.reachability import observed_in, structural
-from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_CALL_ELEMENTS, DEFAULT_REQUIRE, AlphaBudget, AuditOptions, AuditPlan, CheckKind,
-                             derive_seed, plan_step_audit)
+from exactcheck.plan import (DEFAULT_ALPHA, DEFAULT_CALL_ELEMENTS, DEFAULT_REQUIRE, AlphaBudget, AuditOptions,
+                             AuditPlan, CheckKind, derive_seed, plan_step_audit)
 from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Category, CellDeviation, Evidence, Outcome, Verdict
 from toy_models import ContextWorld, StepWorld

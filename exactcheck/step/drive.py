@@ -29,7 +29,6 @@ from toy_models import ContextWorld, StepWorld, ToyLM
 __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs"]
 
 
-
 @dataclass(frozen=True)
 class StepSamples:
     """What a verifier emitted on ``n`` independent one-call trials of a step world."""
