@@ -201,3 +201,25 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
         again = rerun(line, python)
         assert _statistics(again, world) == _statistics(result, world), line
         assert all(v.samples == 3_000 for v in result.verdicts if v.law in ("first_token", "accepted_length"))
+
+
+def test_a_policy_the_command_line_cannot_state_gets_the_python_call():
+    """Bias, banned or stop tokens, a mask or a name have no ``--policy`` spelling: the reproduce
+    line is then the Python call, and its policies evaluate back to the ones audited."""
+    from exactcheck.e2e.audit import _policy_settings
+    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.plan import AuditOptions
+    stated = (DecodingPolicy(0.7), DecodingPolicy(top_k=2, top_p=0.8))
+    unstated = (DecodingPolicy(0.7), DecodingPolicy(banned_tokens=(1,), logit_bias=((0, 2.0),)))
+    options = AuditOptions.build(generations=50)
+    for policies, command in ((stated, True), (unstated, False)):
+        extra, stateable = _policy_settings(policies, greedy=False)
+        assert stateable is command
+        line = options.reproduce("reference-loop", "w", "e2e", importable=stateable, extra=extra)
+        assert line.startswith("exactcheck e2e reference-loop ") is command, line
+        if command:
+            assert "--policy temperature=0.7 --policy temperature=1.0,top_k=2,top_p=0.8 --no-greedy" in line
+        else:
+            keywords = line[line.index("policies="):]
+            built = eval(keywords[len("policies="):keywords.index("]") + 1], {"DecodingPolicy": DecodingPolicy})
+            assert tuple(built) == policies and "greedy=False" in line and "generations=50" in line
