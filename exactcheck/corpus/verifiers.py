@@ -276,12 +276,28 @@ def numpy_unseeded(target_probs, draft_probs, draft_tokens, generator):
     return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
 
 
+def numpy_global(target_probs, draft_probs, draft_tokens, generator):
+    """Exact, with every random number from numpy's global generator (``np.random.random``, as
+    older numpy code does): it ignores the generator it is handed, and a draw there moves the
+    global generator's position without necessarily refilling its key."""
+    batch, k = draft_tokens.shape
+    u = torch.from_numpy(np.random.random((batch, k)))
+    p, q = _at(target_probs, draft_tokens).double().cpu(), _at(draft_probs, draft_tokens).double().cpu()
+    n = _leading(u * q < p)
+    rows = _final_rows(target_probs.cpu(), draft_probs.cpu(), n).numpy()
+    v = np.random.random(batch)
+    cdf = rows.cumsum(1)
+    last = np.minimum((cdf <= (v * cdf[:, -1])[:, None]).sum(1),
+                      rows.shape[1] - 1 - (rows[:, ::-1] > 0).argmax(1))
+    return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
+
+
 CORRECT_VERIFIERS = {f.__name__: f for f in (
     mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
     gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual,
-    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded)}
+    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded, numpy_global)}
 """Name -> exact verifier. Each is importable as ``exactcheck.corpus.verifiers:NAME``."""
 
-REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded")
+REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded", "numpy_global")
 """Corpus members whose only finding should be in the reproducibility category (they ignore the
 generator they are handed)."""

@@ -36,7 +36,9 @@ reads memory it never wrote shows it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
+import pickle
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -140,6 +142,42 @@ class DrawLog:
         return ", ".join(parts + self.escaped)
 
 
+# numpy's MT19937 state struct: uint32 key[624], then int pos
+_MT19937_WORDS = 625
+_mt19937_view: list = [None, None]  # [bit generator, a view of its state struct, or None]
+
+
+def _mt19937_state_view(bitgen) -> np.ndarray | None:
+    """A uint32 view of an MT19937 bit generator's state struct, read in place through its
+    ``ctypes.state_address``; None unless the words it shows are that generator's key and
+    position (``bitgen.state``), so a layout numpy changed is never trusted."""
+    if type(bitgen).__name__ != "MT19937":
+        return None
+    try:
+        words = (ctypes.c_uint32 * _MT19937_WORDS).from_address(bitgen.ctypes.state_address)
+        view = np.ctypeslib.as_array(words)
+        state = bitgen.state["state"]
+        if np.array_equal(view[:-1], state["key"]) and int(view[-1]) == int(state["pos"]):
+            return view
+    except (AttributeError, KeyError, TypeError, ValueError):
+        pass
+    return None
+
+
+def _numpy_global_state() -> bytes:
+    """The state of numpy's global generator, as bytes to compare before and after a call.
+    The default MT19937 is read in place (about 0.4 us; ``np.random.get_state()`` copies it
+    through Python objects in about 80 us, as long as a verifier call on small inputs); another
+    bit generator, or a numpy without ``np.random.get_bit_generator``, is pickled from its state."""
+    get = getattr(np.random, "get_bit_generator", None)
+    bitgen = get() if get is not None else None
+    if bitgen is not None and _mt19937_view[0] is not bitgen:
+        _mt19937_view[:] = [bitgen, _mt19937_state_view(bitgen)]  # the reference keeps it alive
+    if bitgen is not None and _mt19937_view[1] is not None:
+        return _mt19937_view[1].tobytes()
+    return pickle.dumps(np.random.get_state(legacy=False))
+
+
 class RNGSnapshot:
     """The state of every random source a subject could draw from without exactcheck forcing
     it: the generators it was handed, torch's global generator (CPU, and CUDA once used),
@@ -151,7 +189,7 @@ class RNGSnapshot:
         self.torch_cpu = torch.random.get_rng_state()
         self.torch_cuda = (torch.cuda.get_rng_state_all()
                            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
-        self.numpy = np.random.get_state()[1].copy()
+        self.numpy = _numpy_global_state()
         self.python = random.getstate()
 
     def moved(self) -> list[str]:
@@ -165,7 +203,7 @@ class RNGSnapshot:
         if self.torch_cuda is not None and any(
                 not torch.equal(a, b) for a, b in zip(self.torch_cuda, torch.cuda.get_rng_state_all())):
             out.append("torch's global CUDA generator")
-        if not np.array_equal(self.numpy, np.random.get_state()[1]):
+        if self.numpy != _numpy_global_state():
             out.append("numpy's global generator")
         if self.python != random.getstate():
             out.append("Python's random module")
