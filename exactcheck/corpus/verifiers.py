@@ -260,44 +260,60 @@ def global_rng_per_row(target_probs, draft_probs, draft_tokens, generator):
                         for b in range(draft_tokens.shape[0])])
 
 
+def _numpy_uniforms(draw):
+    """An exact step whose uniforms come from ``draw(shape)`` (numpy float64 in [0, 1))."""
+    def verify(target_probs, draft_probs, draft_tokens, generator):
+        batch, k = draft_tokens.shape
+        u = torch.from_numpy(draw((batch, k)))
+        p, q = _at(target_probs, draft_tokens).double().cpu(), _at(draft_probs, draft_tokens).double().cpu()
+        n = _leading(u * q < p)
+        rows = _final_rows(target_probs.cpu(), draft_probs.cpu(), n).numpy()
+        cdf = rows.cumsum(1)
+        last = np.minimum((cdf <= (draw(batch) * cdf[:, -1])[:, None]).sum(1),
+                          rows.shape[1] - 1 - (rows[:, ::-1] > 0).argmax(1))
+        return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
+    return verify
+
+
 def numpy_unseeded(target_probs, draft_probs, draft_tokens, generator):
     """Exact, with every random number from an unseeded numpy Generator (fresh OS entropy): it
     ignores the generator it is handed, so nothing exactcheck forces reaches it."""
     rng = np.random.default_rng()
-    batch, k = draft_tokens.shape
-    u = torch.from_numpy(rng.random((batch, k)))
-    p, q = _at(target_probs, draft_tokens).double().cpu(), _at(draft_probs, draft_tokens).double().cpu()
-    n = _leading(u * q < p)
-    rows = _final_rows(target_probs.cpu(), draft_probs.cpu(), n).numpy()
-    v = rng.random(batch)
-    cdf = rows.cumsum(1)
-    last = np.minimum((cdf <= (v * cdf[:, -1])[:, None]).sum(1),
-                      rows.shape[1] - 1 - (rows[:, ::-1] > 0).argmax(1))
-    return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
+    return _numpy_uniforms(rng.random)(target_probs, draft_probs, draft_tokens, generator)
 
 
 def numpy_global(target_probs, draft_probs, draft_tokens, generator):
     """Exact, with every random number from numpy's global generator (``np.random.random``, as
     older numpy code does): it ignores the generator it is handed, and a draw there moves the
     global generator's position without necessarily refilling its key."""
-    batch, k = draft_tokens.shape
-    u = torch.from_numpy(np.random.random((batch, k)))
-    p, q = _at(target_probs, draft_tokens).double().cpu(), _at(draft_probs, draft_tokens).double().cpu()
-    n = _leading(u * q < p)
-    rows = _final_rows(target_probs.cpu(), draft_probs.cpu(), n).numpy()
-    v = np.random.random(batch)
-    cdf = rows.cumsum(1)
-    last = np.minimum((cdf <= (v * cdf[:, -1])[:, None]).sum(1),
-                      rows.shape[1] - 1 - (rows[:, ::-1] > 0).argmax(1))
-    return _assemble(draft_tokens.cpu(), n, torch.from_numpy(last)).to(draft_tokens.device)
+    return _numpy_uniforms(np.random.random)(target_probs, draft_probs, draft_tokens, generator)
+
+
+def numpy_random_state(target_probs, draft_probs, draft_tokens, generator):
+    """Exact, drawing from a ``np.random.RandomState()`` made on each call (legacy numpy, seeded
+    from OS entropy): no snapshot sees it; only its output, which changes between identical
+    forced calls, gives it away."""
+    state = np.random.RandomState()
+    return _numpy_uniforms(state.random_sample)(target_probs, draft_probs, draft_tokens, generator)
+
+
+_KEPT = np.random.default_rng(2024)
+
+
+def kept_numpy_generator(target_probs, draft_probs, draft_tokens, generator):
+    """Exact, drawing from a numpy Generator seeded once at import and kept: the same numbers in
+    every process, but its state moves from call to call, out of sight of every snapshot."""
+    return _numpy_uniforms(_KEPT.random)(target_probs, draft_probs, draft_tokens, generator)
 
 
 CORRECT_VERIFIERS = {f.__name__: f for f in (
     mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
     gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual,
-    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded, numpy_global)}
+    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded, numpy_global,
+    numpy_random_state, kept_numpy_generator)}
 """Name -> exact verifier. Each is importable as ``exactcheck.corpus.verifiers:NAME``."""
 
-REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded", "numpy_global")
+REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded", "numpy_global", "numpy_random_state",
+                        "kept_numpy_generator")
 """Corpus members whose only finding should be in the reproducibility category (they ignore the
 generator they are handed)."""

@@ -67,6 +67,9 @@ VACUOUS = "not judged"
 RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from row 0's p/q
 TIE_MARGIN = 2.0 ** -18  # smallest relative margin around a tie (float32 and float64 rows)
 SHRINK_CALLS = 160  # budget of subject calls for shrinking one forced set
+REPEATS = 4  # identical forced calls a NEED_COMPLETE finding must reproduce before it is judged
+UNSEEN_SOURCE = ("its output changed between identical forced calls (a random source exactcheck "
+                 "does not see: fresh OS entropy, a generator the subject keeps)")
 CONFIRM_SEEDS = 4  # the shrunk set is re-run with this many generator seeds
 UNREACHABLE_ENOUGH = 3  # after this many unreachable counterexamples under one value, move on
 
@@ -308,6 +311,21 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
             draws["(not judged)"] += 1
         return True
 
+    def varies(calls) -> bool:
+        """Whether any of ``calls`` ((tensors, output, options)) gives another output when made
+        again, every draw forced as before: the output then depends on a random source no
+        snapshot sees (a numpy Generator or ``random.Random`` seeded from OS entropy, a
+        generator kept between calls), and a property judged on it would blame exact code."""
+        for inputs, first, opts in calls:
+            for _ in range(REPEATS):
+                again, _ = _forced_call(subject, inputs, c, seed, **opts)
+                if isinstance(again, Exception) or not torch.equal(again, first):
+                    if draws is not None:
+                        draws["(not judged)"] += 1
+                        draws[UNSEEN_SOURCE] += 1
+                    return True
+        return False
+
     if name == "same_seed":
         return _same_seed(subject, tensors, seed, fail)
     if name not in PROPERTIES:
@@ -344,6 +362,8 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         found = _acceptance(out, tensors, log, rule)
         if found is None:
             return None
+        if varies([(tensors, out, options)]):
+            return None
         row, message, d = found
         dtype = next(draw.dtype for draw in log.draws if draw.value == d)
         reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
@@ -352,7 +372,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
     if name == "seeded_rows":
         gens = options["row_generators"]
         row = _first((out != out[:1]).any(1))
-        if row is None:
+        if row is None or varies([(tensors, out, options)]):
             return None
         return fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
                     f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
@@ -361,11 +381,13 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
                                "the law of some rows depends on whether they are seeded"))
     p, q, tokens = tensors
     for row in range(out.shape[0]):  # row_independence
-        alone, alone_log = _forced_call(subject, (p[row:row + 1], q[row:row + 1], tokens[row:row + 1]),
-                                        c, seed)
+        single = (p[row:row + 1], q[row:row + 1], tokens[row:row + 1])
+        alone, alone_log = _forced_call(subject, single, c, seed)
         if isinstance(alone, Exception) or not_judged(alone_log):
             return None
         if not torch.equal(alone[0], out[row]):
+            if varies([(tensors, out, options), (single, alone, {})]):
+                return None
             return fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
                         f"but {alone[0].tolist()} alone, with every uniform forced to "
                         f"{sorted(log.values())}", row, out,
