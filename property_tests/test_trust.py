@@ -7,7 +7,9 @@ and subjects that cannot be driven.
 """
 import json
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +21,8 @@ from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY
                                          numpy_unseeded)
 from exactcheck.step.mutants import mutant
 from exactcheck.step.properties import check_property, search
-from exactcheck.step.randomness import controlled_randomness, deliverable
+from exactcheck.step.randomness import (RNGSnapshot, _mt19937_state_view, controlled_randomness,
+                                         deliverable)
 from exactcheck.reachability import FLOOR
 from exactcheck.step.strategies import VerifyCase
 from exactcheck.report.verdict import Category, Outcome
@@ -60,9 +63,6 @@ def test_a_draw_from_numpy_or_python_global_generator_is_seen_every_time():
     """A draw moves numpy's global MT19937 by its position, refilling the key only every 624
     words; comparing the key alone missed most draws, so a subject drawing there was judged as
     if forced (a row_independence "defect" on the exact ``numpy_global``)."""
-    import random
-    import numpy as np
-    from exactcheck.step.randomness import RNGSnapshot, _mt19937_state_view
     np.random.seed(0)
     np.random.random()  # the key is filled: the next draws only move the position
     draws = [lambda: np.random.random(), lambda: np.random.rand(3), lambda: np.random.standard_normal(),

@@ -176,9 +176,8 @@ def _numpy_global_state() -> bytes:
     bitgen = get() if get is not None else None
     if bitgen is not None and _mt19937_view[0] is not bitgen:
         _mt19937_view[:] = [bitgen, _mt19937_state_view(bitgen)]  # the reference keeps it alive
-    if bitgen is not None and _mt19937_view[1] is not None:
-        return _mt19937_view[1].tobytes()
-    return pickle.dumps(np.random.get_state(legacy=False))
+    view = _mt19937_view[1] if bitgen is not None else None
+    return view.tobytes() if view is not None else pickle.dumps(np.random.get_state(legacy=False))
 
 
 class RNGSnapshot:
