@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared session on a lent GPU machine (no network; its own torch and transformers):
 # every device point of the open issues in one run, each step time-bounded, results under $OUT.
-#   1. throughput sweep on CUDA (V x k, batch sized to the device)            issue 16
+#   1. throughput sweep on CUDA (V x k, batch sized to the device), and --compile at V = 32 and
+#      V = 32,000 (compiled driver + compiled_step)                               issue 16
 #   2. the CLI on CUDA: selftest, the reference audit with default and device-sized calls (16),
 #      e2e on the toy models, greedy on tiny-llama                                issue 15
 #      the vLLM and SGLang adapters' quick audits on CUDA (the real vLLM / sgl-kernel when the
@@ -23,6 +24,13 @@ step "throughput sweep (cuda)" > "$OUT/throughput-cuda.txt"
 timeout "${SWEEP_S:-150}" python3 benchmarks/throughput.py --sweep --device cuda --repeats 3 \
     --json "$OUT/throughput-cuda.json" >> "$OUT/throughput-cuda.txt" 2>&1
 echo "rc=$?" >> "$OUT/throughput-cuda.txt"
+# compiled driver + compiled_step (Triton): the launch-bound V = 32 cell, and one real vocabulary
+for vocab in 32 32000; do
+  step "throughput --compile V=$vocab (cuda)" >> "$OUT/throughput-cuda.txt"
+  timeout "${COMPILE_S:-120}" python3 benchmarks/throughput.py --compile --device cuda --repeats 3 --vocab $vocab \
+      $([ $vocab = 32000 ] && echo --batch 20000) --json "$OUT/throughput-cuda-compiled-$vocab.json" >> "$OUT/throughput-cuda.txt" 2>&1
+  echo "rc=$?" >> "$OUT/throughput-cuda.txt"
+done
 
 {
   step "selftest --level quick --device cuda"

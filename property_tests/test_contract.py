@@ -4,6 +4,7 @@ import torch
 
 from exactcheck import (ContractViolation, Outcome, Violation, from_logits, reference_verifier,
                         run_audit, validate_output)
+from exactcheck.step.contract import rows_keep_contract
 
 DRAFTS = torch.tensor([[1, 2], [0, 0]])
 
@@ -108,7 +109,9 @@ def _first_violation_by_rows(out: torch.Tensor, drafts: torch.Tensor, vocab: int
 
 def test_validation_names_the_first_rule_and_row_on_random_outputs():
     """Random outputs near the contract (few tokens, drafts mostly copied, padding in random
-    places): the vectorised validation names the same rule and row as the row-by-row reading."""
+    places): the vectorised validation names the same rule and row as the row-by-row reading,
+    and the compiled driver's one-pass check (``rows_keep_contract``) passes exactly the rows
+    that reading passes."""
     gen = torch.Generator().manual_seed(0)
     vocab, k = 4, 3
     seen = set()
@@ -122,6 +125,8 @@ def test_validation_names_the_first_rule_and_row_on_random_outputs():
         out = torch.where(noise, torch.randint(-2, vocab + 1, (batch, k + 1), generator=gen), out)
         violation, row = _first_violation_by_rows(out, drafts, vocab)
         seen.add(violation)
+        by_row = [_first_violation_by_rows(out[i:i + 1], drafts[i:i + 1], vocab)[0] is None for i in range(batch)]
+        assert rows_keep_contract(out, drafts, vocab).tolist() == by_row, out.tolist()
         if violation is None:
             assert validate_output(out, drafts, vocab) is out
             continue

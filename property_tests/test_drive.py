@@ -1,5 +1,6 @@
 """The driver: exact draft sampling, ragged acceptance, reproducible seeds."""
 import numpy as np
+import pytest
 import torch
 
 from exactcheck.step.drive import drive_sequences, drive_steps
@@ -84,3 +85,49 @@ def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
                      "--call-elements", "auto", "--device", device, "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "device" in err[0], err
+
+
+def _random_step(batch, k, vocab, seed):
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.rand(batch, k + 1, vocab, generator=gen) ** 4
+    draft = torch.rand(batch, k, vocab, generator=gen) ** 4
+    target, draft = target / target.sum(-1, keepdim=True), draft / draft.sum(-1, keepdim=True)
+    draft[:50] = target[:50, :k]  # p == q rows: every draft accepted, or a zero residual
+    draft[50:100, 0] = target[50:100, 0] + 1e-9 * (torch.arange(vocab) == 0)  # residual ~ rounding
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=gen).view(batch, k)
+    return target, draft, tokens
+
+
+def test_the_fused_step_is_the_reference_token_for_token():
+    """``compiled_step`` (the throughput benchmark's --compile subject) runs ``_fused_step`` under
+    torch.compile; uncompiled, with the reference's uniforms in the reference's order, it gives
+    the reference's tokens, and it flags the invalid inputs the reference refuses."""
+    from exactcheck.corpus.verifiers import _fused_step
+    for batch, k, vocab in ((4000, 4, 32), (3000, 2, 7), (500, 8, 1000)):
+        target, draft, tokens = _random_step(batch, k, vocab, seed=vocab)
+        gen = torch.Generator().manual_seed(3)
+        u = torch.rand(batch, k, dtype=torch.float64, generator=gen)
+        v = torch.rand(batch, dtype=torch.float64, generator=gen)
+        out, valid = _fused_step(target, draft, tokens, u, v)
+        assert torch.equal(out, reference_verifier(target, draft, tokens, torch.Generator().manual_seed(3)))
+        assert bool(valid.all())
+    bad = target.clone()
+    bad[5, 0, tokens[5, 0]] = float("nan")
+    assert (~_fused_step(bad, draft, tokens, u, v)[1]).nonzero().view(-1).tolist() == [5]
+    zero_q = draft.clone()
+    zero_q[7, 1, tokens[7, 1]] = 0
+    assert (~_fused_step(target, zero_q, tokens, u, v)[1]).nonzero().view(-1).tolist() == [7]
+
+
+@pytest.mark.slow
+def test_compiled_driver_and_step_give_the_eager_sequences():
+    """drive_sequences(compile=True) and compiled_step under torch.compile (Inductor; about 30 s
+    of compiling on 2 cores): the eager driver + reference's sequences, token for token."""
+    from exactcheck.corpus.verifiers import compiled_step
+    world = next(w for w in context_worlds() if w.name == "ctx_v4_l5_k4")
+    eager = drive_sequences(reference_verifier, world, 3000, seed=5, max_elements=1000 * 5 * 4)
+    compiled = drive_sequences(compiled_step, world, 3000, seed=5, max_elements=1000 * 5 * 4, compile=True)
+    assert torch.equal(eager.sequences, compiled.sequences) and eager.calls == compiled.calls
+    target, draft, tokens = _random_step(4000, 4, 32, seed=1)
+    assert torch.equal(compiled_step(target, draft, tokens, torch.Generator().manual_seed(3)),
+                       reference_verifier(target, draft, tokens, torch.Generator().manual_seed(3)))

@@ -19,8 +19,8 @@ import torch
 
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
 
-__all__ = ["Verifier", "PADDING", "validate_output", "call_verifier", "from_logits", "AcceptanceRule",
-           "acceptance_rule"]
+__all__ = ["Verifier", "PADDING", "validate_output", "rows_keep_contract", "call_verifier", "from_logits",
+           "AcceptanceRule", "acceptance_rule"]
 
 PADDING = -1
 
@@ -92,15 +92,35 @@ def validate_output(out: object, draft_tokens: torch.Tensor, vocab_size: int) ->
     return out
 
 
+def rows_keep_contract(out: torch.Tensor, draft_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Per row of an int64 [B, k+1] output on the drafts' device: does it keep every rule
+    ``validate_output`` checks? One pure expression, so ``torch.compile`` makes it one pass."""
+    k = draft_tokens.shape[1]
+    pad = out == PADDING
+    in_vocab = ((out >= PADDING) & (out < vocab_size)).all(1)
+    suffix = ~(pad[:, 1:] < pad[:, :-1]).any(1)
+    drafts = ~((out[:, :k] != draft_tokens) > pad[:, 1:]).any(1)
+    return in_vocab & suffix & ~pad[:, 0] & drafts
+
+
 def call_verifier(verifier: Verifier, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  draft_tokens: torch.Tensor, generator: torch.Generator, **options) -> torch.Tensor:
+                  draft_tokens: torch.Tensor, generator: torch.Generator, check_rows=None,
+                  **options) -> torch.Tensor:
     """Call the subject and validate its output; a crash becomes ``SubjectCrashed``.
-    ``options`` (e.g. ``row_generators``) are passed through to subjects that take them."""
+    ``check_rows`` (optional: ``rows_keep_contract`` compiled) is a fast first check of an output
+    of the right shape, dtype and device; anything it does not pass goes through
+    ``validate_output``, which names the broken rule. ``options`` (e.g. ``row_generators``) are
+    passed through to subjects that take them."""
     try:
         out = verifier(target_probs, draft_probs, draft_tokens, generator, **options)
     except Exception as exc:  # the subject is foreign code: any exception is a finding
         raise SubjectCrashed(exc) from exc
-    return validate_output(out, draft_tokens, target_probs.shape[-1])
+    vocab = target_probs.shape[-1]
+    if (check_rows is not None and isinstance(out, torch.Tensor) and out.dtype == torch.int64
+            and out.shape == (draft_tokens.shape[0], draft_tokens.shape[1] + 1)
+            and out.device == draft_tokens.device and bool(check_rows(out, draft_tokens, vocab).all())):
+        return out
+    return validate_output(out, draft_tokens, vocab)
 
 
 def _logits(probs: torch.Tensor) -> torch.Tensor:

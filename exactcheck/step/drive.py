@@ -21,12 +21,13 @@ from typing import Union
 import torch
 
 from exactcheck.plan import DEFAULT_CALL_ELEMENTS
-from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.step.contract import PADDING, Verifier, call_verifier, rows_keep_contract
 from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
 from toy_models import ContextWorld, StepWorld, ToyLM
 
-__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs"]
+__all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
+           "draft_and_rows"]
 
 
 @dataclass(frozen=True)
@@ -122,22 +123,68 @@ def _alias_table(model: ToyLM) -> AliasTable | CdfTable:
 
 def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
                     device: torch.device | str = "cpu",
-                    max_elements: int = DEFAULT_CALL_ELEMENTS) -> SequenceSamples:
-    """``n`` speculative generations of ``world.length`` tokens from the world's prompt state."""
+                    max_elements: int = DEFAULT_CALL_ELEMENTS, compile: bool = False) -> SequenceSamples:
+    """``n`` speculative generations of ``world.length`` tokens from the world's prompt state.
+
+    ``compile=True`` runs the driver's drafting and row building (``draft_and_rows``) as one
+    ``torch.compile``d kernel: the same tokens and rows as eager, bit for bit (the uniforms are
+    drawn eagerly from the driver's generator either way), with the row tables read once instead
+    of once per op; and checks each output first with ``rows_keep_contract`` compiled (one pass;
+    an output it does not pass goes through ``validate_output``, which names the broken rule). The first call compiles (about 10 s on a 2-core CPU; Inductor needs a C++
+    compiler there, Triton on CUDA)."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
     k, vocab = world.draft_length, world.vocab_size
     alias = _alias_table(world.draft)
     if device.type != "cpu":
         alias = copy.copy(alias).to(device)
-    proposer = _ContextProposer(world, world.target.table.to(device), world.draft.table.to(device), alias)
+    proposer = _ContextProposer(world, world.target.table.to(device), world.draft.table.to(device), alias,
+                                _compiled_draft_and_rows() if compile else draft_and_rows)
     sequences, calls, steps = [], 0, 0
     for batch in _chunks(n, (k + 1) * vocab, max_elements):
         seq, used, active = run_speculative_loop(verifier, proposer, batch, world.length, driver_gen,
-                                                 subject_gen, device)
+                                                 subject_gen, device,
+                                                 check_rows=_compiled_rows_keep_contract() if compile else None)
         sequences.append(seq.cpu())
         calls, steps = calls + used, steps + active
     return SequenceSamples(world, torch.cat(sequences), seed, calls, steps)
+
+
+def draft_and_rows(state: torch.Tensor, u: torch.Tensor, world: ContextWorld, sampler: AliasTable | CdfTable,
+                   target_table: torch.Tensor, draft_table: torch.Tensor) -> Proposal:
+    """k drafts per trial from the draft LM's ``sampler`` with the driver's uniforms ``u`` [k, r],
+    and the target and draft rows along the drafted path (pure: no generator, no Python loop over
+    trials, so ``torch.compile`` can fuse it)."""
+    k, rows = u.shape
+    states, drafted, s = [state], [], state
+    for i in range(k):
+        x = sampler.sample(s, u[i])
+        drafted.append(x)
+        s = world.next_state(s, x)
+        states.append(s)
+    path = torch.stack(states, 1)
+    target = target_table.index_select(0, path.reshape(-1)).view(rows, k + 1, -1)
+    draft = draft_table.index_select(0, path[:, :k].reshape(-1)).view(rows, k, -1)
+    return Proposal(target, draft, torch.stack(drafted, 1), path)
+
+
+def _allow_recompiles():
+    # each world (vocabulary, draft length, table) is a recompilation of the same function;
+    # past torch's default limit of 8 it would silently run eager, so allow a sweep's worth
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_draft_and_rows():
+    _allow_recompiles()
+    return torch.compile(draft_and_rows)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_rows_keep_contract():
+    _allow_recompiles()
+    return torch.compile(rows_keep_contract)
 
 
 @dataclass(frozen=True)
@@ -149,6 +196,7 @@ class _ContextProposer:
     target_table: torch.Tensor
     draft_table: torch.Tensor
     draft_sampler: AliasTable | CdfTable
+    build: object = draft_and_rows  # ``draft_and_rows`` or its compiled form
 
     @property
     def draft_length(self) -> int:
@@ -158,18 +206,9 @@ class _ContextProposer:
         return torch.full((batch,), self.world.prompt_state, dtype=torch.int64, device=device)
 
     def propose(self, state, filled, generator) -> Proposal:
-        k, rows = self.world.draft_length, state.numel()
-        states, drafted, s = [state], [], state
-        u = torch.rand(k, rows, dtype=torch.float64, generator=generator, device=state.device)
-        for i in range(k):
-            x = self.draft_sampler.sample(s, u[i])
-            drafted.append(x)
-            s = self.world.next_state(s, x)
-            states.append(s)
-        path = torch.stack(states, 1)
-        target = self.target_table.index_select(0, path.reshape(-1)).view(rows, k + 1, -1)
-        draft = self.draft_table.index_select(0, path[:, :k].reshape(-1)).view(rows, k, -1)
-        return Proposal(target, draft, torch.stack(drafted, 1), path)
+        u = torch.rand(self.world.draft_length, state.numel(), dtype=torch.float64, generator=generator,
+                       device=state.device)
+        return self.build(state, u, self.world, self.draft_sampler, self.target_table, self.draft_table)
 
     def advance(self, path, accepted, token) -> torch.Tensor:
         # the accepted drafts are a prefix of the drafted path, so the state after them is known;

@@ -49,11 +49,12 @@ class Proposer(Protocol):
 
 def run_speculative_loop(verifier: Verifier, proposer: Proposer, batch: int, length: int,
                          driver_gen: torch.Generator, subject_gen: torch.Generator, device: torch.device,
-                         compact_at: float = 0.5) -> tuple[torch.Tensor, int, int]:
+                         compact_at: float = 0.5, check_rows=None) -> tuple[torch.Tensor, int, int]:
     """``batch`` generations of ``length`` tokens: (sequences [batch, length] int64, verify calls,
     verify steps done for trials still short of ``length``). Live trials are compacted when at
     most ``compact_at`` of the rows handed to the verifier are live (1.0: whenever one finished,
-    so every row handed over is live; 0.5: at most twice the useful work, fewer index copies)."""
+    so every row handed over is live; 0.5: at most twice the useful work, fewer index copies).
+    ``check_rows``: the fast output check ``call_verifier`` takes (the compiled driver's)."""
     k = proposer.draft_length
     offsets = torch.arange(k + 1, device=device)
     # each call writes the k + 1 entries from a trial's fill point on (tokens, then padding the
@@ -71,12 +72,14 @@ def run_speculative_loop(verifier: Verifier, proposer: Proposer, batch: int, len
         live = filled < length
         steps += int(live.sum())
         out = call_verifier(verifier, proposal.target_probs, proposal.draft_probs, proposal.draft_tokens,
-                            subject_gen)
+                            subject_gen, check_rows=check_rows)
         calls += 1
+        path = proposal.path
+        del proposal  # the rows' memory is free for the next call's before that call builds them
         emitted = (out != PADDING).sum(1)
         seq.scatter_(0, ((trial * width + filled)[:, None] + offsets).reshape(-1), out.reshape(-1))
         accepted = emitted - 1
-        after = proposer.advance(proposal.path, accepted, out.gather(1, accepted[:, None])[:, 0])
+        after = proposer.advance(path, accepted, out.gather(1, accepted[:, None])[:, 0])
         state = torch.where(live, after, state)
         filled = filled + emitted * live
         live = filled < length
