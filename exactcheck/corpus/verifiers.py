@@ -254,7 +254,8 @@ def compiled_step(target_probs, draft_probs, draft_tokens, generator):
     ``torch.compile``d graph that Inductor fuses into a few kernels; the uniforms are drawn
     outside it in the reference's order, so its tokens are the reference's up to float64
     rounding. The throughput benchmark's ``--compile`` subject. The first call for each
-    vocabulary and draft length compiles (about 10 s on a 2-core CPU)."""
+    vocabulary and draft length compiles (about 10 s on a 2-core CPU); past torch's limit of 8
+    compiled shapes (an audit's many worlds) torch runs it eagerly, as ``_fused_step``."""
     batch, k = draft_tokens.shape
     device = draft_tokens.device
     u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)
