@@ -130,8 +130,9 @@ def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
     ``torch.compile``d kernel: the same tokens and rows as eager, bit for bit (the uniforms are
     drawn eagerly from the driver's generator either way), with the row tables read once instead
     of once per op; and checks each output first with ``rows_keep_contract`` compiled (one pass;
-    an output it does not pass goes through ``validate_output``, which names the broken rule). The first call compiles (about 10 s on a 2-core CPU; Inductor needs a C++
-    compiler there, Triton on CUDA)."""
+    an output it does not pass goes through ``validate_output``, which names the broken rule).
+    The first call compiles (about 10 s on a 2-core CPU; Inductor needs a C++ compiler there,
+    Triton on CUDA)."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
     k, vocab = world.draft_length, world.vocab_size
