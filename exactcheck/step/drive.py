@@ -132,7 +132,9 @@ def drive_sequences(verifier: Verifier, world: ContextWorld, n: int, seed: int,
     of once per op; and checks each output first with ``rows_keep_contract`` compiled (one pass;
     an output it does not pass goes through ``validate_output``, which names the broken rule).
     The first call compiles (about 10 s on a 2-core CPU; Inductor needs a C++ compiler there,
-    Triton on CUDA)."""
+    Triton on CUDA); each new world recompiles, so the option raises torch's process-wide
+    ``torch._dynamo.config.recompile_limit`` to 64 (past the default 8, torch would run the rest
+    eagerly without saying so in the results)."""
     device = torch.device(device)
     driver_gen, subject_gen = _generators(seed, device)
     k, vocab = world.draft_length, world.vocab_size
