@@ -220,9 +220,12 @@ def _readable(values: torch.Tensor, dim: int) -> torch.Tensor:
 def _fused_step(target_probs, draft_probs, draft_tokens, u, v):
     """The reference's step after its uniforms, written for ``torch.compile``: (output, valid),
     valid [B] saying per row that no entry read was NaN, infinite or negative and that no draft
-    token had draft probability 0. Written for the compiler: the accepted length unrolled over the
-    k positions (a cumprod is not fused), validity per row (a reduction to one scalar is not fused
-    with the row reductions beside it: 20 ms of 75 at V = 32, B = 200,000)."""
+    token had draft probability 0. Written for the compiler, so it does not call ``_leading`` or
+    ``_final_rows``: the accepted length unrolled over the k positions (a cumprod is not fused),
+    the zero-residual fallback a ``where`` (not a masked assignment), validity per row (a
+    reduction to one scalar is not fused with the row reductions beside it: 20 ms of 75 at
+    V = 32, B = 200,000). The pick mirrors the reference (normalise, then cumulative sum), not
+    ``_inverse_cdf_pick``, so the tokens are the reference's."""
     batch, k = draft_tokens.shape
     vocab = target_probs.shape[-1]
     p32, q32 = _at(target_probs, draft_tokens), _at(draft_probs, draft_tokens)

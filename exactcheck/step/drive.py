@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Union
 
 import torch
 
@@ -199,7 +199,7 @@ class _ContextProposer:
     target_table: torch.Tensor
     draft_table: torch.Tensor
     draft_sampler: AliasTable | CdfTable
-    build: object = draft_and_rows  # ``draft_and_rows`` or its compiled form
+    build: Callable[..., Proposal] = draft_and_rows  # ``draft_and_rows`` or its compiled form
 
     @property
     def draft_length(self) -> int:
