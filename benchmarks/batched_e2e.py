@@ -15,7 +15,7 @@ import argparse
 import json
 import time
 
-from exactcheck.e2e.audit import run_generator_audit
+from exactcheck.e2e.runner import run_generator_audit
 from exactcheck.e2e.batched_loop import BatchedReferenceLoop
 from exactcheck.e2e.loop import ReferenceSpeculativeLoop
 

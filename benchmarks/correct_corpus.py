@@ -35,7 +35,7 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
         audit = run_audit(CORRECT_VERIFIERS[name], level=level, seed=seed, progress=False)
     else:
         from exactcheck.corpus.generators import correct_generators
-        from exactcheck.e2e.audit import run_generator_audit
+        from exactcheck.e2e.runner import run_generator_audit
         audit = run_generator_audit(correct_generators()[name], level=level, seed=seed, progress=False)
     failed = [v for v in audit.verdicts if v.outcome.failed]
     exactness = [v for v in failed if v.category is Category.EXACTNESS]

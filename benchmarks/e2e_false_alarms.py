@@ -17,10 +17,11 @@ import math
 
 import numpy as np
 
-from exactcheck.audit import _apply_holm
-from exactcheck.e2e.generator import SAMPLING
-from exactcheck.e2e.audit import _law_verdicts
+from exactcheck.core import apply_holm
 from exactcheck.e2e.drive import GeneratorSamples
+from exactcheck.e2e.generator import SAMPLING
+from exactcheck.e2e.verdicts import generation_law_verdicts
+from exactcheck.options import AlphaBudget
 from toy_models.hf_toy_lm import model_worlds
 
 ALPHAS = (1e-3, 1e-2, 5e-2, 1e-1)
@@ -43,14 +44,15 @@ def main() -> None:
             outputs = tuple(tuple(int(x) for x in row) for row in digits)
             runs.append(GeneratorSamples(world, SAMPLING, outputs, audit, forward_calls=0))
         for alpha in ALPHAS:
-            share = alpha / (2 * len(worlds))
-            pending = [v for run in runs for v in _law_verdicts(run, share, alpha, dict(world=run.world.name,
-                                                                                          seed=audit, reproduce=""), None)]
-            if any(v.outcome.failed for v in _apply_holm(pending, alpha, alpha)):
+            checks = sum(2 + len(run.world.marginals) for run in runs)  # sequence, first token, marginals
+            budget = AlphaBudget(alpha, checks, stop_early=False)
+            pending = [v for run in runs for v in generation_law_verdicts(
+                run, budget.first_share, alpha, dict(world=run.world.name, seed=audit, reproduce=""), None)]
+            if any(v.outcome.failed for v in apply_holm(pending, budget)):
                 alarms[alpha] += 1
     n = args.audits
     print(f"{n} audits x {len(worlds)} worlds x {args.generations} generations, exact sequence law, "
-          f"{2 * len(worlds)} statistical checks per audit (Holm)")
+          f"{sum(2 + len(w.marginals) for w in worlds)} statistical checks per audit (Holm)")
     for alpha in ALPHAS:
         k = alarms[alpha]
         upper = 1 - (0.05 ** (1 / n)) if k == 0 else min(1.0, (k + 1.645 * math.sqrt(k) + 1.645 ** 2) / n)

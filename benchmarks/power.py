@@ -45,7 +45,7 @@ from exactcheck.step.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMas
 from exactcheck.step.reference import reference_verifier
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, pooling
-from exactcheck.suite import derive_seed
+from exactcheck.options import derive_seed
 from toy_models.step_worlds import long_tail
 
 ALPHA = 1e-3

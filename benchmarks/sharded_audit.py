@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from exactcheck.audit import run_audit
+from exactcheck.step.runner import run_audit
 from exactcheck.executors import LocalExecutor, RayExecutor
 from exactcheck.step.reference import reference_verifier
 

@@ -2,9 +2,10 @@
 
 The pipeline, one subpackage a stage: worlds (``toy_models``) -> ``step.drive`` / ``e2e.drive``
 -> samples -> ``stats`` (exact laws, goodness of fit, e-processes, planning) -> ``report.verdict``
--> ``report`` (JSON, Markdown, HTML). ``exactcheck.plan`` decides what an audit runs and how alpha
-is split; ``run_audit`` executes a step-level verifier audit, ``run_generator_audit`` an
-end-to-end one (needs transformers).
+-> ``report`` (JSON, Markdown, HTML). ``exactcheck.options`` holds what every layer reads (options,
+levels, the alpha split, check kinds); ``exactcheck.step.plan`` / ``exactcheck.e2e.plan`` decide
+what an audit runs; ``run_audit`` executes a step-level verifier audit, ``run_generator_audit`` an
+end-to-end one (needs transformers); ``audit_subject`` either, by ``SubjectKind``.
 
 The names below are imported on first use, so ``import exactcheck`` (and the pytest plugin, and
 ``exactcheck --help``) costs no torch import.
@@ -16,10 +17,11 @@ import importlib
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "run_audit": "exactcheck.audit", "AuditResult": "exactcheck.audit",
-    "DEFAULT_ALPHA": "exactcheck.plan", "Level": "exactcheck.plan", "AuditOptions": "exactcheck.plan",
-    "AuditPlan": "exactcheck.plan", "plan_step_audit": "exactcheck.plan",
-    "plan_generator_audit": "exactcheck.plan",
+    "run_audit": "exactcheck.step.runner", "AuditResult": "exactcheck.report.result",
+    "DEFAULT_ALPHA": "exactcheck.options", "Level": "exactcheck.options", "AuditOptions": "exactcheck.options",
+    "AuditPlan": "exactcheck.options", "CheckKind": "exactcheck.options", "SubjectKind": "exactcheck.options",
+    "plan_step_audit": "exactcheck.step.plan", "plan_generator_audit": "exactcheck.e2e.plan",
+    "audit_subject": "exactcheck.subjects", "plan_subject": "exactcheck.subjects",
     "PADDING": "exactcheck.step.contract", "Verifier": "exactcheck.step.contract",
     "from_logits": "exactcheck.step.contract", "validate_output": "exactcheck.step.contract",
     "ContractViolation": "exactcheck.errors", "ExactcheckError": "exactcheck.errors",
@@ -32,7 +34,7 @@ _PUBLIC = {
     "ReferenceVerifier": "exactcheck.step.reference", "reference_verifier": "exactcheck.step.reference",
     "Outcome": "exactcheck.report.verdict", "Category": "exactcheck.report.verdict",
     "Verdict": "exactcheck.report.verdict",
-    "run_generator_audit": "exactcheck.e2e.audit",
+    "run_generator_audit": "exactcheck.e2e.runner",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -19,7 +19,8 @@ def build_listing() -> str:
     from exactcheck.e2e.loop import LOOP_MUTANTS
     from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
     from exactcheck.step.properties import PROPERTIES
-    from exactcheck.subjects import REAL_MODELS, builtin_generators
+    from exactcheck.options import REAL_MODELS
+    from exactcheck.subjects import builtin_generators
     from exactcheck.suite import default_worlds, large_worlds
     lines = ["worlds:"]
     lines += [f"  {w.name:<26} {w.description}" for w in default_worlds()]
@@ -28,7 +29,7 @@ def build_listing() -> str:
     lines.append("properties (deterministic, forced random numbers):")
     lines += [f"  properties/{name}" for name in PROPERTIES]
     try:
-        from exactcheck.e2e.audit import all_model_worlds as model_worlds
+        from exactcheck.e2e.plan import all_model_worlds as model_worlds
     except ImportError:  # transformers is not installed: no end-to-end worlds
         model_worlds = tuple
     lines.append("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")

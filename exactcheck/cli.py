@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exactcheck.errors import UsageError
-from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL, Level
-from exactcheck.subjects import BUILTIN_GENERATORS, REAL_MODELS, load_generator, load_subject
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REAL_MODELS, REQUIRABLE, Level, SubjectKind
+from exactcheck.subjects import BUILTIN_GENERATORS, audit_subject, load_generator, load_subject
 
 if TYPE_CHECKING:
-    from exactcheck.audit import AuditResult
+    from exactcheck.report.result import AuditResult
 
 __all__ = ["main"]
 
 EXIT_PASS, EXIT_DEFECT, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-DETAILED_FAILURES = 3
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +70,7 @@ def _call_size(parser: argparse.ArgumentParser) -> None:
 
 
 def _require(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--require", action="append", choices=("reproducible", "input-handling"),
+    parser.add_argument("--require", action="append", choices=REQUIRABLE,
                         default=[], help="also fail on findings of this category (repeatable; by "
                         "default only exactness findings fail: laws, forbidden tokens, acceptance "
                         "decisions, contract, crashes)")
@@ -179,64 +178,27 @@ def _parser() -> argparse.ArgumentParser:
     cost.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
     render = sub.add_parser("render", help="print the Markdown of a JSON report")
     render.add_argument("report", help="a .json report written by exactcheck")
-    render.add_argument("--format", choices=("markdown", "html", "pr"), default="markdown",
+    from exactcheck.report.formats import FORMS  # light: no torch
+    render.add_argument("--format", choices=FORMS, default="markdown",
                         help="markdown (default), a self-contained html page, or a short pull-request comment")
     return parser
 
 
-NOT_RUN = "not run to its budget"
-OTHER_LINES = 5  # inconclusive checks listed one per line before the rest become a count
-
-
-def _print_audit(result: AuditResult) -> None:
-    """One screen: the verdict line, then each gating finding with its evidence and reproduce
-    line (the strongest first), then one-liners for the rest, inconclusive checks folded into
-    counts, and the budget last."""
-    from exactcheck.report.verdict import Outcome
-    status = "PASSED" if result.passed else "FAILED"
-    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
-    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
-    first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
-    print(f"exactcheck audit {result.subject}: {status}{first} ({counts}; {result.settings_text()}, "
-          f"{result.duration_s:.1f} s)")
-    for v in failed[:DETAILED_FAILURES]:
-        print()
-        print(v.describe())
-    if failed:
-        print()
-    for v in failed[DETAILED_FAILURES:]:
-        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
-    for v in result.not_required:
-        print(f"  {v.category.value} finding (not required; --require "
-              f"{'reproducible' if v.category.value == 'reproducibility' else v.category.value} "
-              f"makes it fail) {v.check}: {v.summary}")
-    unrun = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and v.summary.startswith(NOT_RUN)]
-    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)
-             and v not in unrun]
-    for v in other[:OTHER_LINES]:
-        print(f"  {v.outcome.value:<18} {v.check}: {v.summary}")
-    if len(other) > OTHER_LINES:
-        print(f"  ... and {len(other) - OTHER_LINES} more inconclusive checks (see the report)")
-    if unrun:
-        print(f"  {len(unrun)} checks not run to their budget (the audit stopped early on "
-              f"{result.stopped_at or 'a defect'}); they are inconclusive, not passed")
-    print(f"  {result.budget_text()}")
-
-
 def _interrupted(result: AuditResult, report: str | None, stem: str) -> int:
     """Ctrl-C during an audit: one line, the partial report (marked incomplete) if asked for, 130."""
-    where = ""
+    from exactcheck.report.terminal import interrupted_line
+    written = ""
     if report:
         from exactcheck.report.files import write_report
         from exactcheck.report.json_md import audit_to_json
-        where = f"; partial report, marked incomplete: {write_report(audit_to_json(result), report, stem)[0]}"
-    print(f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} {result.unit}{where}",
-          file=sys.stderr)
+        written = str(write_report(audit_to_json(result), report, stem)[0])
+    print(interrupted_line(result, written), file=sys.stderr)
     return EXIT_INTERRUPTED
 
 
-def _print_and_write(result: AuditResult, report: str | None, stem: str) -> AuditResult:
+def _print_and_write(result: AuditResult, report: str | None, stem: str, passing: bool = False) -> AuditResult:
     """Write the report first (so reproduce lines name the real directory), then print."""
+    from exactcheck.report.terminal import audit_summary
     paths = ()
     if report:
         from exactcheck.report.files import write_report
@@ -244,26 +206,25 @@ def _print_and_write(result: AuditResult, report: str | None, stem: str) -> Audi
         data = audit_to_json(result)
         paths = write_report(data, report, stem)
         result = audit_from_json(data)
-    _print_audit(result)
+    print(audit_summary(result, passing))
     for path in paths:
         print(f"report: {path}")
     return result
 
 
 def _audit(args) -> int:
-    from exactcheck.audit import run_audit
+    from exactcheck.report.files import report_stem
     from exactcheck.report.verdict import Outcome
-    subject = load_subject(args.subject)
     executor = _executor(args)
     try:
-        result = run_audit(subject, subject_name=args.subject, level=args.level, seed=args.seed,
-                           alpha=args.alpha, device=args.device, worlds=args.world,
-                           progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
-                           detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                           call_elements=args.call_elements, executor=executor)
+        result = audit_subject(SubjectKind.VERIFIER, args.subject, level=args.level, seed=args.seed,
+                               alpha=args.alpha, device=args.device, worlds=args.world,
+                               progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
+                               detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
+                               call_elements=args.call_elements, executor=executor)
     finally:
         executor.close()
-    stem = "audit-" + args.subject.replace(":", "-").replace(".", "-")
+    stem = report_stem("audit-", args.subject)
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
@@ -279,96 +240,65 @@ def _audit(args) -> int:
 
 def _selftest(args) -> int:
     from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import deterministic_finding, selftest_to_json
-    from exactcheck.step.selftest import run_selftest
-    header = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
-              f"{'time':>6}  forced draws / reachability")
-    print(header)
-    print("-" * len(header))
+    from exactcheck.report.json_md import selftest_to_json
+    from exactcheck.report.terminal import selftest_footer, selftest_header, selftest_row
+    from exactcheck.step.selftest import REFERENCE_NAME, run_selftest
+    print(selftest_header())
     start = time.perf_counter()
 
     def show(name: str, audit: AuditResult) -> None:
-        short = name.split(":")[-1]
-        forced = ""
-        if short == "reference_verifier":
-            result = "passes" if audit.passed else "FAILS"
-            caught = f"{len(audit.verdicts) - len(audit.failed)}/{len(audit.verdicts)} checks exact"
-            tv = p = category = "-"
-        else:
-            best = audit.strongest_failure()
-            result = "detected" if best else "MISSED"
-            caught = best.check if best else "-"
-            category = best.category.value if best else "-"
-            tv = "-" if not best or best.tv_estimate is None else f"{best.tv_estimate:.4f}"
-            p = "-" if not best else f"{best.adjusted_pvalue:.1e}"
-            finding = deterministic_finding(audit)
-            if finding is not None and finding.reachability is not None:
-                forced = f"{finding.check}: {finding.reachability.describe()}"
-        print(f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
-              f"{audit.duration_s:5.1f}s  {forced}", flush=True)
+        print(selftest_row(name, audit, reference=name == REFERENCE_NAME), flush=True)
 
     result = run_selftest(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
                           mutants=args.mutant, on_audit=show, stop_early=args.stop_early,
                           detect_tv=args.detect_tv, max_samples=args.max_samples,
                           call_elements=args.call_elements)
     print()
-    detected = len(result.mutants) - len(result.undetected)
-    print(f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "
-          f"{len(result.mutants)} mutants detected; {time.perf_counter() - start:.1f} s in all")
+    print(selftest_footer(result, time.perf_counter() - start))
     if args.report:
         for path in write_report(selftest_to_json(result), args.report, f"selftest-{args.level}"):
             print(f"report: {path}")
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
-def _stem(prefix: str, name: str) -> str:
-    return prefix + "".join(c if c.isalnum() else "-" for c in name).strip("-")
-
-
 def _e2e(args) -> int:
-    from exactcheck.e2e.generator import DecodingPolicy
-    from exactcheck.e2e.audit import run_generator_audit
-    generator = load_generator(args.subject)
+    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.report.files import report_stem
     policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
     policies += tuple(_parse_policy(spec) for spec in (args.policy or []))
     executor = _executor(args)
     try:
-        result = run_generator_audit(generator, subject_name=args.subject,
-                                     level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world,
-                                     policies=policies, generations=args.generations, greedy=args.greedy,
-                                     progress=not args.quiet, require=args.require, device=args.device,
-                                     shards=args.shards, executor=executor if args.executor == "ray" else None)
+        result = audit_subject(SubjectKind.GENERATOR, args.subject, level=args.level, seed=args.seed,
+                               alpha=args.alpha, worlds=args.world, policies=policies, generations=args.generations,
+                               greedy=args.greedy, progress=not args.quiet, require=args.require,
+                               device=args.device, shards=args.shards,
+                               executor=executor if args.executor == "ray" else None)
     finally:
         executor.close()
+    stem = report_stem("e2e-", args.subject)
     if result.interrupted:
-        return _interrupted(result, args.report, _stem("e2e-", args.subject))
-    result = _print_and_write(result, args.report, _stem("e2e-", args.subject))
+        return _interrupted(result, args.report, stem)
+    result = _print_and_write(result, args.report, stem)
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
 def _grammar(args) -> int:
-    from exactcheck.report.verdict import Outcome
+    from exactcheck.core import resolve_device
     from exactcheck.e2e.real_grammar import run_grammar_audit
+    from exactcheck.report.files import report_stem
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
-                               seed=args.seed, progress=not args.quiet, device=_device(args.device),
+                               seed=args.seed, progress=not args.quiet, device=resolve_device(args.device),
                                subject_name=args.subject)
+    stem = report_stem("grammar-smollm2-", args.subject)
     if result.interrupted:
-        return _interrupted(result, args.report, _stem("grammar-smollm2-", args.subject))
-    result = _print_and_write(result, args.report, _stem("grammar-smollm2-", args.subject))
-    for v in result.verdicts:
-        if v.outcome is Outcome.EXACT:
-            print(f"  exact              {v.check}: {v.summary}")
+        return _interrupted(result, args.report, stem)
+    result = _print_and_write(result, args.report, stem, passing=True)
     return EXIT_PASS if result.passed else EXIT_DEFECT
-
-
-def _device(name: str):
-    from exactcheck.audit import resolve_device
-    return resolve_device(name)
 
 
 def _parse_policy(spec: str):
     """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2)."""
-    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.e2e.policy import DecodingPolicy
     kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
     settings = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -386,20 +316,26 @@ def _parse_policy(spec: str):
 
 
 def _greedy(args) -> int:
+    from exactcheck.core import resolve_device
     from exactcheck.e2e.real_models import run_greedy_audit
-    generator = load_generator(args.subject)
-    result = run_greedy_audit(generator, args.model, prompts=args.prompts, new_tokens=args.new_tokens,
-                              per_prompt=args.per_prompt, seed=args.seed, progress=not args.quiet,
-                              device=_device(args.device), subject_name=args.subject)
+    from exactcheck.report.files import report_stem
+    result = run_greedy_audit(load_generator(args.subject), args.model, prompts=args.prompts,
+                              new_tokens=args.new_tokens, per_prompt=args.per_prompt, seed=args.seed,
+                              progress=not args.quiet, device=resolve_device(args.device), subject_name=args.subject)
+    stem = report_stem(f"greedy-{args.model}-", args.subject)
     if result.interrupted:
-        return _interrupted(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
-    result = _print_and_write(result, args.report, _stem(f"greedy-{args.model}-", args.subject))
+        return _interrupted(result, args.report, stem)
+    result = _print_and_write(result, args.report, stem)
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
 def _cost(args) -> int:
+    from exactcheck.core import resolve_device
     from exactcheck.e2e.cost import run_cost
     from exactcheck.e2e.policy import GREEDY
+    from exactcheck.report.cost_report import cost_headline
+    from exactcheck.report.files import report_stem, write_report
+    from exactcheck.reproduce import cost_line
     try:
         lengths = tuple(int(k) for k in args.draft_lengths.split(",") if k.strip())
     except ValueError:
@@ -410,64 +346,47 @@ def _cost(args) -> int:
         raise UsageError("--prompts must be at least 2 (the intervals need more than one request)")
     policy = None if args.policy is None else (GREEDY if args.policy == "greedy" else _parse_policy(args.policy))
     model = None if args.world else (args.model or "tiny-llama")
-    reproduce = " ".join(["exactcheck cost", args.subject] + ([f"--model {model}"] if model else [f"--world {args.world}"])
-                         + [f"--draft-lengths {args.draft_lengths}", f"--prompts {args.prompts}", f"--seed {args.seed}"]
-                         + ([f"--new-tokens {args.new_tokens}"] if args.new_tokens else [])
-                         + ([f"--policy '{args.policy}'"] if args.policy else []))
+    reproduce = cost_line(args.subject, model, args.world, args.draft_lengths, args.prompts, args.seed,
+                          args.new_tokens, args.policy)
     data = run_cost(load_generator(args.subject), model=model, world=args.world, draft_lengths=lengths,
-                    prompts=args.prompts, new_tokens=args.new_tokens, policy=policy, device=_device(args.device),
+                    prompts=args.prompts, new_tokens=args.new_tokens, policy=policy, device=resolve_device(args.device),
                     seed=args.seed, exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
-    from exactcheck.report.cost_report import render_cost_markdown
-    text = render_cost_markdown(data)
-    print("\n".join(text.splitlines()[2:5]).strip().replace("**", ""))
+    print(cost_headline(data))
     if args.report:
-        from exactcheck.report.files import write_report
-        for path in write_report(data, args.report, _stem(f"cost-{model or args.world}-", args.subject)):
+        for path in write_report(data, args.report, report_stem(f"cost-{model or args.world}-", args.subject)):
             print(f"report: {path}")
     return EXIT_PASS
 
 
 def _gate(args) -> int:
-    from exactcheck.report.files import write_report
-    from exactcheck.report.json_md import audit_to_json
     from exactcheck import gate
+    from exactcheck.report.files import report_stem, write_report
+    from exactcheck.report.json_md import audit_to_json, gate_to_json
+    from exactcheck.report.junit import junit_xml
+    from exactcheck.report.terminal import gate_lines, gate_verdict
     config = Path(args.config)
     subjects = gate.read_config(config, level=args.level, device=args.device)
     results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent)
-    if results and results[-1].audit.interrupted:
-        written = []
-        if args.junit_xml:
-            written.append(str(gate.write(args.junit_xml, gate.junit_xml(results))))
-        if args.json:
-            written.append(str(gate.write(args.json, gate.dumps(gate.gate_json(results)))))
-        if args.report:
-            for result in results:
-                written.append(str(write_report(audit_to_json(result.audit), args.report,
-                                                _stem("audit-", result.subject.name))[0]))
-        print(f"exactcheck: interrupted while auditing {results[-1].subject.name} ({len(results) - 1} of "
-              f"{len(subjects)} subjects finished)" + (f"; partial results, marked incomplete: {', '.join(written)}"
-                                                       if written else ""), file=sys.stderr)
-        return EXIT_INTERRUPTED
-    for result in results:
-        status = "passes" if result.passed else "FAILS"
-        exempt = [v.check for v in result.audit.failed if result.exempted(v)]
-        print(f"{result.subject.name}: {status} ({len(result.audit.verdicts)} checks, "
-              f"{len(result.blocking)} failed" + (f", {len(exempt)} failed but exempt" if exempt else "")
-              + f"; level {result.subject.level}, {result.audit.duration_s:.1f} s)")
-        for v in result.blocking[:DETAILED_FAILURES]:
-            print("  " + v.describe().replace("\n", "\n  "))
+    interrupted = bool(results) and results[-1].audit.interrupted
+    written = []
+    if not interrupted:
+        print(gate_lines(results))
     if args.junit_xml:
-        print(f"junit xml: {gate.write(args.junit_xml, gate.junit_xml(results))}")
+        written.append(f"junit xml: {gate.write(args.junit_xml, junit_xml(results))}")
     if args.json:
-        print(f"json: {gate.write(args.json, gate.dumps(gate.gate_json(results)))}")
+        written.append(f"json: {gate.write(args.json, gate.dumps(gate_to_json(results)))}")
     if args.report:
         for result in results:
-            for path in write_report(audit_to_json(result.audit), args.report, _stem("audit-", result.subject.name)):
-                print(f"report: {path}")
-    passed = all(r.passed for r in results)
-    print(f"exactcheck gate: {'PASSED' if passed else 'FAILED'} ({sum(r.passed for r in results)} of "
-          f"{len(results)} subjects pass)")
-    return EXIT_PASS if passed else EXIT_DEFECT
+            paths = write_report(audit_to_json(result.audit), args.report, report_stem("audit-", result.subject.name))
+            written += [f"report: {path}" for path in (paths[:1] if interrupted else paths)]
+    if interrupted:
+        files = ", ".join(line.split(": ", 1)[1] for line in written)
+        print(f"exactcheck: interrupted while auditing {results[-1].subject.name} ({len(results) - 1} of "
+              f"{len(subjects)} subjects finished)" + (f"; partial results, marked incomplete: {files}"
+                                                       if files else ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print("\n".join(written + [gate_verdict(results)]))
+    return EXIT_PASS if all(r.passed for r in results) else EXIT_DEFECT
 
 
 def _list(args) -> int:
@@ -481,7 +400,8 @@ def _list(args) -> int:
 
 
 def _plan(args) -> int:
-    from exactcheck.plan import AuditOptions, budget_plan
+    from exactcheck.options import AuditOptions
+    from exactcheck.step.plan import budget_plan
     options = AuditOptions.build(level=args.level, alpha=args.alpha, detect_tv=args.detect_tv,
                                  max_samples=args.max_samples, stop_early=args.stop_early)
     print(budget_plan(options).describe())
@@ -518,33 +438,17 @@ def _replay(args) -> int:
 
 
 def _render(args) -> int:
-    from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
+    from exactcheck.report.formats import renderer
     data = _read_json(args.report)
-    schema = data.get("schema")
-    from exactcheck.report.cost_report import COST_SCHEMA, render_cost_html, render_cost_markdown
-    if schema == COST_SCHEMA:
-        if args.format == "pr":
-            raise UsageError("a cost report renders as markdown or html")
-        try:
-            text = (render_cost_markdown if args.format == "markdown" else render_cost_html)(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError(f"{args.report}: a report field is missing or malformed ({type(exc).__name__}: {exc})") from None
-        print(text, end="")
-        return EXIT_PASS
-    if schema == SELFTEST_SCHEMA:
-        if args.format != "markdown":
-            raise UsageError("a selftest report renders as markdown only; render its audits' reports instead")
-        print(render_selftest_markdown(data))
-        return EXIT_PASS
-    if schema != AUDIT_SCHEMA:
-        raise UsageError(f"{args.report} is not an exactcheck report (schema {schema!r})")
-    from exactcheck.report.html import render_audit_html, render_pr_comment
-    render = {"markdown": render_audit_markdown, "html": render_audit_html, "pr": render_pr_comment}[args.format]
+    try:
+        render = renderer(data.get("schema"), args.format)
+    except ValueError as exc:
+        raise UsageError(f"{args.report}: {exc}") from None
     try:
         text = render(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{args.report}: a report field is missing or malformed ({type(exc).__name__}: {exc})") from None
-    print(text, end="" if args.format != "markdown" else "\n")
+    print(text, end="" if text.endswith("\n") else "\n")
     return EXIT_PASS
 
 

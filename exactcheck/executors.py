@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from exactcheck.errors import UsageError
+from exactcheck.options import derive_seed
 
 __all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed"]
 
@@ -25,7 +26,6 @@ def split(n: int, shards: int) -> list[int]:
 
 def shard_seed(batch_seed: int, shard: int, shards: int) -> int:
     """Shard ``shard``'s seed; an unsharded audit keeps the batch seed, so its samples are unchanged."""
-    from exactcheck.plan import derive_seed
     return batch_seed if shards == 1 else derive_seed(batch_seed, f"shard/{shard}")
 
 

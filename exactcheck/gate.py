@@ -25,38 +25,40 @@ from __future__ import annotations
 import json
 import os
 import sys
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from exactcheck.audit import AuditResult
 from exactcheck.errors import UsageError
-from exactcheck.plan import DEFAULT_ALPHA, DEFAULT_LEVEL
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions, SubjectKind
+from exactcheck.report.result import AuditResult
+from exactcheck.report.verdict import Verdict
+from exactcheck.subjects import audit_subject, entry_point
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["GateSubject", "GateResult", "read_config", "run_gate", "junit_xml", "gate_json"]
+__all__ = ["GateSubject", "GateResult", "read_config", "run_gate"]
 
-_KINDS = ("verifier", "generator")
+# keys of a [[tool.exactcheck.subject]] entry that are not audit settings
+_OWN_KEYS = ("name", "exempt", *(kind.value for kind in SubjectKind))
+# settings [tool.exactcheck] may give every subject
+_SHARED = ("level", "seed", "alpha", "device", "require")
 
 
 @dataclass(frozen=True)
 class GateSubject:
     name: str
-    kind: str  # "verifier" or "generator"
+    kind: SubjectKind
     target: str  # MODULE:CALLABLE or a built-in generator name
-    level: str
-    seed: int
-    alpha: float
-    worlds: tuple[str, ...] | None = None
+    options: AuditOptions
+    settings: dict = field(default_factory=dict, hash=False)  # what only this kind takes (e.g. policies)
     exempt: tuple[str, ...] = ()
-    require: tuple[str, ...] = ()  # finding categories that gate besides exactness
-    device: str = "cpu"
-    call_elements: int | str | None = None  # verifiers: target_probs elements per call, or "auto"
+
+    @property
+    def level(self) -> str:
+        return self.options.level.value
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class GateResult:
 def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
                 device: str | None = None) -> list[GateSubject]:
     """The subjects of ``[tool.exactcheck]`` in ``path`` (``level`` and ``device`` override every
-    subject's)."""
+    subject's), each with its settings validated by its kind's entry point."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -92,132 +94,56 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
     entries = section.get("subject") or []
     if not entries:
         raise UsageError(f"{path}: [tool.exactcheck] lists no [[tool.exactcheck.subject]]")
+    defaults = {"level": DEFAULT_LEVEL, "seed": 0, "alpha": DEFAULT_ALPHA, "device": "cpu",
+                **{k: v for k, v in section.items() if k in _SHARED}}
+    overrides = {k: v for k, v in (("level", level), ("device", device)) if v is not None}
     subjects, names = [], set()
     for i, entry in enumerate(entries):
-        kinds = [k for k in _KINDS if k in entry]
+        kinds = [kind for kind in SubjectKind if kind.value in entry]
         if len(kinds) != 1:
-            raise UsageError(f"{path}: subject {i + 1} needs exactly one of 'verifier' or 'generator'")
+            raise UsageError(f"{path}: subject {i + 1} needs exactly one of "
+                             + " or ".join(repr(kind.value) for kind in SubjectKind))
         kind = kinds[0]
-        name = str(entry.get("name", entry[kind]))
+        name = str(entry.get("name", entry[kind.value]))
         if name in names:
             raise UsageError(f"{path}: two subjects are named {name!r}")
         names.add(name)
-        unknown = set(entry) - {"name", kind, "level", "seed", "alpha", "worlds", "exempt", "require", "device",
-                                *(("call_elements",) if kind == "verifier" else ())}
-        if unknown:
-            raise UsageError(f"{path}: subject {name!r} has unknown keys {sorted(unknown)}")
-        subjects.append(GateSubject(
-            name=name, kind=kind, target=str(entry[kind]),
-            level=level or entry.get("level", section.get("level", DEFAULT_LEVEL)),
-            seed=int(entry.get("seed", section.get("seed", 0))),
-            alpha=float(entry.get("alpha", section.get("alpha", DEFAULT_ALPHA))),
-            worlds=tuple(entry["worlds"]) if entry.get("worlds") else None,
-            exempt=tuple(entry.get("exempt", ())),
-            require=_require(path, name, entry.get("require", section.get("require", ()))),
-            device=device or str(entry.get("device", section.get("device", "cpu"))),
-            call_elements=entry.get("call_elements")))
+        settings = {**defaults, **{k: v for k, v in entry.items() if k not in _OWN_KEYS}, **overrides}
+        try:
+            options, own = entry_point(kind).split(settings)
+        except UsageError as exc:
+            raise UsageError(f"{path}: subject {name!r}: {exc}") from None
+        subjects.append(GateSubject(name=name, kind=kind, target=str(entry[kind.value]), options=options,
+                                    settings=own, exempt=tuple(entry.get("exempt", ()))))
     return subjects
-
-
-def _require(path, name: str, value) -> tuple[str, ...]:
-    from exactcheck.plan import AuditOptions
-    try:
-        return AuditOptions.build(require=[value] if isinstance(value, str) else list(value)).require
-    except UsageError as exc:
-        raise UsageError(f"{path}: subject {name!r}: require: {exc}") from None
 
 
 def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None) -> list[GateResult]:
     """Audit every subject (imports resolve from ``root``, default the current directory). Every
-    subject is loaded and its options checked before any audit runs, so a mistake in the last
-    one costs no audit time. Ctrl-C during an audit ends the gate there: that audit's result is
-    marked interrupted and is the last one returned."""
-    from exactcheck.audit import resolve_device
-    from exactcheck.plan import AuditOptions
-    from exactcheck.subjects import load_generator, load_subject
+    subject is loaded and its device checked before any audit runs, so a mistake in the last one
+    costs no audit time. Ctrl-C during an audit ends the gate there: that audit's result is marked
+    interrupted and is the last one returned."""
+    from exactcheck.core import resolve_device
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
     loaded = {}
     for subject in subjects:
         try:
-            AuditOptions.build(level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                               worlds=subject.worlds, require=subject.require, device=subject.device,
-                               call_elements=subject.call_elements)
-            resolve_device(subject.device)
-            loaded[subject.name] = (load_subject if subject.kind == "verifier" else load_generator)(subject.target)
+            resolve_device(subject.options.device)
+            loaded[subject.name] = entry_point(subject.kind).load(subject.target)
         except UsageError as exc:
             raise UsageError(f"subject {subject.name!r}: {exc}") from None
     results = []
     for subject in subjects:
         if progress:
-            print(f"exactcheck gate: auditing {subject.name} ({subject.kind} {subject.target}, "
+            print(f"exactcheck gate: auditing {subject.name} ({subject.kind.value} {subject.target}, "
                   f"level {subject.level})", file=sys.stderr, flush=True)
-        worlds = list(subject.worlds) if subject.worlds else None
-        if subject.kind == "verifier":
-            from exactcheck.audit import run_audit
-            audit = run_audit(loaded[subject.name], subject_name=subject.target, level=subject.level,
-                              seed=subject.seed, alpha=subject.alpha, worlds=worlds, progress=progress,
-                              require=subject.require, device=subject.device,
-                              call_elements=subject.call_elements)
-        else:
-            from exactcheck.e2e.audit import run_generator_audit
-            audit = run_generator_audit(loaded[subject.name], subject_name=subject.target,
-                                        level=subject.level, seed=subject.seed, alpha=subject.alpha,
-                                        worlds=worlds, progress=progress, require=subject.require,
-                                        device=subject.device)
+        audit = audit_subject(subject.kind, loaded[subject.name], options=subject.options,
+                              subject_name=subject.target, progress=progress, **subject.settings)
         results.append(GateResult(subject, audit))
         if audit.interrupted:  # Ctrl-C: the subjects after this one are not audited
             break
     return results
-
-
-def junit_xml(results: list[GateResult]) -> str:
-    """JUnit XML: a testsuite per subject, a testcase per check. Failed checks are <failure>
-    (a crash is <error>), inconclusive and exempt failed checks are <skipped>."""
-    suites = ET.Element("testsuites", name="exactcheck")
-    totals = dict(tests=0, failures=0, errors=0, skipped=0)
-    for result in results:
-        counts = dict(tests=0, failures=0, errors=0, skipped=0)
-        suite = ET.SubElement(suites, "testsuite", name=result.subject.name,
-                              time=f"{result.audit.duration_s:.3f}")
-        for v in result.audit.verdicts:
-            counts["tests"] += 1
-            case = ET.SubElement(suite, "testcase", classname=f"exactcheck.{result.subject.name}", name=v.check,
-                                 time="0")
-            if v.outcome.failed and not result.audit.gates(v):
-                ET.SubElement(case, "skipped", message=f"{v.category.value} finding, not required: {v.summary}")
-            elif v.outcome.failed and result.exempted(v):
-                counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=f"exempt: {v.outcome.value}: {v.summary}")
-            elif v.outcome is Outcome.CRASHED:
-                counts["errors"] += 1
-                ET.SubElement(case, "error", message=v.summary, type=v.outcome.value).text = v.describe()
-            elif v.outcome.failed:
-                counts["failures"] += 1
-                ET.SubElement(case, "failure", message=v.summary, type=v.outcome.value).text = v.describe()
-            elif v.outcome is Outcome.INCONCLUSIVE:
-                counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=f"inconclusive: {v.summary}")
-        for key, value in counts.items():
-            suite.set(key, str(value))
-            totals[key] += value
-    for key, value in totals.items():
-        suites.set(key, str(value))
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
-
-
-def gate_json(results: list[GateResult]) -> dict:
-    from exactcheck.report.json_md import audit_to_json
-    return {
-        "schema": "exactcheck.gate/1",
-        "passed": all(r.passed for r in results) and not any(r.audit.interrupted for r in results),
-        "interrupted": any(r.audit.interrupted for r in results),
-        "subjects": [{"name": r.subject.name, "kind": r.subject.kind, "target": r.subject.target,
-                      "passed": r.passed, "exempt": list(r.subject.exempt),
-                      "blocking": [v.check for v in r.blocking], "audit": audit_to_json(r.audit)}
-                     for r in results],
-    }
 
 
 def write(path: str | Path, text: str) -> Path:

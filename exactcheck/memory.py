@@ -55,7 +55,7 @@ def device_max_elements(device, share: float = 0.5, floor: int = 1 << 20, ceilin
     """How many target_probs elements (B * (k+1) * V) one verify call may take on ``device``:
     ``share`` of the free memory over the bytes a call holds per element. The batch then grows
     with the device rather than being a constant. A different size changes which random
-    numbers each trial gets, so audits keep ``exactcheck.plan.DEFAULT_CALL_ELEMENTS`` unless asked
+    numbers each trial gets, so audits keep ``exactcheck.options.DEFAULT_CALL_ELEMENTS`` unless asked
     (``call_elements``), and a report
     records the size it used."""
     budget = int(free_memory_bytes(device) * share) // BYTES_PER_ELEMENT_AT_PEAK

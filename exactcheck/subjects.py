@@ -1,18 +1,28 @@
-"""Subjects by name, for every front end: ``MODULE:CALLABLE`` (the current directory is
-importable; a class is instantiated with no arguments), the built-in generators, and loop
-mutants (``loop-mutant:NAME``). The CLI, the gate and the pytest plugin all load through here;
-no library module imports the CLI."""
+"""Subjects, for every front end: by name (``MODULE:CALLABLE``, the current directory importable,
+a class instantiated with no arguments; the built-in generators; loop mutants,
+``loop-mutant:NAME``), and one audit entry point per kind of subject (``SubjectKind``).
+
+The CLI, the gate and the pytest plugin load subjects, plan their audits and run them through
+here: a front end parses its arguments into settings, calls ``plan_subject`` / ``audit_subject``
+with the subject's kind, and prints what ``exactcheck.report`` renders. It never branches on the
+kind itself and keeps no list of option names: ``EntryPoint.split`` tells the options
+(``AuditOptions`` fields) from the settings only one kind takes. The runners are imported when an
+audit runs, so loading this module costs no torch import.
+"""
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from exactcheck.errors import UsageError
+from exactcheck.options import AuditOptions, AuditPlan, SubjectKind
 
-__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "REAL_MODELS"]
+__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "SubjectKind",
+           "EntryPoint", "entry_point", "plan_subject", "audit_subject"]
 
-REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # exactcheck greedy --model
 BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "transformers-assisted",
                       "transformers-prompt-lookup", "transformers-ensemble-0.9")
 
@@ -72,3 +82,96 @@ def builtin_generators() -> dict:
             "transformers-assisted": AssistedGeneration(),
             "transformers-prompt-lookup": PromptLookup(),
             "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
+
+
+def _plan_verifier(subject, options: AuditOptions, **_extra) -> AuditPlan:
+    from exactcheck.step.contract import acceptance_rule
+    from exactcheck.step.plan import plan_step_audit
+    return plan_step_audit(replace(options, acceptance_rule=acceptance_rule(subject).value))
+
+
+def _run_verifier(subject, options: AuditOptions, **keywords):
+    from exactcheck.step.runner import run_audit
+    return run_audit(subject, options=options, **keywords)
+
+
+def _plan_generator(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
+    from exactcheck.e2e.plan import plan_generator_audit
+    return plan_generator_audit(options, policies, greedy)
+
+
+def _run_generator(subject, options: AuditOptions, **keywords):
+    from exactcheck.e2e.runner import run_generator_audit
+    return run_generator_audit(subject, options=options, **keywords)
+
+
+_ALL_OPTIONS = tuple(AuditOptions.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """How a kind of subject is loaded, planned and audited. ``options``: the ``AuditOptions``
+    fields this kind's audit reads; ``settings``: what it takes besides (an end-to-end audit's
+    decoding policies and greedy sweep)."""
+
+    kind: SubjectKind
+    load: Callable[[str], object]
+    plan: Callable[..., AuditPlan]
+    run: Callable[..., object]
+    options: tuple[str, ...] = _ALL_OPTIONS
+    settings: tuple[str, ...] = ()
+
+    def split(self, settings: dict) -> tuple[AuditOptions, dict]:
+        """``settings`` as validated options and this kind's own settings; a setting this kind
+        does not take is a ``UsageError`` naming it."""
+        given = {k for k, v in settings.items() if v is not None}
+        stray = sorted(given - set(self.options) - set(self.settings))
+        if stray:
+            raise UsageError(f"a {self.kind.value} audit takes no {', '.join(stray)} (it takes "
+                             f"{', '.join(self.options + self.settings)})")
+        own = {k: v for k, v in settings.items() if k in self.settings}
+        return AuditOptions.build(**{k: v for k, v in settings.items() if k not in self.settings}), own
+
+
+ENTRY_POINTS = {
+    SubjectKind.VERIFIER: EntryPoint(SubjectKind.VERIFIER, load_subject, _plan_verifier, _run_verifier,
+                                     tuple(o for o in _ALL_OPTIONS if o != "generations")),
+    SubjectKind.GENERATOR: EntryPoint(SubjectKind.GENERATOR, load_generator, _plan_generator, _run_generator,
+                                      ("level", "seed", "alpha", "device", "worlds", "require", "generations",
+                                       "shards"), ("policies", "greedy")),
+}
+
+
+def entry_point(kind: SubjectKind) -> EntryPoint:
+    return ENTRY_POINTS[SubjectKind(kind)]
+
+
+def _options(entry: EntryPoint, options: AuditOptions | None, settings: dict) -> tuple[AuditOptions, dict]:
+    if options is None:
+        return entry.split(settings)
+    stray = sorted(set(settings) - set(entry.settings))
+    if stray:
+        raise UsageError(f"give options or keyword settings, not both ({stray})")
+    return options, settings
+
+
+def plan_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = None, **settings) -> AuditPlan:
+    """The plan of auditing ``subject`` (a callable, or a name to load) with ``options`` or
+    ``settings`` (``AuditOptions`` fields), and the kind's own settings."""
+    entry = entry_point(kind)
+    subject = entry.load(subject) if isinstance(subject, str) else subject
+    options, own = _options(entry, options, settings)
+    return entry.plan(subject, options, **own)
+
+
+def audit_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
+                  progress: bool = True, executor=None, **settings):
+    """Audit ``subject`` (a callable, or a name to load: then it also names the subject in reproduce
+    lines) with ``options`` or ``settings`` (``AuditOptions`` fields), and the kind's own
+    settings; the result is the kind's ``AuditResult``."""
+    entry = entry_point(kind)
+    if isinstance(subject, str):
+        subject_name = subject_name or subject
+        subject = entry.load(subject)
+    options, own = _options(entry, options, settings)
+    return entry.run(subject, options, subject_name=subject_name, progress=progress, executor=executor, **own)

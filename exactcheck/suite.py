@@ -1,11 +1,10 @@
 """The built-in suite: the step and context worlds every step audit drives, and the large worlds
-audited when named. (``Level`` and ``derive_seed`` live in ``exactcheck.plan``, re-exported here.)"""
+audited when named (``exactcheck.step.plan`` plans them)."""
 from __future__ import annotations
 
-from exactcheck.plan import Level, derive_seed
 from toy_models import ContextWorld, StepWorld, context_worlds, step_worlds
 
-__all__ = ["Level", "default_worlds", "large_worlds", "derive_seed"]
+__all__ = ["default_worlds", "large_worlds"]
 
 def default_worlds() -> list[StepWorld | ContextWorld]:
     """Every built-in world, step worlds first."""

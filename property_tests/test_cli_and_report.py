@@ -166,8 +166,8 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
     and the line re-ran a different audit."""
     import shlex
 
-    from exactcheck.audit import run_audit
-    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.step.runner import run_audit
+    from exactcheck.e2e.runner import run_generator_audit
     from exactcheck.e2e.generator import DecodingPolicy
     from exactcheck.report.json_md import audit_from_json
     from exactcheck.step.reference import reference_verifier
@@ -206,16 +206,14 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
 def test_a_policy_the_command_line_cannot_state_gets_the_python_call():
     """Bias, banned or stop tokens, a mask or a name have no ``--policy`` spelling: the reproduce
     line is then the Python call, and its policies evaluate back to the ones audited."""
-    from exactcheck.e2e.audit import _policy_settings
     from exactcheck.e2e.generator import DecodingPolicy
-    from exactcheck.plan import AuditOptions
+    from exactcheck.options import AuditOptions
+    from exactcheck.reproduce import generator_audit_line
     stated = (DecodingPolicy(0.7), DecodingPolicy(top_k=2, top_p=0.8))
     unstated = (DecodingPolicy(0.7), DecodingPolicy(banned_tokens=(1,), logit_bias=((0, 2.0),)))
     options = AuditOptions.build(generations=50)
     for policies, command in ((stated, True), (unstated, False)):
-        extra, stateable = _policy_settings(policies, greedy=False)
-        assert stateable is command
-        line = options.reproduce("reference-loop", "w", "e2e", importable=stateable, extra=extra)
+        line = generator_audit_line(options, "reference-loop", "w", policies, greedy=False)
         assert line.startswith("exactcheck e2e reference-loop ") is command, line
         if command:
             assert "--policy temperature=0.7 --policy temperature=1.0,top_k=2,top_p=0.8 --no-greedy" in line

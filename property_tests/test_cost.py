@@ -28,7 +28,7 @@ def test_observed_acceptance_agrees_with_the_exact_expectation_and_a_diluted_dra
 
 
 def test_the_diluted_drafter_is_slower_not_wrong():
-    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.e2e.runner import run_generator_audit
     result = run_generator_audit(DilutedDraft(), level="quick", worlds=[WORLD.name], generations=500, progress=False)
     assert result.passed, [v.describe() for v in result.failed]
 

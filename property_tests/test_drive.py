@@ -51,10 +51,10 @@ def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
     """``call_elements`` sets how many target_probs elements one verify call gets: the samples
     change (other random numbers per trial), the verdicts stay exact, the report and the
     reproducer name the size, and ``auto`` sizes to the device's free memory."""
-    from exactcheck.audit import run_audit
+    from exactcheck.step.runner import run_audit
     from exactcheck.cli import main
     from exactcheck.memory import device_max_elements
-    from exactcheck.plan import DEFAULT_CALL_ELEMENTS, AuditOptions
+    from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions
     from exactcheck.report.json_md import audit_from_json, audit_to_json
 
     settings = dict(level="quick", worlds=["ctx_v4_l5_k4"], properties=False, max_samples=20_000, progress=False)
@@ -98,25 +98,25 @@ def _random_step(batch, k, vocab, seed):
     return target, draft, tokens
 
 
-def test_the_fused_step_is_the_reference_token_for_token():
-    """``compiled_step`` (the throughput benchmark's --compile subject) runs ``_fused_step`` under
+def test_thefused_step_is_the_reference_token_for_token():
+    """``compiled_step`` (the throughput benchmark's --compile subject) runs ``fused_step`` under
     torch.compile; uncompiled, with the reference's uniforms in the reference's order, it gives
     the reference's tokens, and it flags the invalid inputs the reference refuses."""
-    from exactcheck.corpus.verifiers import _fused_step
+    from exactcheck.corpus.verifiers import fused_step
     for batch, k, vocab in ((4000, 4, 32), (3000, 2, 7), (500, 8, 1000)):
         target, draft, tokens = _random_step(batch, k, vocab, seed=vocab)
         gen = torch.Generator().manual_seed(3)
         u = torch.rand(batch, k, dtype=torch.float64, generator=gen)
         v = torch.rand(batch, dtype=torch.float64, generator=gen)
-        out, valid = _fused_step(target, draft, tokens, u, v)
+        out, valid = fused_step(target, draft, tokens, u, v)
         assert torch.equal(out, reference_verifier(target, draft, tokens, torch.Generator().manual_seed(3)))
         assert bool(valid.all())
     bad = target.clone()
     bad[5, 0, tokens[5, 0]] = float("nan")
-    assert (~_fused_step(bad, draft, tokens, u, v)[1]).nonzero().view(-1).tolist() == [5]
+    assert (~fused_step(bad, draft, tokens, u, v)[1]).nonzero().view(-1).tolist() == [5]
     zero_q = draft.clone()
     zero_q[7, 1, tokens[7, 1]] = 0
-    assert (~_fused_step(target, zero_q, tokens, u, v)[1]).nonzero().view(-1).tolist() == [7]
+    assert (~fused_step(target, zero_q, tokens, u, v)[1]).nonzero().view(-1).tolist() == [7]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup  # 
 from exactcheck.e2e.cache_invariants import check_calls  # noqa: E402
 from exactcheck.cli import main  # noqa: E402
 from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
-from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.e2e.drive import drive_generator  # noqa: E402
 from exactcheck.e2e.greedy_identity import greedy_identity, target_greedy  # noqa: E402
 from exactcheck.errors import ContractViolation, Violation  # noqa: E402
@@ -189,7 +189,7 @@ def test_greedy_identity_on_tiny_llama_and_a_defect_classified():
 
 def test_the_greedy_audit_runs_its_plan_and_reads_back_as_its_own_kind():
     from exactcheck.e2e.real_models import run_greedy_audit
-    from exactcheck.plan import plan_greedy_audit
+    from exactcheck.e2e.plan import plan_greedy_audit
     from exactcheck.report.json_md import audit_from_json, audit_to_json
     from exactcheck.report.result import AuditKind, GreedyAuditResult
     result = run_greedy_audit(AssistedGeneration(), "tiny-llama", prompts=2, new_tokens=6, draft_lengths=(1, 3),

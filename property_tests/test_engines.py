@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from exactcheck.adapters.vllm import MissingEngine, VllmGenerate, VllmRejectionSampler, audit_rejection_sampler  # noqa: E402
-from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.e2e.batched_loop import BatchedReferenceLoop  # noqa: E402
 from exactcheck.e2e.generator import DecodingPolicy  # noqa: E402
 from exactcheck.e2e.loop import ReferenceSpeculativeLoop  # noqa: E402
@@ -133,7 +133,7 @@ def test_a_batched_generator_that_answers_the_wrong_count_gets_a_contract_verdic
 # ---- SGLang: the target-only rule on a chain ----------------------------------------------------
 
 from exactcheck.adapters.sglang import SglangChainVerifier  # noqa: E402
-from exactcheck.audit import run_audit  # noqa: E402
+from exactcheck.step.runner import run_audit  # noqa: E402
 from standins import sglang_kernel  # noqa: E402
 
 
@@ -148,11 +148,11 @@ def test_the_sglang_adapter_through_the_full_quick_audit():
     accepted = {v.check: v for v in result.verdicts}["three_token/accepted_length"]
     assert "target only" in accepted.condition
     # what the pytest plugin lists for this subject is what the audit reports
-    from exactcheck.plan import AuditOptions, plan_step_audit
-    from exactcheck.pytest_plugin import _acceptance_rule
-    rule = _acceptance_rule(SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only))
-    assert plan_step_audit(AuditOptions.build(level="quick", acceptance_rule=rule)).names == \
-        [v.check for v in result.verdicts]
+    from exactcheck.options import AuditOptions
+    from exactcheck.step.plan import plan_step_audit
+    from exactcheck.subjects import SubjectKind, plan_subject
+    subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
+    assert plan_subject(SubjectKind.VERIFIER, subject, level="quick").names == [v.check for v in result.verdicts]
     assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
     reach = result.failed[0].reachability
     assert reach.dtype == "float32" and reach.value == 0.0 and math.isclose(reach.per_draw_probability, 2.0 ** -24)

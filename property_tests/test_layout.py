@@ -1,5 +1,7 @@
-"""The house: no import circle, light entry points, one plan that every front end reads."""
+"""The house: no import circle (imports inside functions counted), no private name used across
+subpackages, a leaf every layer may read, light entry points, one plan every front end reads."""
 import ast
+import math
 import pathlib
 import subprocess
 import sys
@@ -7,31 +9,56 @@ import sys
 import pytest
 
 from exactcheck import run_audit
-from exactcheck.plan import AlphaBudget, AuditOptions, CheckKind, plan_step_audit
+from exactcheck.options import AlphaBudget, AuditOptions, CheckKind
+from exactcheck.step.plan import alpha_budget, budget_plan, plan_step_audit
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "exactcheck"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "exactcheck"
+# code that imports the package from outside it: none may use its private names
+OUTSIDE = ("property_tests", "benchmarks", "examples", "toy_models")
 
 
-def _module_imports() -> dict[str, set[str]]:
-    """exactcheck module -> exactcheck modules it imports at module level (imports inside
-    functions and under ``if TYPE_CHECKING`` are deferred, so they cannot form a circle)."""
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST):
+    """Every import statement that can run: at module level, inside functions and classes,
+    anywhere but under ``if TYPE_CHECKING:`` (which never runs)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, str | None]]:
+    """(module imported, name imported from it or None) for every runtime import of the package."""
+    out = []
+    for node in _runtime_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exactcheck"):
+            out += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(alias.name, None) for alias in node.names if alias.name.startswith("exactcheck")]
+    return out
+
+
+def _package_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for name, path in modules.items():
         targets = set()
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exactcheck"):
-                targets.add(node.module)
-                targets.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.Import):
-                targets.update(a.name for a in node.names if a.name.startswith("exactcheck"))
-        graph[name] = targets
-    return {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+        for module, alias in _imports(path):
+            targets.add(module)
+            if alias is not None:
+                targets.add(f"{module}.{alias}")
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
 
 
-def test_no_import_circle_in_the_package():
-    graph = _module_imports()
+def test_no_import_circle_in_the_package_counting_imports_inside_functions():
+    graph = _package_graph()
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -51,9 +78,68 @@ def test_no_import_circle_in_the_package():
             visit(module)
 
 
+def test_the_circle_test_sees_an_import_inside_a_function(tmp_path):
+    """The walk above reads function bodies: a lazy import that climbs back is an edge."""
+    code = "def f():\n    from exactcheck.cli import main\n"
+    assert ("exactcheck.cli", "main") in [(m, a) for m, a in _imports(_write(tmp_path, code))]
+    guarded = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from exactcheck.cli import main\n"
+    assert _imports(_write(tmp_path, guarded)) == []
+
+
+def _write(tmp_path, code: str) -> pathlib.Path:
+    path = tmp_path / "probe.py"
+    path.write_text(code)
+    return path
+
+
+def _subpackage(module: str) -> str:
+    """exactcheck.step.runner -> exactcheck.step; exactcheck.core -> exactcheck; tests -> property_tests."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "exactcheck" and len(parts) > 2 else parts[0]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_private_name_is_imported_across_subpackages():
+    """What runners, reports, benchmarks and tests share is public; a ``_name`` stays in its room."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found = []
+    paths = [*PACKAGE.rglob("*.py"), *(p for top in OUTSIDE for p in (ROOT / top).rglob("*.py"))]
+    for path in paths:
+        importer = _module_name(path)
+        for module, alias in _imports(path):
+            target = f"{module}.{alias}" if f"{module}.{alias}" in modules else module
+            private = any(_private(part) for part in [alias or "", *target.split(".")[1:]])
+            if private and _subpackage(importer) != _subpackage(target):
+                found.append(f"{path.relative_to(ROOT)}: {module} import {alias}")
+    assert not found, "\n".join(found)
+
+
+def test_options_is_a_leaf_every_layer_may_read():
+    """``exactcheck.options`` reads nothing of the package but the root exception, which reads
+    nothing; neither imports torch."""
+    graph = _package_graph()
+    assert graph["exactcheck.errors"] == set()
+    assert graph["exactcheck.options"] == {"exactcheck.errors"}
+    loaded = _imports_after("import exactcheck.options")
+    assert "torch" not in loaded and "scipy" not in loaded
+
+
 def test_the_library_never_imports_its_cli():
-    graph = _module_imports()
+    graph = _package_graph()
     assert not [m for m, targets in graph.items() if "exactcheck.cli" in targets and m != "exactcheck.__main__"]
+
+
+def test_front_ends_do_not_branch_on_the_kind_of_subject():
+    """The CLI, the gate and the plugin hand a ``SubjectKind`` to one entry point
+    (``exactcheck.subjects``); none compares a kind with a string or names a runner."""
+    for front in ("cli.py", "gate.py", "pytest_plugin.py"):
+        text = (PACKAGE / front).read_text()
+        for needle in ('== "verifier"', '== "generator"', "step.runner", "e2e.runner", "run_audit(",
+                       "run_generator_audit("):
+            assert needle not in text, f"{front}: {needle}"
 
 
 def _imports_after(code: str) -> set[str]:
@@ -67,9 +153,9 @@ def test_loading_the_pytest_plugin_imports_neither_torch_nor_scipy():
     assert "torch" not in loaded and "scipy" not in loaded
 
 
-def test_help_imports_no_torch():
+def test_help_imports_neither_torch_nor_scipy():
     loaded = _imports_after("from exactcheck.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass")
-    assert "torch" not in loaded
+    assert "torch" not in loaded and "scipy" not in loaded
 
 
 def test_list_imports_no_torch():
@@ -85,30 +171,58 @@ def test_the_stored_listing_is_what_the_code_lists():
     assert LISTING == build_listing()
 
 
-def test_the_plan_names_every_verdict_of_the_audit():
+def test_the_plan_names_every_verdict_of_the_audit_with_its_kind():
     options = AuditOptions.build(level="quick", worlds=["three_token", "ctx_v3_l5_k3", "properties/contract", "inputs"])
     plan = plan_step_audit(options)
     from exactcheck.step.reference import reference_verifier
     audit = run_audit(reference_verifier, options=options, progress=False)
-    assert [v.check for v in audit.verdicts] == plan.names
+    assert [(v.check, v.kind) for v in audit.verdicts] == [(c.name, c.kind) for c in plan.checks]
     assert {c.kind for c in plan.checks} == {CheckKind.LAW, CheckKind.PROPERTY, CheckKind.INPUTS}
 
 
-def test_the_planner_plans_with_the_share_the_tests_use():
-    """With early stopping the fixed-budget tests get alpha/2 under Holm: the planner sizes the
-    budget at that share, so the detectable TV promised is the one delivered."""
-    from exactcheck.stats.planning import default_plan
-    options = AuditOptions.build(level="quick")
+@pytest.mark.parametrize("worlds", [None, ["three_token"], ["three_token", "zipf_v50000_l64_k4"],
+                                    ["ctx_v4_l5_k4", "properties"]])
+def test_the_planner_plans_with_the_share_the_tests_use_for_any_world_set(worlds):
+    """The alpha family is every law of every built-in world at the cap plus every large world's
+    chain-rule tests, whichever worlds run: the planner's share is Holm's first share, and a world's
+    budget is the same alone as in the whole audit (before, naming a large world made Holm's family
+    larger than the planner's, so the plan overstated its power)."""
+    options = AuditOptions.build(level="quick", worlds=worlds)
     plan = plan_step_audit(options)
-    assert plan.budget == AlphaBudget(options.alpha, 53, stop_early=True)
-    planner = default_plan(options.target_tv, plan.budget.holm_alpha, options.cap, options.level.min_samples)
+    whole = plan_step_audit(AuditOptions.build(level="quick"))
+    assert plan.budget == whole.budget == alpha_budget(options)
+    statistical = sum(c.kind.statistical for c in plan.checks)
+    assert statistical <= plan.budget.checks
+    planner = budget_plan(options)
     assert planner.share == pytest.approx(plan.budget.first_share)
-    assert plan.budget.log_e_threshold == pytest.approx(__import__("math").log(2 * 53 / options.alpha))
+    assert plan.budget.log_e_threshold == pytest.approx(math.log(2 * plan.budget.checks / options.alpha))
+    for world, n in plan.samples:
+        if world in dict(whole.samples):
+            assert n == whole.world_samples(world)
+
+
+def test_holm_runs_over_the_whole_family_when_some_checks_do_not_run():
+    """Checks of the family an audit does not run count as p = 1: a world audited alone is
+    judged at the share the plan states, never a larger one."""
+    from exactcheck.stats.goodness_of_fit import holm
+    adjusted, shares = holm([0.01, 0.2], 0.05, family=10)
+    assert shares == [0.05 / 10, 0.05 / 9] and adjusted == [pytest.approx(0.1), pytest.approx(1.0)]
+    assert holm([0.01, 0.2], 0.05) == holm([0.01, 0.2], 0.05, family=2)
+    assert AlphaBudget(1e-3, 58).first_share == pytest.approx(0.5e-3 / 58)
 
 
 def test_options_refuse_bad_values_with_the_rule():
     from exactcheck.errors import UsageError
     for bad, words in (({"alpha": 2.0}, "alpha (2.0) must be in (0, 1)"), ({"level": "fast"}, "level ('fast')"),
-                       ({"require": ["speed"]}, "category ('speed')")):
+                       ({"require": ["speed"]}, "category ('speed')"), ({"colour": "red"}, "unknown audit option")):
         with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
             AuditOptions.build(**bad)
+
+
+def test_an_entry_point_refuses_a_setting_its_kind_does_not_take():
+    from exactcheck.errors import UsageError
+    from exactcheck.subjects import SubjectKind, entry_point
+    with pytest.raises(UsageError, match="a generator audit takes no call_elements"):
+        entry_point(SubjectKind.GENERATOR).split({"call_elements": 100})
+    options, own = entry_point(SubjectKind.GENERATOR).split({"level": "standard", "greedy": False})
+    assert options.level.value == "standard" and own == {"greedy": False}

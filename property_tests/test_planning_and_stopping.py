@@ -11,7 +11,7 @@ from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
 from exactcheck.stats.planning import default_plan, law_detectable_tv
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.stats.goodness_of_fit import tv_certificate
-from exactcheck.suite import Level
+from exactcheck.options import Level
 from toy_models import context_worlds
 
 

@@ -91,7 +91,7 @@ def test_gate_exemptions_and_config_errors(tmp_path):
     # call_elements: verifiers only, checked before any audit runs
     config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
                       'worlds = ["three_token"]\ncall_elements = "auto"\n')
-    assert read_config(config)[0].call_elements == "auto"
+    assert read_config(config)[0].options.call_elements == "auto"
     config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
                       'call_elements = -5\n')
     assert main(["gate", "--config", str(config), "--quiet"]) == 2

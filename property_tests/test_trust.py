@@ -21,7 +21,7 @@ from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY
                                          numpy_unseeded)
 from exactcheck.step.mutants import mutant
 from exactcheck.step.properties import check_property, search
-from exactcheck.step.randomness import (RNGSnapshot, _mt19937_state_view, controlled_randomness,
+from exactcheck.step.randomness import (RNGSnapshot, mt19937_state_view, controlled_randomness,
                                          deliverable)
 from exactcheck.reachability import FLOOR
 from exactcheck.step.strategies import VerifyCase
@@ -73,7 +73,7 @@ def test_a_draw_from_numpy_or_python_global_generator_is_seen_every_time():
         assert snapshot.moved(), draw
     assert not RNGSnapshot().moved()
     if hasattr(np.random, "get_bit_generator"):  # numpy >= 1.25: read in place, layout confirmed
-        assert _mt19937_state_view(np.random.get_bit_generator()) is not None
+        assert mt19937_state_view(np.random.get_bit_generator()) is not None
         saved = np.random.get_bit_generator()
         np.random.set_bit_generator(np.random.PCG64(3))  # another bit generator: from its state
         try:
@@ -254,7 +254,7 @@ def test_crash_verdict_shows_the_subjects_frames(tmp_path):
 def test_cache_free_generator_gets_no_rollback_finding():
     pytest.importorskip("transformers")
     from exactcheck.corpus.generators import CacheFreeLoop
-    from exactcheck.e2e.audit import run_generator_audit
+    from exactcheck.e2e.runner import run_generator_audit
     audit = run_generator_audit(CacheFreeLoop(), level="quick", generations=200, worlds=["hf_v4_l3_k2"],
                                 greedy=False, progress=False)
     rollback = next(v for v in audit.verdicts if v.law == "cache_rollback")

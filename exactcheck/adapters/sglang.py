@@ -96,7 +96,7 @@ def audit_chain_verifier(kernel=None, *, level: str = "quick", device: str | Non
     """Audit the installed sgl-kernel's chain verification (or ``kernel``) at ``level`` and return
     the ``StepAuditResult``; ``device`` defaults to CUDA when available (the kernel needs it);
     ``options`` are ``run_audit``'s."""
-    from exactcheck.audit import run_audit
+    from exactcheck.step.runner import run_audit
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     subject = SglangChainVerifier(kernel)

@@ -175,7 +175,7 @@ def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: f
 
     ``device`` defaults to CUDA when available; ``options`` are ``run_audit``'s (``seed``,
     ``worlds``, ``alpha``, ``require``, ...)."""
-    from exactcheck.audit import run_audit
+    from exactcheck.step.runner import run_audit
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy)

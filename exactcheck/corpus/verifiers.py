@@ -25,7 +25,7 @@ import torch
 
 from exactcheck.step.contract import PADDING, from_logits
 
-__all__ = ["CORRECT_VERIFIERS", "REPRODUCIBILITY_ONLY"]
+__all__ = ["CORRECT_VERIFIERS", "REPRODUCIBILITY_ONLY", "fused_step"]
 
 
 def _at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -217,7 +217,7 @@ def _readable(values: torch.Tensor, dim: int) -> torch.Tensor:
     return ((values >= 0) & (values < float("inf"))).all(dim)
 
 
-def _fused_step(target_probs, draft_probs, draft_tokens, u, v):
+def fused_step(target_probs, draft_probs, draft_tokens, u, v):
     """The reference's step after its uniforms, written for ``torch.compile``: (output, valid),
     valid [B] saying per row that no entry read was NaN, infinite or negative and that no draft
     token had draft probability 0. Written for the compiler, so it does not call ``_leading`` or
@@ -250,7 +250,7 @@ def _fused_step(target_probs, draft_probs, draft_tokens, u, v):
 
 @functools.lru_cache(maxsize=1)
 def _compiled_step():
-    return torch.compile(_fused_step)
+    return torch.compile(fused_step)
 
 
 def compiled_step(target_probs, draft_probs, draft_tokens, generator):
@@ -259,7 +259,7 @@ def compiled_step(target_probs, draft_probs, draft_tokens, generator):
     outside it in the reference's order, so its tokens are the reference's up to float64
     rounding. The throughput benchmark's ``--compile`` subject. The first call for each
     vocabulary and draft length compiles (about 10 s on a 2-core CPU); past torch's limit of 8
-    compiled shapes (an audit's many worlds) torch runs it eagerly, as ``_fused_step``."""
+    compiled shapes (an audit's many worlds) torch runs it eagerly, as ``fused_step``."""
     batch, k = draft_tokens.shape
     device = draft_tokens.device
     u = torch.rand(batch, k, dtype=torch.float64, generator=generator, device=device)

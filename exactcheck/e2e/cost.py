@@ -339,7 +339,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
         chosen = all_prompts[:prompts]
         new_tokens = new_tokens or 32
     else:
-        from exactcheck.e2e.audit import all_model_worlds
+        from exactcheck.e2e.plan import all_model_worlds
         known = {w.name: w for w in all_model_worlds() if w.policy is None}
         if world not in known:
             raise UsageError(f"unknown world {world!r}; known: {sorted(known)}")
@@ -405,7 +405,7 @@ def _exactness(generator, model, toy, target, draft, all_prompts, prompts, new_t
                                   draft_lengths=tuple(draft_lengths), seed=seed, progress=progress,
                                   loaded=(target, draft, all_prompts), device=str(device))
     else:
-        from exactcheck.e2e.audit import run_generator_audit
+        from exactcheck.e2e.runner import run_generator_audit
         result = run_generator_audit(generator, level="quick", seed=seed, worlds=[toy.name], device=str(device),
                                      progress=progress)
     tvs = [v.tv_estimate for v in result.verdicts if v.tv_estimate is not None and v.outcome.failed]

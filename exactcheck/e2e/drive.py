@@ -15,7 +15,8 @@ import torch
 from exactcheck.e2e.cache_invariants import Breach, check_calls, final_cache
 from exactcheck.e2e.generator import DecodingPolicy, Generation, call_generator, call_generator_batch, is_batched
 from exactcheck.errors import SubjectError
-from exactcheck.suite import derive_seed
+from exactcheck.executors import split
+from exactcheck.options import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
 
 __all__ = ["GeneratorSamples", "drive_generator", "drive_generator_sharded", "merge_samples"]
@@ -155,7 +156,6 @@ def drive_generator_sharded(generator, world: ModelWorld, n: int, seed: int, pol
     """``drive_generator`` split into ``shards`` ranges of generations run on ``executor``; every
     generation keeps its seed, so the merged samples are the unsharded run's. Raises the first
     failing shard's ``SubjectError``."""
-    from exactcheck.executors import split
     parts, calls, first = split(n, shards), [], 0
     for size in parts:
         calls.append((generator, world, size, seed, policy, str(device), first))

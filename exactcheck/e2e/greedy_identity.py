@@ -26,7 +26,8 @@ from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.e2e.generator import (GREEDY, call_generator, call_generator_batch, generator_name, is_batched,
                                       with_draft_length)
 from exactcheck.reachability import observed_in
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.options import CheckKind
+from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 
 __all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
 
@@ -73,20 +74,22 @@ class GreedyIdentityResult:
         """The deterministic verdict of this sweep (spends none of alpha): a failed run (crash or
         contract violation) first, then divergences classified as defects; numerical ties are
         reported in a passing verdict."""
-        common = dict(base, check=check, law="greedy_identity", condition=condition, samples=self.runs)
+        common = dict(base, check=check, law="greedy_identity", condition=condition, samples=self.runs,
+                      kind=CheckKind.GREEDY_IDENTITY)
         if self.failures:
             return Verdict(outcome=Outcome.CRASHED if self.first_failure_crashed else Outcome.CONTRACT_VIOLATION,
-                           pvalue=0.0, summary=f"{len(self.failures)} runs failed; first: {self.failures[0]}",
-                           reachability=observed_in(len(self.failures), self.runs, "greedy runs that failed:"),
-                           **common)
+                           summary=f"{len(self.failures)} runs failed; first: {self.failures[0]}",
+                           evidence=FindingEvidence(pvalue=0.0, reachability=observed_in(
+                               len(self.failures), self.runs, "greedy runs that failed:")), **common)
         if self.defects:
-            return Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+            return Verdict(outcome=Outcome.DEFECT, summary=(
                 (f"lossy by design ({lossy}): " if lossy else "")
                 + f"{len(self.defects)} of {self.runs} runs diverge from the target's greedy decode; "
                 + "; ".join(d.describe() for d in self.defects[:3])),
-                reachability=observed_in(len(self.defects), self.runs, "greedy runs that diverge:"), **common)
+                evidence=FindingEvidence(pvalue=0.0, reachability=observed_in(
+                    len(self.defects), self.runs, "greedy runs that diverge:")), **common)
         ties = ("; numerical ties: " + "; ".join(d.describe() for d in self.ties)) if self.ties else ""
-        return Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
+        return Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
             f"{self.identical} of {self.runs} runs identical to the target's greedy decode "
             f"({self.tokens:,} tokens){ties}"), **common)
 

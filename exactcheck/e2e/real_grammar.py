@@ -20,15 +20,16 @@ from __future__ import annotations
 import torch
 from scipy import stats
 
-from exactcheck.e2e.real_runner import RealModelRun
-from exactcheck.report.result import GrammarAuditResult
-from exactcheck.plan import DEFAULT_ALPHA, GRAMMAR_WORLD, plan_grammar_audit
-from exactcheck.stats.chain_rule import row_statistics, z_test
-from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.e2e.generator import call_generator, generator_name
+from exactcheck.e2e.plan import GRAMMAR_WORLD, plan_grammar_audit
 from exactcheck.e2e.policy import DecodingPolicy
-from exactcheck.suite import derive_seed
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.e2e.real_runner import RealModelRun
+from exactcheck.errors import SubjectCrashed, SubjectError
+from exactcheck.options import DEFAULT_ALPHA, CheckKind, derive_seed
+from exactcheck.report.result import GrammarAuditResult
+from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
+from exactcheck.reproduce import grammar_audit_line
+from exactcheck.stats.chain_rule import row_statistics, z_test
 
 __all__ = ["run_grammar_audit", "JSON_PROMPTS", "pit_and_surprisal"]
 
@@ -58,7 +59,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                       new_tokens: int = 64, seed: int = 0, alpha: float = DEFAULT_ALPHA, progress: bool = True,
                       loaded=None, device: str = "cpu", subject_name: str | None = None) -> GrammarAuditResult:
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
-    xgrammar mask of ``FOUR_PROPERTY_SCHEMA`` (``exactcheck.plan.plan_grammar_audit`` names the
+    xgrammar mask of ``FOUR_PROPERTY_SCHEMA`` (``exactcheck.e2e.plan.plan_grammar_audit`` names the
     checks). ``subject_name``: how the ``exactcheck grammar`` command names the generator; given
     (and the settings are the command's), the reproduce line is a command."""
     import importlib.metadata
@@ -75,13 +76,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
     prompt_ids = [tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
     world = GRAMMAR_WORLD
-    if subject_name is not None and (tuple(draft_lengths), new_tokens, alpha) == ((1, 4, 8), 64, DEFAULT_ALPHA):
-        reproduce = (f"exactcheck grammar {subject_name} --prompts {prompts} --samples {samples} --seed {seed}"
-                     + (f" --device {device}" if str(device) != "cpu" else ""))
-    else:  # the command cannot state these settings (or the generator): the Python call
-        reproduce = (f"run_grammar_audit({subject_name or generator_name(generator)}, prompts={prompts}, "
-                     f"draft_lengths={tuple(draft_lengths)!r}, samples={samples}, new_tokens={new_tokens}, "
-                     f"seed={seed}, alpha={alpha!r}, device={str(device)!r})")
+    reproduce = grammar_audit_line(subject_name or generator_name(generator), prompts, draft_lengths, samples,
+                                   new_tokens, seed, alpha, device, by_command=subject_name is not None)
     base = dict(world=world, seed=seed, reproduce=reproduce)
     texts = []
     run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", progress)
@@ -121,7 +117,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     invalid = [t for t in stopped if not matches_schema(t)]
     validity = Verdict(check=f"{world}/valid_outputs", law="valid_outputs", samples=len(texts),
                        condition=f"greedy and sampled outputs that stopped: JSON of the schema (max {new_tokens} tokens)",
-                       outcome=Outcome.DEFECT if invalid else Outcome.EXACT, pvalue=0.0 if invalid else 1.0,
+                       outcome=Outcome.DEFECT if invalid else Outcome.EXACT, kind=CheckKind.VALIDITY,
+                       evidence=FindingEvidence(pvalue=0.0 if invalid else 1.0),
                        summary=(f"{len(stopped) - len(invalid)} of {len(stopped)} stopped outputs valid JSON of the schema"
                                 + (f"; {truncated} cut by max_new_tokens={new_tokens}" if truncated else "")
                                 + (f"; first invalid: {invalid[0]!r}" if invalid else "")), **base)
@@ -129,7 +126,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     if failures:
         verdicts.append(Verdict(check=f"{world}/contract", law="contract", condition="every sampled generation",
                                 outcome=Outcome.CRASHED if isinstance(failures[0], SubjectCrashed)
-                                else Outcome.CONTRACT_VIOLATION, pvalue=0.0, samples=samples,
+                                else Outcome.CONTRACT_VIOLATION, kind=CheckKind.CONTRACT,
+                                evidence=FindingEvidence(pvalue=0.0), samples=samples,
                                 summary=f"{len(failures)} generations failed; first: {failures[0]}", **base))
     if outputs:
         parts = [pit_and_surprisal(target, sample_policy, prompt_ids[index], [o for i, o in outputs if i == index])
@@ -141,12 +139,15 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
         surprisal = z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"], "surprisal -log p(x)")
         cond = f"{len(outputs)} sampled outputs, {pit.size} tokens, masked law by teacher forcing"
         verdicts.append(Verdict(check=f"{world}/pit_target_order", law="pit_target_order", condition=cond,
-                                outcome=Outcome.EXACT, samples=pit.size, statistic=float(ks.statistic),
-                                statistic_name="Kolmogorov-Smirnov D (randomised PIT)", pvalue=float(ks.pvalue),
+                                outcome=Outcome.EXACT, samples=pit.size, kind=CheckKind.CHAIN_RULE,
+                                evidence=LawEvidence(Evidence.FIXED_BUDGET, statistic=float(ks.statistic),
+                                                     statistic_name="Kolmogorov-Smirnov D (randomised PIT)",
+                                                     pvalue=float(ks.pvalue)),
                                 summary=f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}", **base))
         verdicts.append(Verdict(check=f"{world}/surprisal", law="surprisal", condition=cond, outcome=Outcome.EXACT,
-                                samples=pit.size, statistic=surprisal.statistic, statistic_name=surprisal.statistic_name,
-                                pvalue=surprisal.pvalue,
+                                samples=pit.size, kind=CheckKind.CHAIN_RULE, evidence=LawEvidence(
+                                    Evidence.FIXED_BUDGET, statistic=surprisal.statistic,
+                                    statistic_name=surprisal.statistic_name, pvalue=surprisal.pvalue),
                                 summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base))
     finish["environment"]["outputs"] = [t for t, _ in texts][:12]
     return run.finish(GrammarAuditResult, verdicts, samples_drawn=len(outputs), **finish)

@@ -15,16 +15,16 @@ from __future__ import annotations
 import torch
 
 from exactcheck.e2e.cache_invariants import final_cache
-from exactcheck.errors import UsageError
 from exactcheck.e2e.generator import generator_name
+from exactcheck.e2e.plan import plan_greedy_audit
 from exactcheck.e2e.real_runner import RealModelRun
-from exactcheck.plan import plan_greedy_audit
+from exactcheck.errors import UsageError
+from exactcheck.options import REAL_MODELS, CheckKind
 from exactcheck.report.result import GreedyAuditResult
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
+from exactcheck.reproduce import greedy_audit_line
 
 __all__ = ["REAL_MODELS", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
-
-from exactcheck.subjects import REAL_MODELS  # noqa: E402  (the names live with the other subject names)
 SMOLLM2_DRAFT_LAYERS = 4
 
 SMOLLM2_PROMPTS = (
@@ -85,25 +85,12 @@ class _FinalCaches:
         self.breaches += [(i, k, b) for b in final_cache(self.target, generation.target_cache, final, atol=1e-3)]
 
 
-def _greedy_reproduce(subject_name, generator, model, prompts, new_tokens, draft_lengths, per_prompt, seed,
-                      device) -> str:
-    """The command that re-runs this greedy audit, or the Python call where the command cannot
-    state it (a generator passed as an object, draft lengths other than the command's 1..8)."""
-    if subject_name is not None and tuple(draft_lengths) == tuple(range(1, 9)):
-        return (f"exactcheck greedy {subject_name} --model {model} --prompts {prompts} --new-tokens {new_tokens}"
-                + (f" --per-prompt {per_prompt}" if per_prompt else "") + f" --seed {seed}"
-                + (f" --device {device}" if device != "cpu" else ""))
-    return (f"run_greedy_audit({subject_name or generator_name(generator)}, {model!r}, prompts={prompts}, "
-            f"new_tokens={new_tokens}, draft_lengths={tuple(draft_lengths)!r}, per_prompt={per_prompt!r}, "
-            f"seed={seed}, device={device!r})")
-
-
 def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: int = 32,
                      draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None, seed: int = 0,
                      progress: bool = True, loaded=None, device: str = "cpu",
                      subject_name: str | None = None) -> GreedyAuditResult:
     """Greedy identity (and the final cache) of ``generator`` on a real model pair, on ``device``
-    (``exactcheck.plan.plan_greedy_audit`` names the checks). ``subject_name``: how the
+    (``exactcheck.e2e.plan.plan_greedy_audit`` names the checks). ``subject_name``: how the
     ``exactcheck greedy`` command names the generator; given, the reproduce line is a command."""
     target, draft, all_prompts = loaded or load_models(model, seed)
     target, draft = target.to(device), draft.to(device)
@@ -113,8 +100,8 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     lengths = draft_lengths if hasattr(generator, "draft_length") else (None,)
     pairs = default_pairs(prompts, lengths, per_prompt)
     run = RealModelRun(plan_greedy_audit(model), len(pairs), f"exactcheck: greedy identity on {model}", progress)
-    reproduce = _greedy_reproduce(subject_name, generator, model, prompts, new_tokens, draft_lengths, per_prompt,
-                                  seed, str(device))
+    reproduce = greedy_audit_line(subject_name or generator_name(generator), model, prompts, new_tokens,
+                                  draft_lengths, per_prompt, seed, device, by_command=subject_name is not None)
     finish = dict(subject=generator_name(generator), seed=seed, alpha=None, device=target.device,
                   reproduce=reproduce)
     caches = _FinalCaches(target, chosen)
@@ -132,13 +119,14 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     identity = result.verdict(f"{model}/greedy_identity", condition, **common)
     breaches, checked = caches.breaches, caches.checked
     cache_common = dict(common, samples=checked, check=f"{model}/final_cache", law="final_cache",
-                        condition="final target cache vs a fresh recompute, one run per draft length")
+                        condition="final target cache vs a fresh recompute, one run per draft length",
+                        kind=CheckKind.CACHE_INVARIANT)
     if breaches:
         i, k, b = breaches[0]
-        cache = Verdict(outcome=Outcome.DEFECT, pvalue=0.0, summary=(
+        cache = Verdict(outcome=Outcome.DEFECT, evidence=FindingEvidence(pvalue=0.0), summary=(
             f"{len(breaches)} final caches differ; prompt {i}, draft length {k}: {b.describe()}"), **cache_common)
     elif checked:
-        cache = Verdict(outcome=Outcome.EXACT, pvalue=1.0, summary=(
+        cache = Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
             f"{checked} final caches match a fresh recompute (keys and values within 1e-3 relative)"), **cache_common)
     else:
         cache = Verdict(outcome=Outcome.INCONCLUSIVE, summary="the generator returned no final cache",

@@ -6,15 +6,11 @@ typed result in the plan's check order. The audit modules hold only their checks
 from __future__ import annotations
 
 import datetime as _dt
-import platform
 import time
 
-import torch
-
-from exactcheck import __version__
-from exactcheck.audit import _apply_holm, unreached_verdicts
+from exactcheck.core import apply_holm, run_environment, unreached_verdicts
 from exactcheck.e2e.greedy_identity import GreedyIdentityResult, greedy_identity
-from exactcheck.plan import AuditPlan
+from exactcheck.options import AuditPlan
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Verdict
@@ -56,13 +52,10 @@ class RealModelRun:
         if interrupted:
             verdicts = verdicts + unreached_verdicts(self.plan, verdicts, seed, lambda _world: reproduce)
         if alpha is not None:
-            verdicts = _apply_holm(verdicts, self.plan.budget)
+            verdicts = apply_holm(verdicts, self.plan.budget)
         order = {name: i for i, name in enumerate(self.plan.names)}
         verdicts = sorted(verdicts, key=lambda v: order.get(v.check, len(order)))
-        import transformers
-        env = {"exactcheck": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-               "python": platform.python_version(), "machine": platform.machine(), **environment}
         return result_type(subject=subject, level=None, seed=seed, alpha=alpha, device=str(device),
                            verdicts=tuple(verdicts), started=self.started,
-                           duration_s=time.perf_counter() - self.clock, environment=env,
+                           duration_s=time.perf_counter() - self.clock, environment=run_environment(**environment),
                            samples_planned=samples_planned, samples_drawn=samples_drawn, interrupted=interrupted)

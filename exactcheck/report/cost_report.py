@@ -6,7 +6,9 @@ from __future__ import annotations
 import html
 import math
 
-__all__ = ["COST_SCHEMA", "render_cost_markdown", "render_cost_html"]
+from exactcheck.report.html import html_page
+
+__all__ = ["COST_SCHEMA", "render_cost_markdown", "render_cost_html", "cost_headline"]
 
 COST_SCHEMA = "exactcheck.cost/1"
 
@@ -139,8 +141,12 @@ def _histogram(ratios: list[float], width: int = 460, bins: int = 20) -> str:
     return "".join(parts)
 
 
+def cost_headline(data: dict) -> str:
+    """The cost report's verdict in a few plain lines (what ``exactcheck cost`` prints)."""
+    return "\n".join(render_cost_markdown(data).splitlines()[2:5]).strip().replace("**", "")
+
+
 def render_cost_html(data: dict) -> str:
-    from exactcheck.report.html import _page as page
     cost = data["cost"]
     body = [f"<h1>exactcheck cost of <code>{html.escape(data['generator']['name'])}</code> on "
             f"{html.escape(data['model'] + _swept(data['denominators']))}</h1>"]
@@ -155,4 +161,4 @@ def render_cost_html(data: dict) -> str:
                 + "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in row) + "</tr>"
                           for row in table[2:]) + "</table>")
     body.append(f"<p><small>{html.escape(data['denominators']['time'])}. Reproduce: <code>{html.escape(data['reproduce'])}</code></small></p>")
-    return page(f"exactcheck cost: {data['generator']['name']}", body)
+    return html_page(f"exactcheck cost: {data['generator']['name']}", body)

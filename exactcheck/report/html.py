@@ -15,7 +15,7 @@ import math
 from exactcheck.report.json_md import audit_from_json
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment"]
+__all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment", "html_page"]
 
 _COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
             Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a"}
@@ -95,7 +95,7 @@ def _law_plot(verdict: Verdict) -> str:
 def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> str:
     """Per statistical check: -log10(adjusted p) (capped at 20) against the -log10(alpha) line,
     and the detectable and certified TV."""
-    rows = [v for v in verdicts if v.statistic is not None and v.adjusted_pvalue is not None]
+    rows = [v for v in verdicts if v.kind.statistical and v.statistic is not None and v.adjusted_pvalue is not None]
     if not rows:
         return ""
     row_h, left = 16, 260
@@ -154,10 +154,10 @@ def render_audit_html(data: dict) -> str:
     """The audit report (an ``exactcheck.audit/1`` JSON dict) as one self-contained HTML page."""
     result = audit_from_json(data)
     title, body = _audit_body(result)
-    return _page(title, body)
+    return html_page(title, body)
 
 
-def _page(title: str, body: list[str]) -> str:
+def html_page(title: str, body: list[str]) -> str:
     script = ("window.addEventListener('error', function () { document.title = 'exactcheck report: render error'; "
               "document.body.setAttribute('data-rendered', 'error'); });"
               "window.addEventListener('load', function () { if (document.body.getAttribute('data-rendered') "
@@ -218,7 +218,7 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
 def render_pr_comment(data: dict, most: int = 10) -> str:
     """A short Markdown summary for a pull-request comment: status, counts, the failed checks."""
     result = audit_from_json(data)
-    failed = sorted(result.failed, key=lambda v: (v.adjusted_pvalue or 0.0, -(v.tv_estimate or 0.0)))
+    failed = result.ranked_failures()
     counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     icon = "✅" if result.passed else "❌"
     lines = [f"### {icon} exactcheck: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
@@ -270,4 +270,4 @@ def render_selftest_html(data: dict) -> str:
         "<h2>The reference verifier</h2>",
     ]
     _, reference_body = _audit_body(reference, heading="h3")
-    return _page(f"exactcheck selftest {status}", body + reference_body)
+    return html_page(f"exactcheck selftest {status}", body + reference_body)

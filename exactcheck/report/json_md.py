@@ -2,18 +2,24 @@
 JSON (so a report can be re-rendered without re-running the audit)."""
 from __future__ import annotations
 
-from exactcheck.plan import DEFAULT_REQUIRE
+from typing import TYPE_CHECKING
+
+from exactcheck.options import DEFAULT_REQUIRE, Category, CheckKind
 from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
                                       result_type)
-from exactcheck.step.selftest import SelftestResult
-from exactcheck.report.verdict import Category, Outcome, Verdict
+from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "audit_to_json", "audit_from_json",
-           "render_audit_markdown", "selftest_to_json",
-           "render_selftest_markdown"]
+if TYPE_CHECKING:
+    from exactcheck.gate import GateResult
+    from exactcheck.step.selftest import SelftestResult
+
+__all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "GATE_SCHEMA", "audit_to_json", "audit_from_json",
+           "render_audit_markdown", "selftest_to_json", "render_selftest_markdown", "gate_to_json",
+           "deterministic_finding"]
 
 AUDIT_SCHEMA = "exactcheck.audit/1"
 SELFTEST_SCHEMA = "exactcheck.selftest/1"
+GATE_SCHEMA = "exactcheck.gate/1"
 
 
 def audit_to_json(result: AuditResult) -> dict:
@@ -59,9 +65,10 @@ def audit_from_json(data: dict) -> AuditResult:
         level = None  # earlier versions wrote the kind in place of a level
     if kind is GreedyAuditResult and not alpha:
         alpha = None
+    law_kind = CheckKind.LAW if kind is StepAuditResult else CheckKind.GENERATOR_LAW  # reports without check_kind
     return kind(
         subject=data["subject"], level=level, seed=data["seed"], alpha=alpha,
-        device=data["device"], verdicts=tuple(Verdict.from_dict(v) for v in data["verdicts"]),
+        device=data["device"], verdicts=tuple(Verdict.from_dict(v, law_kind) for v in data["verdicts"]),
         started=data["started"], duration_s=data["duration_s"], environment=data["environment"],
         require=tuple(data.get("require", DEFAULT_REQUIRE)), **budget)
 
@@ -104,8 +111,8 @@ def render_audit_markdown(data: dict) -> str:
         outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
         lines.append(f"| {v.check} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
                      f"{_fmt(v.tv_certificate)} | {_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
-    deterministic = [v for v in result.verdicts if v.statistic is None and v.outcome is Outcome.EXACT
-                     and v.world not in ("properties", "inputs")]
+    deterministic = [v for v in result.verdicts if v.outcome is Outcome.EXACT and not v.kind.statistical
+                     and v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)]
     if deterministic:
         lines += ["", "Deterministic checks that held:", ""]
         lines += [f"- `{v.check}` ({v.condition}): {v.summary}" for v in deterministic]
@@ -129,10 +136,10 @@ def render_audit_markdown(data: dict) -> str:
 
 def deterministic_finding(audit) -> "Verdict | None":
     """The first failed property verdict of an audit (a forced-value finding), if any."""
-    return next((v for v in audit.failed if v.world == "properties"), None)
+    return next((v for v in audit.failed if v.kind is CheckKind.PROPERTY), None)
 
 
-def selftest_to_json(result: SelftestResult) -> dict:
+def selftest_to_json(result: "SelftestResult") -> dict:
     rows = []
     for name, defect, audit in result.mutants:
         caught = audit.strongest_failure()
@@ -186,3 +193,17 @@ def render_selftest_markdown(data: dict) -> str:
               for r in data["mutants"]]
     lines += ["", "## Reference audit", "", render_audit_markdown(ref).split("\n", 2)[2]]
     return "\n".join(lines)
+
+
+def gate_to_json(results: "list[GateResult]") -> dict:
+    """The gate's JSON: every subject with whether it passed, its exemptions, its blocking checks
+    and its whole audit."""
+    return {
+        "schema": GATE_SCHEMA,
+        "passed": all(r.passed for r in results) and not any(r.audit.interrupted for r in results),
+        "interrupted": any(r.audit.interrupted for r in results),
+        "subjects": [{"name": r.subject.name, "kind": r.subject.kind.value, "target": r.subject.target,
+                      "passed": r.passed, "exempt": list(r.subject.exempt),
+                      "blocking": [v.check for v in r.blocking], "audit": audit_to_json(r.audit)}
+                     for r in results],
+    }

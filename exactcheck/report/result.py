@@ -19,7 +19,8 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exactcheck.plan import DEFAULT_REQUIRE
+from exactcheck.options import DEFAULT_REQUIRE, CheckKind
+from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult",
@@ -73,7 +74,7 @@ class AuditResult:
     @property
     def undrivable(self) -> bool:
         """The subject crashed on every world it was driven through: it could not be driven."""
-        driven = [v for v in self.verdicts if v.world not in ("properties", "inputs")]
+        driven = [v for v in self.verdicts if v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)]
         return (self.samples_drawn == 0 and any(v.outcome is Outcome.CRASHED for v in driven)
                 and all(v.outcome in (Outcome.CRASHED, Outcome.INCONCLUSIVE) for v in driven))
 
@@ -89,12 +90,14 @@ class AuditResult:
     def count(self, outcome: Outcome) -> int:
         return sum(v.outcome is outcome for v in self.verdicts)
 
+    def ranked_failures(self) -> list[Verdict]:
+        """The failed verdicts, the one a user meets most often first (``exactcheck.report.ranking``)."""
+        return rank_failures(self.failed)
+
     def strongest_failure(self) -> Verdict | None:
-        """The failed verdict with the most evidence (smallest adjusted p-value, then largest TV)."""
-        if not self.failed:
-            return None
-        return min(self.failed, key=lambda v: (v.adjusted_pvalue if v.adjusted_pvalue is not None
-                                               else 0.0, -(v.tv_estimate or 0.0)))
+        """The failure a report headlines: the first of ``ranked_failures``."""
+        ranked = self.ranked_failures()
+        return ranked[0] if ranked else None
 
     # ---- what renderers print ----
     def alpha_text(self) -> str:

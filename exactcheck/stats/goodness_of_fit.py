@@ -161,13 +161,17 @@ def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,
                          (low, high), detectable_tv(n, df, level, power))
 
 
-def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[float], list[float]]:
-    """Holm's step-down method. Returns each hypothesis's adjusted p-value (reject when it is
-    <= alpha; the family-wise error rate is <= alpha under any dependence) and the alpha share
-    it was compared with, alpha / (m - rank)."""
-    m = len(pvalues)
+def holm(pvalues: Sequence[float], alpha: float, family: int | None = None) -> tuple[list[float], list[float]]:
+    """Holm's step-down method over a family of ``family`` hypotheses (default: the p-values
+    given), of which ``pvalues`` are the ones tested: the others count as p = 1, so they sort
+    last and change nothing but the family size. Returns each tested hypothesis's adjusted
+    p-value (reject when it is <= alpha; the family-wise error rate is <= alpha under any
+    dependence) and the alpha share it was compared with, alpha / (family - rank)."""
+    m = len(pvalues) if family is None else family
+    if m < len(pvalues):
+        raise ValueError(f"family ({family}) is smaller than the {len(pvalues)} p-values tested")
     order = np.argsort(np.asarray(pvalues, dtype=np.float64), kind="stable")
-    adjusted, shares = [1.0] * m, [alpha] * m
+    adjusted, shares = [1.0] * len(pvalues), [alpha] * len(pvalues)
     running = 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))

@@ -13,7 +13,7 @@ that cannot reach ``eps`` within the cap is listed with the TV it does reach: th
 claims a guarantee it cannot give. Everything here depends on the exact laws and alpha only,
 never on samples, so planning spends no false-alarm budget.
 
-Levels (``exactcheck.suite.Level``) are named targets: quick plans TV 0.05, standard 0.01,
+Levels (``exactcheck.options.Level``) are named targets: quick plans TV 0.05, standard 0.01,
 release 0.003 on every law whose condition is not too rare for the level's cap.
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ import numpy as np
 from exactcheck.stats.laws import planned_laws
 from exactcheck.step.contract import AcceptanceRule
 from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
-from exactcheck.suite import Level, default_worlds
+from exactcheck.options import Level
+from exactcheck.suite import default_worlds
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "plan_budget", "default_plan", "law_detectable_tv",
@@ -173,8 +174,9 @@ def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha:
 
 
 @functools.lru_cache(maxsize=16)
-def default_plan(detect_tv: float, alpha: float, max_samples: int,
-                 min_samples: int = MIN_SAMPLES, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> BudgetPlan:
-    """The plan over every built-in world (what an audit uses, whichever worlds it runs)."""
-    return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples,
+def default_plan(detect_tv: float, alpha: float, max_samples: int, min_samples: int = MIN_SAMPLES,
+                 rule: AcceptanceRule = AcceptanceRule.LEVIATHAN, checks: int | None = None) -> BudgetPlan:
+    """The plan over every built-in world (what an audit uses, whichever worlds it runs), at the
+    share alpha / ``checks`` (``exactcheck.step.plan.alpha_budget`` gives the audit's family)."""
+    return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples, checks=checks,
                        min_samples=min(min_samples, max_samples), rule=rule)

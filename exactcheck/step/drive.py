@@ -20,7 +20,7 @@ from typing import Callable, Union
 
 import torch
 
-from exactcheck.plan import DEFAULT_CALL_ELEMENTS
+from exactcheck.options import DEFAULT_CALL_ELEMENTS
 from exactcheck.step.contract import PADDING, Verifier, call_verifier, rows_keep_contract
 from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler

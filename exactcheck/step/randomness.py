@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 __all__ = ["controlled_randomness", "watched_randomness", "DrawLog", "Draw", "boundary_value", "deliverable",
-           "value_probability", "CONTROLLED", "UNCONTROLLED", "RNGSnapshot"]
+           "value_probability", "CONTROLLED", "UNCONTROLLED", "RNGSnapshot", "mt19937_state_view"]
 
 CONTROLLED = ("torch.rand", "torch.rand_like", "Tensor.uniform_", "Tensor.exponential_",
               "torch.multinomial")
@@ -147,7 +147,7 @@ _MT19937_WORDS = 625
 _mt19937_view: list = [None, None]  # [bit generator, a view of its state struct, or None]
 
 
-def _mt19937_state_view(bitgen) -> np.ndarray | None:
+def mt19937_state_view(bitgen) -> np.ndarray | None:
     """A uint32 view of an MT19937 bit generator's state struct, read in place through its
     ``ctypes.state_address``; None unless the words it shows are that generator's key and
     position (``bitgen.state``), so a layout numpy changed is never trusted."""
@@ -175,7 +175,7 @@ def _numpy_global_state() -> bytes:
     get = getattr(np.random, "get_bit_generator", None)
     bitgen = get() if get is not None else None
     if bitgen is not None and _mt19937_view[0] is not bitgen:
-        _mt19937_view[:] = [bitgen, _mt19937_state_view(bitgen)]  # the reference keeps it alive
+        _mt19937_view[:] = [bitgen, mt19937_state_view(bitgen)]  # the reference keeps it alive
     view = _mt19937_view[1] if bitgen is not None else None
     return view.tobytes() if view is not None else pickle.dumps(np.random.get_state(legacy=False))
 

@@ -5,12 +5,16 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from exactcheck.audit import DEFAULT_ALPHA, AuditResult, run_audit
 from exactcheck.errors import UsageError
+from exactcheck.options import DEFAULT_ALPHA
+from exactcheck.report.result import AuditResult
 from exactcheck.step.mutants import MUTANTS
 from exactcheck.step.reference import reference_verifier
+from exactcheck.step.runner import run_audit
 
-__all__ = ["SelftestResult", "run_selftest"]
+__all__ = ["SelftestResult", "run_selftest", "REFERENCE_NAME"]
+
+REFERENCE_NAME = "exactcheck.step.reference:reference_verifier"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
             on_audit(name, result)
         return result
 
-    reference = audit(reference_verifier, "exactcheck.step.reference:reference_verifier")
+    reference = audit(reference_verifier, REFERENCE_NAME)
     rows = tuple((m, MUTANTS[m].defect, audit(MUTANTS[m].verifier, f"exactcheck.step.mutants:{m}"))
                  for m in names)
     return SelftestResult(level, seed, alpha, reference, rows)

@@ -1,0 +1,96 @@
+"""The plans of the end-to-end audits (``exactcheck.options.AuditPlan``): a generator through the
+toy model worlds (``plan_generator_audit``), greedy identity on a real model pair
+(``plan_greedy_audit``) and a generator under a real grammar mask (``plan_grammar_audit``).
+The generation laws are fixed-budget tests: Holm gets all of alpha over the plan's statistical
+checks.
+"""
+from __future__ import annotations
+
+from exactcheck.errors import UsageError
+from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+from exactcheck.e2e.policy import SAMPLING, DecodingPolicy
+from toy_models.hf_toy_lm import ModelWorld, model_worlds
+
+__all__ = ["all_model_worlds", "policy_suffix", "plan_generator_audit", "plan_greedy_audit", "plan_grammar_audit",
+           "planned_generator_checks", "GRAMMAR_WORLD"]
+
+GRAMMAR_WORLD = "smollm2-json"
+
+
+def all_model_worlds() -> list[ModelWorld]:
+    """The toy model worlds, then the grammar world (generated under its own policy)."""
+    from toy_models.grammar import grammar_world
+    return [*model_worlds(), grammar_world()]
+
+
+def policy_suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
+    """Check-name suffix of a policy: none for plain sampling or the world's own policy."""
+    if policy == SAMPLING or (world is not None and policy is world.policy):
+        return ""
+    return "_" + policy.label()
+
+
+def world_policies(world: ModelWorld, policies) -> tuple[DecodingPolicy, ...]:
+    """The policies ``world`` is generated under: its own, or the audit's."""
+    return (world.policy,) if world.policy is not None else tuple(policies)
+
+
+def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
+    """Per model world and policy, the law of whole outputs, its first-token marginal, the stop
+    position (with stop tokens) and the world's own marginals; validity on grammar worlds; cache
+    rollback once per world; greedy identity."""
+    policies = tuple(policies) if policies else (SAMPLING,)
+    worlds = all_model_worlds()
+    if options.worlds:
+        unknown = set(options.worlds) - {w.name for w in worlds}
+        if unknown:
+            raise UsageError(f"unknown model world(s) {sorted(unknown)}; known: {[w.name for w in worlds]}")
+        worlds = [w for w in worlds if w.name in options.worlds]
+    n = options.generations_per_world
+    checks, samples = [], []
+    for world in worlds:
+        for i, policy in enumerate(world_policies(world, policies)):
+            suffix = policy_suffix(policy, world)
+            laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
+            laws += [name for name, _, _ in world.marginals]
+            checks += [Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix)
+                       for law in laws]
+            if world.validate is not None:
+                checks.append(Check(f"{world.name}/valid_outputs", CheckKind.VALIDITY, world.name, "valid_outputs"))
+            if i == 0:
+                checks.append(Check(f"{world.name}/cache_rollback", CheckKind.CACHE_INVARIANT, world.name,
+                                    "cache_rollback"))
+            samples.append((f"{world.name}{suffix}", n))
+        if greedy:
+            checks.append(Check(f"{world.name}/greedy_identity", CheckKind.GREEDY_IDENTITY, world.name,
+                                "greedy_identity"))
+    m = sum(c.kind.statistical for c in checks)
+    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, stop_early=False), tuple(samples),
+                     worlds=tuple(worlds))
+
+
+def planned_generator_checks(worlds: list[str] | None = None, policies=(SAMPLING,), greedy: bool = True) -> list[str]:
+    """The names of the checks an end-to-end audit with these options reports, in order. A world
+    where the generator crashes or breaks its contract is reported by one ``WORLD/contract``
+    verdict per policy in place of its laws."""
+    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy).names
+
+
+def plan_greedy_audit(model: str) -> AuditPlan:
+    """``exactcheck greedy``: greedy identity and the final target cache on a real model pair
+    (deterministic checks only: no alpha is spent)."""
+    checks = (Check(f"{model}/greedy_identity", CheckKind.GREEDY_IDENTITY, model, "greedy_identity"),
+              Check(f"{model}/final_cache", CheckKind.CACHE_INVARIANT, model, "final_cache"))
+    return AuditPlan(AuditOptions.build(), checks, AlphaBudget(DEFAULT_ALPHA, 0, stop_early=False))
+
+
+def plan_grammar_audit(alpha: float = DEFAULT_ALPHA) -> AuditPlan:
+    """``exactcheck grammar``: masked greedy identity, validity of every output, and two
+    chain-rule tests of the sampled outputs under Holm at ``alpha``. A generator that fails some
+    sampled generations also gets a ``WORLD/contract`` verdict after these."""
+    w = GRAMMAR_WORLD
+    checks = (Check(f"{w}/greedy_identity", CheckKind.GREEDY_IDENTITY, w, "greedy_identity"),
+              Check(f"{w}/valid_outputs", CheckKind.VALIDITY, w, "valid_outputs"),
+              Check(f"{w}/pit_target_order", CheckKind.CHAIN_RULE, w, "pit_target_order"),
+              Check(f"{w}/surprisal", CheckKind.CHAIN_RULE, w, "surprisal"))
+    return AuditPlan(AuditOptions.build(alpha=alpha), checks, AlphaBudget(alpha, 2, stop_early=False))

@@ -1,0 +1,118 @@
+"""The end-to-end audit of a generator: sequence laws, cache rollback and greedy identity.
+
+For every model world (``toy_models.hf_toy_lm.model_worlds``):
+
+- ``sequence``: ``n`` sampled generations (the level's count) against the world's exact float64
+  law of the first ``length`` tokens under the policy (pooled Pearson; Holm over all sequence
+  checks at alpha; an impossible sequence is a deterministic finding);
+- ``cache_rollback``: the invariants of ``exactcheck.e2e.cache_invariants`` on every forward call of
+  those generations, and any final cache the generator hands back (deterministic: an exact
+  generator never breaks them, so a breach spends none of alpha);
+- ``greedy_identity``: greedy generations from several prompts at draft lengths 1..8 equal the
+  target's own greedy decode (``exactcheck.e2e.greedy_identity``); a divergence that float64 shows
+  to be a numerical tie is reported, not failed.
+
+A generator that declares itself lossy (``lossy = True``, e.g. ``assistant_ensemble_weight`` in
+(0, 1)) is audited the same way; its sequence verdicts say "lossy by design" and carry the
+measured TV with its interval, the price of the mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import time
+
+from exactcheck.core import (apply_holm, failure_verdict, keep_plots_where_needed, resolve_device, run_environment,
+                             unreached_verdicts)
+from exactcheck.e2e.drive import drive_generator, drive_generator_sharded
+from exactcheck.e2e.generator import SAMPLING, DecodingPolicy, generator_name, is_lossy
+from exactcheck.e2e.plan import plan_generator_audit, policy_suffix, world_policies
+from exactcheck.e2e.verdicts import generation_law_verdicts, greedy_verdict, rollback_verdict, validity_verdict
+from exactcheck.errors import SubjectError, UsageError
+from exactcheck.executors import Executor, LocalExecutor
+from exactcheck.options import AuditOptions, derive_seed
+from exactcheck.progress import Progress
+from exactcheck.report.result import GeneratorAuditResult
+from exactcheck.report.verdict import Verdict
+from exactcheck.reproduce import generator_audit_line
+
+__all__ = ["run_generator_audit"]
+
+
+def run_generator_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
+                        policies: tuple[DecodingPolicy, ...] = (SAMPLING,), greedy: bool = True,
+                        progress: bool = True, executor: Executor | None = None,
+                        **settings) -> GeneratorAuditResult:
+    """Audit an end-to-end generator on the model worlds; see the module docstring.
+    ``options`` (an ``AuditOptions``) or its fields as keywords (``level``, ``seed``, ``alpha``,
+    ``worlds``, ``generations``, ``require``); ``plan_generator_audit`` decides what runs.
+    ``subject_name`` is how the ``exactcheck e2e`` command names it (a built-in name or
+    MODULE:CALLABLE); given, reproduce lines are commands.
+
+    ``shards`` = N > 1 (or an ``executor``) splits each run's generations into N ranges run on
+    ``executor`` (this process by default, or Ray tasks, each building its own copy of the world's
+    models); every generation keeps its seed, so the verdicts are the unsharded audit's."""
+    options = AuditOptions.of(options, settings)
+    device = resolve_device(options.device)
+    options = dataclasses.replace(options, device=str(device))  # the report and reproduce lines name it as torch does
+    if not callable(generator):
+        raise UsageError(f"generator ({generator!r}) is not callable")
+    plan = plan_generator_audit(options, policies, greedy)
+    level, seed, budget = options.level, options.seed, plan.budget
+    n = options.generations_per_world
+    chosen = list(plan.worlds)
+    name = generator_name(generator)
+    lossy = name if is_lossy(generator) else None
+    runs = {w.name: world_policies(w, policies) for w in chosen}
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    clock = time.perf_counter()
+    bar = Progress(n * sum(len(runs[w.name]) for w in chosen), unit="generation",
+                   desc="exactcheck: generations", enabled=progress)
+    pending: list[Verdict] = []
+    drawn = 0
+    interrupted = False  # Ctrl-C: report what was generated, marked incomplete
+    stated = () if tuple(policies) == (SAMPLING,) else tuple(policies)
+
+    def reproduce_in(world_name: str) -> str:
+        return generator_audit_line(options, subject_name or name, world_name, stated, greedy,
+                                    by_command=subject_name is not None)
+
+    try:
+        for world in chosen:
+            world_seed = derive_seed(seed, world.name)
+            base = dict(world=world.name, seed=world_seed, reproduce=reproduce_in(world.name))
+            for policy in runs[world.name]:
+                suffix = policy_suffix(policy, world)
+                label = f"{world.name}/sampling{suffix}"
+                try:
+                    run_seed = derive_seed(world_seed, "sampling" + suffix)
+                    if options.shards > 1 or executor is not None:
+                        run = drive_generator_sharded(generator, world, n, run_seed, policy, executor or LocalExecutor(),
+                                                      options.shards, options.device,
+                                                      progress=lambda k, label=label: bar.step(label, k))
+                    else:
+                        run = drive_generator(generator, world, n, run_seed, policy, device=device,
+                                              progress=lambda k, label=label: bar.step(label, k))
+                except SubjectError as exc:
+                    pending.append(failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
+                                                   samples=n, condition="every generation"))
+                    continue
+                drawn += run.size
+                pending.extend(generation_law_verdicts(run, budget.first_share, budget.alpha, base, lossy))
+                if world.validate is not None:
+                    pending.append(validity_verdict(run, base))
+                if policy is runs[world.name][0]:
+                    pending.append(rollback_verdict(run, base))
+            if greedy:
+                bar.step(f"{world.name}/greedy_identity", 0)
+                pending.append(greedy_verdict(generator, world, world_seed, base, lossy, device))
+    except KeyboardInterrupt:
+        interrupted = True
+        pending += unreached_verdicts(plan, pending, seed, reproduce_in)
+    bar.close()
+    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+    return GeneratorAuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
+                                alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
+                                duration_s=time.perf_counter() - clock, environment=run_environment(),
+                                samples_planned=n * sum(len(v) for v in runs.values()), samples_drawn=drawn,
+                                require=options.require, interrupted=interrupted)

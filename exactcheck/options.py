@@ -1,0 +1,333 @@
+"""What every layer of an audit reads, and nothing else: its options, its levels, how its alpha
+is split, the kinds of check, the checks and the plan record, the finding categories, the
+pseudo-worlds and the kinds of subject.
+
+This is the leaf of the package: it imports no other exactcheck module but ``exactcheck.errors``
+(itself a leaf: the one root exception), no torch and no scipy, so ``exactcheck --help``, the
+pytest plugin and every layer below the runners may read it. The planners that fill an
+``AuditPlan`` live next to the audits they plan (``exactcheck.step.plan``, ``exactcheck.e2e.plan``).
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from dataclasses import dataclass
+
+from exactcheck.errors import UsageError
+
+__all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "derive_seed",
+           "REAL_MODELS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
+           "SubjectKind"]
+
+DEFAULT_ALPHA = 1e-3
+DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
+DEFAULT_REQUIRE = ("exactness",)
+REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
+# elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
+# for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
+DEFAULT_CALL_ELEMENTS = 1 << 24
+
+
+class Level(enum.Enum):
+    """Audit depth, defined by the TV every law is planned to detect with power 0.9 at its
+    share of alpha (``exactcheck.stats.planning``), and the most trials one world may use for it."""
+
+    QUICK = "quick"
+    STANDARD = "standard"
+    RELEASE = "release"
+
+    @property
+    def detect_tv(self) -> float:
+        return {Level.QUICK: 0.05, Level.STANDARD: 0.01, Level.RELEASE: 0.003}[self]
+
+    @property
+    def max_samples(self) -> int:
+        """The cap on trials per world; a law whose condition is too rare to reach ``detect_tv``
+        within it is reported with the TV it does reach."""
+        return {Level.QUICK: 50_000, Level.STANDARD: 1_000_000, Level.RELEASE: 10_000_000}[self]
+
+    @property
+    def chain_sequences(self) -> int:
+        """Sequences generated through a large-vocabulary chain-rule world."""
+        return {Level.QUICK: 200, Level.STANDARD: 1_000, Level.RELEASE: 5_000}[self]
+
+    @property
+    def min_samples(self) -> int:
+        """The floor on trials per world. Certifying "TV <= eps" costs more than detecting eps
+        (the bound adds a concentration radius to the plug-in TV); the floor lets a passing
+        audit certify a three-cell law to about the level's TV (standard: <= 0.01)."""
+        return {Level.QUICK: 5_000, Level.STANDARD: 150_000, Level.RELEASE: 1_500_000}[self]
+
+    @property
+    def property_examples(self) -> int:
+        """Random cases searched per property and forced value, after the fixed edge corpus."""
+        return {Level.QUICK: 8, Level.STANDARD: 12, Level.RELEASE: 200}[self]
+
+    @property
+    def generations(self) -> int:
+        """Sampled generations per model world in an end-to-end audit."""
+        return {Level.QUICK: 2_000, Level.STANDARD: 8_000, Level.RELEASE: 40_000}[self]
+
+
+def derive_seed(root: int, name: str) -> int:
+    """A stable 63-bit seed for ``name`` under ``root``: adding or dropping a check does not
+    shift any other check's random stream."""
+    digest = hashlib.sha256(f"{root}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class Category(enum.Enum):
+    """What a finding is about. An audit's pass/fail follows ``EXACTNESS`` unless more
+    categories are required (``--require reproducible``, ``--require input-handling``)."""
+
+    EXACTNESS = "exactness"  # laws, forbidden tokens, acceptance decisions, contract, crashes
+    REPRODUCIBILITY = "reproducibility"  # the same seed gives the same output
+    INPUT_HANDLING = "input-handling"  # NaN, inf, negative, all-zero rows
+
+    @property
+    def flag(self) -> str:
+        """The word ``--require`` takes for this category ("reproducible" for reproducibility)."""
+        return "reproducible" if self is Category.REPRODUCIBILITY else self.value
+
+    @classmethod
+    def parse(cls, name: str) -> "Category":
+        """A category from its value or the command line's word for it."""
+        for category in cls:
+            if name in (category.value, category.flag) or (category is cls.INPUT_HANDLING and name == "inputs"):
+                return category
+        raise ValueError(f"category ({name!r}) must be one of exactness, reproducible, input-handling")
+
+
+# the categories ``--require`` can add (exactness always gates)
+REQUIRABLE = tuple(c.flag for c in Category if c is not Category.EXACTNESS)
+
+
+class PseudoWorld(str, enum.Enum):
+    """Check groups of a step audit that are not worlds one drives: the deterministic property
+    search and the invalid-input probe. Their values are the names ``--world`` takes."""
+
+    PROPERTIES = "properties"
+    INPUTS = "inputs"
+
+
+class SubjectKind(enum.Enum):
+    """What a subject is: a step-level verifier (vLLM's rejection-sampler layout) or an end-to-end
+    generator (``exactcheck.e2e.generator``). Each kind has one audit entry point
+    (``exactcheck.subjects.entry_point``)."""
+
+    VERIFIER = "verifier"
+    GENERATOR = "generator"
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """What to run, as every front end states it. ``worlds``: only these (world names,
+    ``properties``, ``properties/NAME``, ``inputs``); ``require``: finding categories that fail
+    the audit besides exactness ("reproducibility", "input-handling")."""
+
+    level: Level = Level(DEFAULT_LEVEL)
+    seed: int = 0
+    alpha: float = DEFAULT_ALPHA
+    device: str = "cpu"
+    worlds: tuple[str, ...] | None = None
+    properties: bool = True
+    stop_early: bool = True
+    detect_tv: float | None = None
+    max_samples: int | None = None
+    require: tuple[str, ...] = DEFAULT_REQUIRE
+    generations: int | None = None  # end-to-end audits: generations per world (default: the level's)
+    # step audits: the subject's acceptance rule (``exactcheck.step.contract.AcceptanceRule``
+    # value), which the step laws follow; set from the subject by the step entry point
+    acceptance_rule: str = "min(1, p/q)"
+    # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
+    # generations keep their seeds); ``exactcheck.executors``
+    shards: int = 1
+    # step audits: the largest target_probs tensor (B * (k+1) * V elements) handed to the subject
+    # in one call; None: ``DEFAULT_CALL_ELEMENTS``, the same on every machine. The size decides
+    # which random numbers each trial gets, so a different size gives different (equally valid)
+    # samples, and the reproducer names it. "auto": half the device's free memory, resolved to a
+    # number when the audit starts (``exactcheck.memory.device_max_elements``)
+    call_elements: int | str | None = None
+
+    @classmethod
+    def build(cls, **values) -> "AuditOptions":
+        """Options from loose values (strings, lists, None for the defaults), validated: a bad
+        value raises ``UsageError`` naming it and its rule."""
+        values = {k: v for k, v in values.items() if v is not None}
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"unknown audit option(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        level = values.get("level", DEFAULT_LEVEL)
+        try:
+            values["level"] = level if isinstance(level, Level) else Level(level)
+        except ValueError:
+            raise UsageError(f"level ({level!r}) must be one of quick, standard, release") from None
+        alpha = values.get("alpha", DEFAULT_ALPHA)
+        if not 0 < alpha < 1:
+            raise UsageError(f"alpha ({alpha}) must be in (0, 1)")
+        if "device" in values:
+            values["device"] = str(values["device"])
+        if "worlds" in values:
+            values["worlds"] = tuple(values["worlds"]) or None
+        if values.get("detect_tv") is not None and not 0 < values["detect_tv"] <= 1:
+            raise UsageError(f"detect_tv ({values['detect_tv']}) must be in (0, 1]")
+        if values.get("max_samples") is not None and int(values["max_samples"]) < 1:
+            raise UsageError(f"max_samples ({values['max_samples']}) must be positive")
+        if values.get("shards") is not None and int(values["shards"]) < 1:
+            raise UsageError(f"shards ({values['shards']}) must be at least 1")
+        if values.get("call_elements") not in (None, "auto"):  # auto: sized when the audit runs
+            try:
+                values["call_elements"] = int(values["call_elements"])
+            except (TypeError, ValueError):
+                raise UsageError(f"call_elements ({values['call_elements']!r}) must be a number or 'auto'") from None
+            if values["call_elements"] < 1:
+                raise UsageError(f"call_elements ({values['call_elements']}) must be positive")
+        if values.get("generations") is not None and int(values["generations"]) < 1:
+            raise UsageError(f"generations ({values['generations']}) must be positive")
+        values["require"] = _resolve_require(values.get("require", ()))
+        return cls(**values)
+
+    @classmethod
+    def of(cls, options: "AuditOptions | None", settings: dict) -> "AuditOptions":
+        """The options of a run given either ``options`` or loose keyword ``settings``."""
+        if options is None:
+            return cls.build(**settings)
+        if settings:
+            raise UsageError(f"give options or keyword settings, not both ({sorted(settings)})")
+        return options
+
+    @property
+    def target_tv(self) -> float:
+        return self.level.detect_tv if self.detect_tv is None else self.detect_tv
+
+    @property
+    def max_elements(self) -> int:
+        """Elements of target_probs per verify call in a step audit ("auto" resolved first)."""
+        if self.call_elements == "auto":
+            raise ValueError("call_elements 'auto' is resolved on the device when the audit starts")
+        return DEFAULT_CALL_ELEMENTS if self.call_elements is None else self.call_elements
+
+    @property
+    def cap(self) -> int:
+        return self.level.max_samples if self.max_samples is None else int(self.max_samples)
+
+    @property
+    def generations_per_world(self) -> int:
+        """Sampled generations per model world and policy in an end-to-end audit."""
+        return self.level.generations if self.generations is None else int(self.generations)
+
+
+def _resolve_require(require) -> tuple[str, ...]:
+    """The categories an audit gates on: exactness always, plus those named."""
+    if isinstance(require, str):
+        require = (require,)
+    try:
+        named = {Category.parse(r).value for r in require}
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return tuple(c.value for c in Category if c.value in named | {Category.EXACTNESS.value})
+
+
+@dataclass(frozen=True)
+class AlphaBudget:
+    """How alpha is split over a family of ``checks`` statistical checks. With early stopping,
+    half goes to the anytime-valid e-processes (Bonferroni: each law's e-value must pass
+    2m/alpha) and half to the fixed-budget tests under Holm; without, Holm gets all of it.
+    Deterministic checks spend none. ``first_share`` is the smallest Holm share, alpha_Holm / m:
+    the planner sizes budgets with it and Holm runs over a family of exactly ``checks`` (checks of
+    the family that an audit does not run count as p = 1), so the detectable TV the plan promises
+    is the one the tests deliver, whichever worlds are chosen."""
+
+    alpha: float
+    checks: int
+    stop_early: bool = True
+
+    @property
+    def holm_alpha(self) -> float:
+        return self.alpha / 2 if self.stop_early else self.alpha
+
+    @property
+    def first_share(self) -> float:
+        return self.holm_alpha / max(self.checks, 1)
+
+    @property
+    def e_share(self) -> float:
+        """Each e-process's share of alpha (Bonferroni over the checks, half of alpha)."""
+        return self.alpha / (2 * max(self.checks, 1))
+
+    @property
+    def log_e_threshold(self) -> float:
+        """The log e-value at which an e-process shows a defect."""
+        return math.log(1 / self.e_share)
+
+    @property
+    def holm_scale(self) -> float:
+        """Factor that puts a Holm-adjusted p-value at ``holm_alpha`` on the scale of alpha."""
+        return self.alpha / self.holm_alpha
+
+    def describe(self) -> str:
+        if self.stop_early:
+            return (f"alpha {self.alpha:g}: half to the early-stopping e-processes (each {self.e_share:.3g}), "
+                    f"half to Holm over {self.checks} statistical checks (first share {self.first_share:.3g})")
+        return f"alpha {self.alpha:g}: Holm over {self.checks} statistical checks (first share {self.first_share:.3g})"
+
+
+class CheckKind(enum.Enum):
+    """How a check turns samples into a verdict. The plan gives every check its kind and the
+    verdict carries it: Holm, the renderers and the failure ranking read it, never a guess."""
+
+    LAW = "law"  # a step or context world's law: e-process while driving, then fixed-budget chi-square
+    CHAIN_RULE = "chain-rule test"  # PIT / moment tests on a large-vocabulary world
+    GENERATOR_LAW = "generation law"  # fixed-budget chi-square over whole generations
+    PROPERTY = "deterministic property"  # forced random numbers, hypothesis search
+    INPUTS = "invalid-input probe"
+    VALIDITY = "output validity"  # every output of a grammar world must be valid
+    CACHE_INVARIANT = "cache invariant"
+    GREEDY_IDENTITY = "greedy identity"
+    CONTRACT = "subject contract"  # a world whose subject crashed or broke its contract: stands for its checks
+
+    @property
+    def statistical(self) -> bool:
+        """Whether the check spends alpha."""
+        return self in (CheckKind.LAW, CheckKind.CHAIN_RULE, CheckKind.GENERATOR_LAW)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # "world/law": the test id in the plugin, the testcase in the gate's JUnit
+    kind: CheckKind
+    world: str
+    law: str
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """The checks an audit reports, in order, and how alpha is split among them. ``samples``:
+    trials (step audits) or generations (end-to-end) per world."""
+
+    options: AuditOptions
+    checks: tuple[Check, ...]
+    budget: AlphaBudget
+    samples: tuple[tuple[str, int], ...] = ()
+    # the world objects the checks name, built once by the planner and handed to the runner
+    worlds: tuple = ()
+    # step audits: each law world's planned laws at its budget (``exactcheck.stats.laws.LawPlan``)
+    laws: tuple[tuple[str, tuple], ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.checks]
+
+    def kind_of(self, check: str) -> CheckKind | None:
+        return next((c.kind for c in self.checks if c.name == check), None)
+
+    def world_samples(self, world: str) -> int:
+        return dict(self.samples)[world]
+
+    def world(self, name: str):
+        """The world object named ``name``."""
+        return next(w for w in self.worlds if w.name == name)
+
+    def world_laws(self, name: str) -> tuple:
+        return dict(self.laws)[name]

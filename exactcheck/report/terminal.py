@@ -1,0 +1,119 @@
+"""What exactcheck prints on a terminal: the one-screen summary of an audit, the selftest's table
+rows, and the gate's lines. The command line prints these strings and nothing of its own making,
+so "how a result is shown" is decided here, beside the Markdown, HTML and JUnit renderers."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from exactcheck.report.json_md import deterministic_finding
+from exactcheck.report.ranking import rank_failures
+from exactcheck.report.result import AuditKind, AuditResult
+from exactcheck.report.verdict import Outcome
+
+if TYPE_CHECKING:
+    from exactcheck.gate import GateResult
+    from exactcheck.step.selftest import SelftestResult
+
+__all__ = ["audit_summary", "selftest_header", "selftest_row", "selftest_footer", "gate_lines", "gate_verdict",
+           "interrupted_line", "DETAILED_FAILURES"]
+
+DETAILED_FAILURES = 3  # failures shown in full; the rest get a line each
+OTHER_LINES = 5  # inconclusive checks listed one per line before the rest become a count
+NOT_RUN = "not run to its budget"
+
+
+_COMMAND = {AuditKind.STEP: "audit", AuditKind.END_TO_END: "e2e", AuditKind.GREEDY: "greedy",
+            AuditKind.GRAMMAR: "grammar"}
+
+
+def audit_summary(result: AuditResult, passing: bool = False) -> str:
+    """One screen: the verdict line, then each gating finding with its evidence and reproduce
+    line (the one a user meets most often first), then one-liners for the rest, inconclusive
+    checks folded into counts, the budget, and with ``passing`` a line per check that passed."""
+    status = "PASSED" if result.passed else "FAILED"
+    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    failed = result.ranked_failures()
+    first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
+    lines = [f"exactcheck {_COMMAND[result.kind]} {result.subject}: {status}{first} ({counts}; {result.settings_text()}, "
+             f"{result.duration_s:.1f} s)"]
+    for v in failed[:DETAILED_FAILURES]:
+        lines += ["", v.describe()]
+    if failed:
+        lines.append("")
+    lines += [f"  {v.outcome.value:<18} {v.check}: {v.summary}" for v in failed[DETAILED_FAILURES:]]
+    lines += [f"  {v.category.value} finding (not required; --require {v.category.flag} makes it fail) "
+              f"{v.check}: {v.summary}" for v in result.not_required]
+    unrun = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and v.summary.startswith(NOT_RUN)]
+    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)
+             and v not in unrun]
+    lines += [f"  {v.outcome.value:<18} {v.check}: {v.summary}" for v in other[:OTHER_LINES]]
+    if len(other) > OTHER_LINES:
+        lines.append(f"  ... and {len(other) - OTHER_LINES} more inconclusive checks (see the report)")
+    if unrun:
+        lines.append(f"  {len(unrun)} checks not run to their budget (the audit stopped early on "
+                     f"{result.stopped_at or 'a defect'}); they are inconclusive, not passed")
+    lines.append(f"  {result.budget_text()}")
+    if passing:
+        lines += [f"  exact              {v.check}: {v.summary}" for v in result.verdicts if v.outcome is Outcome.EXACT]
+    return "\n".join(lines)
+
+
+_COLUMNS = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
+            f"{'time':>6}  forced draws / reachability")
+
+
+def selftest_header() -> str:
+    return _COLUMNS + "\n" + "-" * len(_COLUMNS)
+
+
+def selftest_row(name: str, audit: AuditResult, reference: bool) -> str:
+    """One row of the selftest table: the reference's checks, or what caught a mutant."""
+    short = name.split(":")[-1]
+    forced = ""
+    if reference:
+        result = "passes" if audit.passed else "FAILS"
+        caught = f"{len(audit.verdicts) - len(audit.failed)}/{len(audit.verdicts)} checks exact"
+        tv = p = category = "-"
+    else:
+        best = audit.strongest_failure()
+        result = "detected" if best else "MISSED"
+        caught = best.check if best else "-"
+        category = best.category.value if best else "-"
+        tv = "-" if not best or best.tv_estimate is None else f"{best.tv_estimate:.4f}"
+        p = "-" if not best else f"{best.adjusted_pvalue:.1e}"
+        finding = deterministic_finding(audit)
+        if finding is not None and finding.reachability is not None:
+            forced = f"{finding.check}: {finding.reachability.describe()}"
+    return (f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
+            f"{audit.duration_s:5.1f}s  {forced}")
+
+
+def selftest_footer(result: "SelftestResult", seconds: float) -> str:
+    detected = len(result.mutants) - len(result.undetected)
+    return (f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "
+            f"{len(result.mutants)} mutants detected; {seconds:.1f} s in all")
+
+
+def gate_lines(results: "list[GateResult]") -> str:
+    """Each subject's line, with its blocking findings in full (the one met most often first)."""
+    lines = []
+    for result in results:
+        status = "passes" if result.passed else "FAILS"
+        exempt = [v.check for v in result.audit.failed if result.exempted(v)]
+        lines.append(f"{result.subject.name}: {status} ({len(result.audit.verdicts)} checks, "
+                     f"{len(result.blocking)} failed" + (f", {len(exempt)} failed but exempt" if exempt else "")
+                     + f"; level {result.subject.level}, {result.audit.duration_s:.1f} s)")
+        lines += ["  " + v.describe().replace("\n", "\n  ")
+                  for v in rank_failures(result.blocking)[:DETAILED_FAILURES]]
+    return "\n".join(lines)
+
+
+def gate_verdict(results: "list[GateResult]") -> str:
+    passed = all(r.passed for r in results)
+    return f"exactcheck gate: {'PASSED' if passed else 'FAILED'} ({sum(r.passed for r in results)} of {len(results)} subjects pass)"
+
+
+def interrupted_line(result: AuditResult, written: str = "") -> str:
+    """Ctrl-C during an audit: how far it got, and the partial report if one was written."""
+    where = f"; partial report, marked incomplete: {written}" if written else ""
+    return f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} {result.unit}{where}"

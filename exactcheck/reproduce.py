@@ -1,0 +1,147 @@
+"""The reproduce line: the one line in every verdict that re-runs its check with the same samples.
+
+Every audit kind states its settings as ``Setting``s, each in both forms, the command line's
+flag and the Python call's argument, and ``reproduce_line`` writes either the command (when the
+subject can be named on the command line and every setting can be stated there) or the Python
+call. The builders below are the only places that know which settings change what an audit of
+each kind draws or how it is judged; ``replay_line`` is the line of a property counterexample,
+which re-runs the saved reproducer instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from exactcheck.options import DEFAULT_ALPHA, AuditOptions, Category
+
+__all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "greedy_audit_line",
+           "grammar_audit_line", "cost_line", "replay_line", "reproducer_path"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of an audit in both forms. ``flag``: as the command states it ("" when the
+    command need not: its default; None when the command cannot state it at all, which makes the
+    line the Python call); ``argument``: as the Python call states it (a positional value or
+    ``keyword=value``; "" when the call need not)."""
+
+    flag: str | None
+    argument: str
+
+
+def reproduce_line(command: str, subject: str, settings: Sequence[Setting], call: str | None = None,
+                   by_command: bool = True) -> str:
+    """``exactcheck COMMAND SUBJECT FLAG...`` if ``by_command`` and every setting can be stated
+    on the command line (or there is no Python ``call``), else ``CALL(SUBJECT, ARGUMENT...)``."""
+    if call is None or (by_command and all(s.flag is not None for s in settings)):
+        return " ".join([f"exactcheck {command} {subject}"] + [s.flag for s in settings if s.flag])
+    return f"{call}(" + ", ".join([subject] + [s.argument for s in settings if s.argument]) + ")"
+
+
+def _required(options: AuditOptions) -> list[Setting]:
+    named = [Category(c) for c in options.require if c != Category.EXACTNESS.value]
+    if not named:
+        return []
+    return [Setting(" ".join(f"--require {c.flag}" for c in named), f"require={[c.value for c in named]!r}")]
+
+
+def _head(options: AuditOptions, world: str) -> list[Setting]:
+    return [Setting(f"--level {options.level.value}", f"level={options.level.value!r}"),
+            Setting(f"--seed {options.seed}", f"seed={options.seed}"),
+            Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"),
+            Setting(f"--world {world}", f"worlds=[{world!r}]")]
+
+
+def _device(device: str, always: bool = False) -> list[Setting]:
+    device = str(device)
+    if device == "cpu" and not always:
+        return []
+    return [Setting(f"--device {device}" if device != "cpu" else "", f"device={device!r}")]
+
+
+def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
+    """A step audit's line for ``world``: every option that changes what the world draws (budget,
+    call size, shards, device) or how it is judged (early stopping, categories required). A
+    subject given as MODULE:CALLABLE is named on the command line; any other, in the call."""
+    settings = _head(options, world)
+    if not options.stop_early:
+        settings.append(Setting("--no-stop-early", "stop_early=False"))
+    if options.detect_tv is not None:
+        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", f"detect_tv={options.detect_tv!r}"))
+    if options.max_samples is not None:
+        settings.append(Setting(f"--max-samples {int(options.max_samples)}", f"max_samples={int(options.max_samples)}"))
+    if options.shards > 1:
+        settings.append(Setting(f"--shards {options.shards}", f"shards={options.shards}"))
+    if options.call_elements is not None:
+        settings.append(Setting(f"--call-elements {options.call_elements}", f"call_elements={options.call_elements!r}"))
+    settings += _device(options.device) + _required(options)
+    return reproduce_line("audit", subject, settings, "run_audit", by_command=":" in subject)
+
+
+def generator_audit_line(options: AuditOptions, subject: str, world: str, policies=(), greedy: bool = True,
+                         by_command: bool = True) -> str:
+    """An end-to-end audit's line for ``world``: generations, device, categories required, and the
+    decoding policies other than plain sampling (``exactcheck.e2e.policy.DecodingPolicy``; () for
+    plain sampling; a policy the command line cannot state, such as a logit bias, makes the line the
+    Python call) and whether greedy identity ran."""
+    settings = _head(options, world)
+    if options.generations is not None:
+        settings.append(Setting(f"--generations {int(options.generations)}", f"generations={int(options.generations)}"))
+    settings += _device(options.device) + _required(options)
+    if policies:
+        specs = [policy.spec() for policy in policies]
+        settings.append(Setting(" ".join(f"--policy {spec}" for spec in specs) if all(specs) else None,
+                                f"policies=[{', '.join(policy.code() for policy in policies)}]"))
+    if not greedy:
+        settings.append(Setting("--no-greedy", "greedy=False"))
+    return reproduce_line("e2e", subject, settings, "run_generator_audit", by_command)
+
+
+def greedy_audit_line(subject: str, model: str, prompts: int, new_tokens: int, draft_lengths, per_prompt,
+                      seed: int, device, by_command: bool = True) -> str:
+    """``exactcheck greedy``'s line; the command states draft lengths 1..8 only."""
+    settings = [Setting(f"--model {model}", repr(model)), Setting(f"--prompts {prompts}", f"prompts={prompts}"),
+                Setting(f"--new-tokens {new_tokens}", f"new_tokens={new_tokens}"),
+                Setting("" if tuple(draft_lengths) == tuple(range(1, 9)) else None,
+                        f"draft_lengths={tuple(draft_lengths)!r}"),
+                Setting(f"--per-prompt {per_prompt}" if per_prompt else "", f"per_prompt={per_prompt!r}"),
+                Setting(f"--seed {seed}", f"seed={seed}"), *_device(device, always=True)]
+    return reproduce_line("greedy", subject, settings, "run_greedy_audit", by_command)
+
+
+def grammar_audit_line(subject: str, prompts: int, draft_lengths, samples: int, new_tokens: int, seed: int,
+                       alpha: float, device, by_command: bool = True) -> str:
+    """``exactcheck grammar``'s line; the command states draft lengths (1, 4, 8), 64 new tokens and
+    the default alpha only."""
+    settings = [Setting(f"--prompts {prompts}", f"prompts={prompts}"),
+                Setting("" if tuple(draft_lengths) == (1, 4, 8) else None, f"draft_lengths={tuple(draft_lengths)!r}"),
+                Setting(f"--samples {samples}", f"samples={samples}"),
+                Setting("" if new_tokens == 64 else None, f"new_tokens={new_tokens}"),
+                Setting(f"--seed {seed}", f"seed={seed}"),
+                Setting("" if alpha == DEFAULT_ALPHA else None, f"alpha={alpha!r}"), *_device(device, always=True)]
+    return reproduce_line("grammar", subject, settings, "run_grammar_audit", by_command)
+
+
+def cost_line(subject: str, model: str | None, world: str | None, draft_lengths: str, prompts: int, seed: int,
+              new_tokens: int | None = None, policy: str | None = None) -> str:
+    """``exactcheck cost``'s line (the command is the only way to name its settings)."""
+    settings = [Setting(f"--model {model}" if model else f"--world {world}", ""),
+                Setting(f"--draft-lengths {draft_lengths}", ""), Setting(f"--prompts {prompts}", ""),
+                Setting(f"--seed {seed}", ""), Setting(f"--new-tokens {new_tokens}" if new_tokens else "", ""),
+                Setting(f"--policy '{policy}'" if policy else "", "")]
+    return reproduce_line("cost", subject, settings)
+
+
+def reproducer_path(check: str, subject: str = "") -> str:
+    """Where a report directory keeps the reproducer of ``check`` of ``subject`` (one file per
+    subject and check, so subjects failing the same property in one gate keep theirs apart)."""
+    slug = "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in subject).strip("-")
+    return "reproducers/" + (f"{slug}--" if slug else "") + check.replace("/", "-") + ".json"
+
+
+REPORT_DIR = "REPORT_DIR"  # replaced by the report directory when the report is written
+
+
+def replay_line(check: str, subject: str) -> str:
+    """The line of a property counterexample: replay its saved reproducer."""
+    return f"exactcheck replay {REPORT_DIR}/{reproducer_path(check, subject)}"

@@ -1,0 +1,203 @@
+"""The step audit: every check of the plan on one step-level verifier, under one false-alarm budget.
+
+world -> drive -> samples -> laws -> statistics -> Holm -> verdicts. Each world is driven once
+with its own seed (derived from the root seed and the world's name); every law of that world is
+checked on the same samples. Holm's method over the plan's family keeps the probability that an
+exact subject gets any defect verdict at most alpha, whatever the dependence between checks.
+``exactcheck.step.plan`` decides what runs; ``exactcheck.step.verdicts`` builds each verdict.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from exactcheck.core import apply_holm, keep_plots_where_needed, resolve_device, run_environment, unreached_verdicts
+from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
+from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
+from exactcheck.memory import device_max_elements
+from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
+from exactcheck.progress import Progress
+from exactcheck.report.result import AuditResult, StepAuditResult
+from exactcheck.report.verdict import Verdict
+from exactcheck.reproduce import step_audit_line
+from exactcheck.stats.laws import compare
+from exactcheck.stats.sequential import EProcess, batch_schedule
+from exactcheck.step.contract import Verifier, acceptance_rule
+from exactcheck.step.drive import drive
+from exactcheck.step.plan import plan_step_audit
+from exactcheck.step.properties import search
+from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_verdict,
+                                      property_verdict)
+
+__all__ = ["run_audit", "run_plan", "shard_counts"]
+
+
+def run_audit(subject: Verifier, *, subject_name: str | None = None, options: AuditOptions | None = None,
+              progress: bool = True, executor: Executor | None = None, **settings) -> AuditResult:
+    """Audit a step-level verifier on the built-in worlds and return every verdict.
+
+    ``options`` (an ``AuditOptions``), or its fields as keywords: ``level`` (default quick),
+    ``seed``, ``alpha``, ``device``, ``worlds``, ``properties``, ``stop_early``, ``detect_tv``,
+    ``max_samples``, ``require``, ``shards``, ``call_elements``. ``plan_step_audit`` decides what
+    runs and how alpha is split (``exactcheck.step.plan``); this function executes that plan.
+
+    The budget: every world gets the trials its laws need to detect ``detect_tv`` (default: the
+    level's) with power 0.9 at their Holm share of alpha, at most ``max_samples`` (default: the
+    level's cap); see ``exactcheck.stats.planning``.
+
+    ``stop_early=True`` drives the worlds in growing batches, round robin, and stops the whole
+    audit the first time an anytime-valid e-process shows a defect (half of alpha, Bonferroni)
+    or a sample lands on an impossible outcome; checks that reach their budget get the
+    fixed-budget Pearson test under Holm with the other half. ``stop_early=False`` drives each
+    world once to its budget and spends all of alpha on Holm.
+
+    ``properties=False`` skips the deterministic property search (``exactcheck.step.properties``);
+    it cannot change the false-alarm rate, which only the statistical checks spend.
+
+    ``require``: the finding categories that fail the audit (exactness always; add
+    "reproducible" and/or "input-handling"); findings in other categories are reported only.
+
+    ``shards`` = N > 1 splits every batch of every world into N shards with seeds derived from
+    the batch seed, run on ``executor`` (``exactcheck.executors``: this process by default, or Ray
+    tasks); their counts are merged before each look, so alpha and early stopping are unchanged
+    and the verdicts are the same on every executor."""
+    options = AuditOptions.of(options, settings)
+    if not callable(subject):
+        raise UsageError(f"subject ({subject!r}) is not callable")
+    options = replace(options, acceptance_rule=acceptance_rule(subject).value)
+    device = resolve_device(options.device)
+    if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it
+        options = replace(options, call_elements=device_max_elements(device))
+    return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
+
+
+def shard_counts(subject, world, plans, size: int, seed: int, device: str,
+                 max_elements: int = DEFAULT_CALL_ELEMENTS):
+    """One shard: ``size`` trials of ``world`` driven with ``seed`` in verify calls of at most
+    ``max_elements`` target_probs elements, counted into each law's cells (what a Ray task
+    returns: counts, not samples), or the subject's failure as a value."""
+    try:
+        samples = drive(subject, world, size, seed, device, max_elements)
+    except (SubjectCrashed, ContractViolation) as exc:
+        return exc
+    return [compare(plan, samples).counts for plan in plans]
+
+
+def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None = None,
+             device: torch.device = torch.device("cpu"), progress: bool = True,
+             executor: Executor | None = None) -> AuditResult:
+    """Execute a step-audit plan (``exactcheck.step.plan.plan_step_audit``) on ``subject`` on
+    ``device`` (resolved once by ``run_audit``)."""
+    options, budget = audit_plan.options, audit_plan.budget
+    level, seed, stop_early = options.level, options.seed, options.stop_early
+    name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
+    kinds = {c.world: c.kind for c in audit_plan.checks}
+    chains = [w for w in audit_plan.worlds if kinds.get(w.name) is CheckKind.CHAIN_RULE]
+    searched = [c.law for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
+    runs = []
+    for world_name, n in audit_plan.samples:
+        if kinds.get(world_name) is not CheckKind.LAW:
+            continue
+        world = audit_plan.world(world_name)
+        plans = list(audit_plan.world_laws(world_name))
+        runs.append(WorldRun(
+            world, derive_seed(seed, world.name), n, plans, batch_schedule(n) if stop_early else [n],
+            [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
+            [EProcess(p.expected, n * p.condition_probability) if stop_early else None for p in plans]))
+    threshold = budget.log_e_threshold
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    clock = time.perf_counter()
+    bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
+
+    def reproduce(world: str) -> str:
+        return step_audit_line(options, name, world)
+
+    evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
+    interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
+    executor = executor or LocalExecutor()
+    shards = options.shards
+    try:
+        for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
+            # every live world's shards of this batch go out at once; their counts come back and
+            # are merged, in world order, before the look (a sharded batch is one batch)
+            live = [r for r in runs if not r.finished and batch_index < len(r.batches)]
+            calls = []
+            for run in live:
+                batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
+                calls.append([(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device),
+                               options.max_elements)
+                              for j, size in enumerate(split(run.batches[batch_index], shards))])
+            results = iter(executor.submit(shard_counts, [call for shard_calls in calls for call in shard_calls]))
+            for run, shard_calls in zip(live, calls):
+                shard_results = [next(results) for _ in shard_calls]
+                if evident:
+                    continue  # the audit stopped: this batch's shards are not counted
+                size = run.batches[batch_index]
+                counted = [result() for result in shard_results]
+                failure = next((c for c in counted if isinstance(c, Exception)), None)
+                if failure is not None:
+                    run.failure = drive_failure(failure, run, size, reproduce(run.world.name))
+                    bar.step(run.world.name, run.budget - run.drawn)
+                    if stop_early and run.failure.outcome.failed:
+                        evident = (run, -1)
+                    continue
+                run.drawn += size
+                for i, process in enumerate(run.processes):
+                    run.counts[i] += sum(c[i] for c in counted)
+                    if process is not None and process.look(run.counts[i]) >= threshold and not evident:
+                        evident = (run, i)
+                bar.step(run.world.name, size)
+            if evident:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    bar.close()
+    bar = Progress(len(chains) + len(searched) + bool(searched), unit="check", desc="exactcheck: checks",
+                   enabled=progress)
+
+    pending: list[Verdict] = []
+    for run in runs:
+        if run.failure is not None:
+            pending.append(run.failure)
+            continue
+        pending += [law_verdict(run, i, reproduce(run.world.name), budget, evident, interrupted)
+                    for i in range(len(run.plans))]
+
+    properties = PseudoWorld.PROPERTIES.value
+    try:
+        for world in chains if not interrupted else ():
+            pending.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
+                                          device, reproduce(world.name), evident is not None))
+            bar.step(world.name)
+
+        for prop in searched if not interrupted else ():
+            prop_seed = derive_seed(seed, f"{properties}/{prop}")
+            result = search(subject, prop, level.property_examples, prop_seed, device)
+            pending.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}")))
+            bar.step(f"{properties}/{prop}")
+
+        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not interrupted:
+            pending.append(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
+            bar.step(PseudoWorld.INPUTS.value)
+    except KeyboardInterrupt:
+        interrupted = True
+    bar.close()
+    if interrupted:  # every planned check still gets a verdict: the ones not reached say so
+        pending += unreached_verdicts(audit_plan, pending, seed, reproduce)
+
+    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+    stopped = None
+    if evident:
+        run, i = evident
+        stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
+    return StepAuditResult(
+        subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
+        verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
+        environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
+        samples_planned=sum(r.budget for r in runs), samples_drawn=sum(r.drawn for r in runs),
+        stopped_early_at=stopped, require=options.require, interrupted=interrupted,
+        call_elements=options.max_elements)
