@@ -70,11 +70,11 @@ def test_gate_reads_a_device_and_refuses_a_bad_one_before_auditing(tmp_path, cap
                       '[[tool.exactcheck.subject]]\nname = "second"\ngenerator = "reference-loop"\n'
                       'device = "nonsense"\n')
     subjects = read_config(config)
-    assert [s.device for s in subjects] == ["cpu", "nonsense"]
+    assert [s.options.device for s in subjects] == ["cpu", "nonsense"]
     assert main(["gate", "--config", str(config), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "second" in err and "not a torch device" in err and "Traceback" not in err
-    assert [s.device for s in read_config(config, device="cpu")] == ["cpu", "cpu"]
+    assert [s.options.device for s in read_config(config, device="cpu")] == ["cpu", "cpu"]
 
 
 def test_a_real_model_is_handed_its_cache_under_this_transformers():

@@ -238,6 +238,14 @@ class Verdict:
         return getattr(self.evidence, "certificate", None)
 
     @property
+    def log_evidence(self) -> float | None:
+        return getattr(self.evidence, "log_evidence", None)
+
+    @property
+    def alpha_share(self) -> float | None:
+        return getattr(self.evidence, "alpha_share", None)
+
+    @property
     def law_cells(self) -> tuple[CellDeviation, ...]:
         return getattr(self.evidence, "law_cells", ())
 
