@@ -221,3 +221,73 @@ def test_a_policy_the_command_line_cannot_state_gets_the_python_call():
             keywords = line[line.index("policies="):]
             built = eval(keywords[len("policies="):keywords.index("]") + 1], {"DecodingPolicy": DecodingPolicy})
             assert tuple(built) == policies and "greedy=False" in line and "generations=50" in line
+
+
+def test_the_greedy_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
+    """``exactcheck greedy``'s line (a command for a named subject, the Python call otherwise),
+    run as written, gives the same verdicts: greedy identity is deterministic."""
+    import shlex
+
+    pytest.importorskip("transformers")
+    from exactcheck.e2e.real_models import run_greedy_audit
+    from exactcheck.subjects import load_generator
+    report = tmp_path / "first"
+    assert main(["greedy", "transformers-assisted", "--model", "tiny-gpt2", "--prompts", "2", "--new-tokens", "4",
+                 "--per-prompt", "2", "--seed", "3", "--quiet", "--report", str(report)]) == 0
+    first = audit_from_json(json.loads(next(report.glob("*.json")).read_text()))
+    line = first.verdicts[0].reproduce
+    assert line.startswith("exactcheck greedy transformers-assisted ") and "--per-prompt 2" in line
+    again = tmp_path / "again"
+    assert main(shlex.split(line)[1:] + ["--quiet", "--report", str(again)]) == 0
+    second = audit_from_json(json.loads(next(again.glob("*.json")).read_text()))
+    assert [(v.check, v.summary, v.samples) for v in second.verdicts] == \
+        [(v.check, v.summary, v.samples) for v in first.verdicts]
+    # the Python call of a generator given as an object names every setting the command would
+    call = run_greedy_audit(load_generator("transformers-assisted"), "tiny-gpt2", prompts=2, new_tokens=4,
+                            per_prompt=2, seed=3, progress=False).verdicts[0].reproduce
+    assert call.startswith("run_greedy_audit(") and "prompts=2" in call and "per_prompt=2" in call \
+        and "seed=3" in call and "new_tokens=4" in call
+
+
+@pytest.mark.parametrize("argv", [
+    ["grammar", "transformers-assisted", "--prompts", "3", "--samples", "7", "--seed", "2"],
+    ["cost", "transformers-assisted", "--model", "tiny-gpt2", "--draft-lengths", "1,3", "--prompts", "3",
+     "--seed", "2", "--new-tokens", "5", "--policy", "temperature=0.7"],
+])
+def test_the_grammar_and_cost_reproduce_lines_call_the_same_audit(argv, monkeypatch, capsys):
+    """These audits need SmolLM2 or time real requests, so their runner is replaced by one that
+    records its arguments and hands back the line it would write (the cost line comes from the
+    command; the grammar line is built as ``run_grammar_audit`` builds it, at the command's draft
+    lengths, new tokens and alpha): that line, run as written, makes the same call."""
+    import importlib
+    import shlex
+
+    from exactcheck.reproduce import grammar_audit_line
+
+    calls = []
+
+    def record(module: str, name: str):
+        def fake(generator, **kwargs):
+            calls.append({k: v for k, v in kwargs.items() if k != "progress"})
+            if name == "run_cost":
+                raise _Recorded(kwargs["reproduce"])
+            raise _Recorded(grammar_audit_line(kwargs["subject_name"], kwargs["prompts"], (1, 4, 8), kwargs["samples"],
+                                               64, kwargs["seed"], 1e-3, kwargs["device"]))
+
+        monkeypatch.setattr(importlib.import_module(module), name, fake)
+
+    if argv[0] == "grammar":
+        record("exactcheck.e2e.real_grammar", "run_grammar_audit")
+    else:
+        record("exactcheck.e2e.cost", "run_cost")
+    with pytest.raises(_Recorded) as first:
+        main(argv + ["--quiet"])
+    line = str(first.value)
+    assert line.startswith(f"exactcheck {argv[0]} transformers-assisted ")
+    with pytest.raises(_Recorded):
+        main(shlex.split(line)[1:] + ["--quiet"])
+    assert len(calls) == 2 and calls[0] == calls[1], calls
+
+
+class _Recorded(Exception):
+    """Raised by a recording runner with the reproduce line it was handed or built."""
