@@ -4,10 +4,13 @@
     python benchmarks/correct_corpus.py --seeds 1 --level standard
     python benchmarks/correct_corpus.py --generators --seeds 10 --level quick
 
-For every exact verifier of ``exactcheck.corpus.verifiers`` (or generator of
-``exactcheck.corpus.generators``), audits seeds 1..N and counts, per member: audits with a
+For every exact verifier of ``exactcheck.corpus.verifiers`` and ``exactcheck.corpus.other_rules``
+(block and target-only members, none declaring its rule), or generator of
+``exactcheck.corpus.generators``, audits seeds 1..N and counts, per member: audits with a
 deterministic exactness finding (must be 0: such a finding on exact code is a bug in exactcheck),
 audits with a statistical false alarm (must be consistent with alpha: at most about alpha * N),
+audits with a conformance finding (the member fits no registered exact rule: a false alarm too,
+deterministic ones included),
 reproducibility findings (expected only for the members that ignore their generator),
 unreachable boundary behaviours, and inconclusive checks. Prints a table; ``--json FILE`` keeps
 the per-audit rows.
@@ -31,15 +34,16 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
     start = time.perf_counter()
     if kind == "verifier":
         from exactcheck import run_audit
-        from exactcheck.corpus.verifiers import CORRECT_VERIFIERS
-        audit = run_audit(CORRECT_VERIFIERS[name], level=level, seed=seed, progress=False)
+        audit = run_audit(_verifiers()[name], level=level, seed=seed, progress=False)
     else:
         from exactcheck.corpus.generators import correct_generators
         from exactcheck.e2e.runner import run_generator_audit
         audit = run_generator_audit(correct_generators()[name], level=level, seed=seed, progress=False)
     failed = [v for v in audit.verdicts if v.outcome.failed]
     exactness = [v for v in failed if v.category is Category.EXACTNESS]
+    conformance = [v for v in failed if v.category is Category.CONFORMANCE]
     return {
+        "conformance": [v.check for v in conformance], "rule_note": getattr(audit, "rule_note", ""),
         "member": name, "seed": seed, "level": level, "seconds": time.perf_counter() - start,
         "deterministic": [v.check for v in exactness if v.statistic is None],
         "statistical": [v.check for v in exactness if v.statistic is not None],
@@ -48,8 +52,14 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
         "unreachable": [v.check for v in audit.verdicts if v.outcome is Outcome.UNREACHABLE],
         "inconclusive": [v.check for v in audit.verdicts if v.outcome is Outcome.INCONCLUSIVE
                          and "not run to its budget" not in v.summary],
-        "messages": [v.summary for v in exactness],
+        "messages": [v.summary for v in exactness + conformance],
     }
+
+
+def _verifiers() -> dict:
+    from exactcheck.corpus.other_rules import OTHER_RULE_VERIFIERS
+    from exactcheck.corpus.verifiers import CORRECT_VERIFIERS
+    return {**CORRECT_VERIFIERS, **OTHER_RULE_VERIFIERS}
 
 
 def main() -> None:
@@ -66,8 +76,7 @@ def main() -> None:
     if args.generators:
         from exactcheck.corpus.generators import CORRECT_GENERATORS as names
     else:
-        from exactcheck.corpus.verifiers import CORRECT_VERIFIERS
-        names = list(CORRECT_VERIFIERS)
+        names = list(_verifiers())
     if args.members:
         names = [n for n in names if n in args.members.split(",")]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -80,19 +89,21 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     print(f"correct {kind}s, level {args.level}, seeds {seeds.start}-{seeds.stop - 1}, "
           f"{time.perf_counter() - start:.0f} s")
-    head = (f"{'member':<28} {'audits':>6} {'determ.':>7} {'stat. FA':>8} {'reprod.':>7} {'inputs':>6} "
-            f"{'unreach.':>8} {'inconcl.':>8} {'s/audit':>7}")
+    head = (f"{'member':<28} {'audits':>6} {'determ.':>7} {'stat. FA':>8} {'conform.':>8} {'reprod.':>7} "
+            f"{'inputs':>6} {'unreach.':>8} {'inconcl.':>8} {'s/audit':>7}  rule named")
     print(head)
     print("-" * len(head))
     for name in names:
         mine = [r for r in rows if r["member"] == name]
         count = lambda key: sum(bool(r[key]) for r in mine)  # noqa: E731
+        named = sorted({r["rule_note"].split("acceptance_rule = ")[1].split(" ")[0] for r in mine
+                        if "acceptance_rule = " in r["rule_note"]})
         print(f"{name:<28} {len(mine):>6} {count('deterministic'):>7} {count('statistical'):>8} "
-              f"{count('reproducibility'):>7} {count('input_handling'):>6} {count('unreachable'):>8} "
-              f"{sum(len(r['inconclusive']) for r in mine) / len(mine):>8.1f} "
-              f"{sum(r['seconds'] for r in mine) / len(mine):>7.1f}")
+              f"{count('conformance'):>8} {count('reproducibility'):>7} {count('input_handling'):>6} "
+              f"{count('unreachable'):>8} {sum(len(r['inconclusive']) for r in mine) / len(mine):>8.1f} "
+              f"{sum(r['seconds'] for r in mine) / len(mine):>7.1f}  {', '.join(named)}")
     for r in rows:
-        for check, message in zip(r["deterministic"] + r["statistical"], r["messages"]):
+        for check, message in zip(r["deterministic"] + r["statistical"] + r["conformance"], r["messages"]):
             print(f"  finding: {r['member']} seed {r['seed']}: {check}: {message[:300]}")
 
 

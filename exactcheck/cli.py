@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.step.reference:reference_verifier")
     audit.add_argument("--world", action="append", metavar="NAME",
                        help="only this world (repeatable); see `exactcheck list`")
+    audit.add_argument("--rule", metavar="NAME[:param=value,...]",
+                       help="the verification rule to judge the subject by (see `exactcheck rules`; default: the "
+                            "subject's acceptance_rule attribute, else any registered exact rule)")
     _sharding(audit, "split every batch into N shards with derived seeds (default 1); the counts are merged "
                      "before each look, so alpha and early stopping are unchanged")
     _common(audit)
@@ -92,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
     _call_size(selftest)
+    sub.add_parser("rules", help="list the verification rules: exact or lossy, parameters, the engine source")
+    lossy = sub.add_parser("lossy", help="the exact TV a rule's output law is from the target's, per world "
+                                         "(no subject: a configuration lint for a knob)")
+    lossy.add_argument("rule", help="a rule name (see `exactcheck rules`)")
+    lossy.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                       help="a parameter of the rule (repeatable); the others take their defaults")
+    lossy.add_argument("--world", action="append", metavar="NAME",
+                       help="only this world (repeatable; step and context worlds, and the model worlds' toy LMs)")
     listing = sub.add_parser("list", help="list the built-in worlds, subjects, generators and mutants")
     listing.add_argument("--live", action="store_true",
                          help="build the list from the code (imports torch) instead of the stored copy")
@@ -217,7 +228,7 @@ def _audit(args) -> int:
     from exactcheck.report.verdict import Outcome
     executor = _executor(args)
     try:
-        result = audit_subject(SubjectKind.VERIFIER, args.subject, level=args.level, seed=args.seed,
+        result = audit_subject(SubjectKind.VERIFIER, args.subject, rule=args.rule, level=args.level, seed=args.seed,
                                alpha=args.alpha, device=args.device, worlds=args.world,
                                progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
                                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
@@ -389,6 +400,39 @@ def _gate(args) -> int:
     return EXIT_PASS if all(r.passed for r in results) else EXIT_DEFECT
 
 
+def _rules(args) -> int:
+    from exactcheck.report.rule_tables import rules_listing
+    print(rules_listing())
+    return EXIT_PASS
+
+
+def _lossy(args) -> int:
+    from exactcheck.report.rule_tables import lossy_table
+    from exactcheck.rules import rule_spec
+    try:
+        spec = rule_spec(args.rule, **_parameters(args.param))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        print(lossy_table(spec, args.world))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return EXIT_PASS
+
+
+def _parameters(pairs: list[str]) -> dict:
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--param {pair!r}: expected NAME=NUMBER") from None
+        if not sep:
+            raise UsageError(f"--param {pair!r}: expected NAME=NUMBER")
+    return values
+
+
 def _list(args) -> int:
     if args.live:
         from exactcheck.catalogue import build_listing
@@ -470,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     keep_freed_memory()
     try:
-        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render,
+        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render, "rules": _rules,
+                "lossy": _lossy,
                 "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy,
                 "gate": _gate, "grammar": _grammar, "cost": _cost}[args.command](args)
     except UsageError as exc:

@@ -68,14 +68,14 @@ def apply_holm(pending: list[Verdict], budget: AlphaBudget) -> list[Verdict]:
             tested.append(i)
         elif e.basis is Evidence.DETERMINISTIC:
             out[i] = replace(v, evidence=replace(e, adjusted_pvalue=e.pvalue),
-                             outcome=Outcome.DEFECT if e.pvalue == 0 and v.outcome is Outcome.EXACT else v.outcome)
+                             outcome=Outcome.DEFECT if e.pvalue == 0 and v.outcome.passing else v.outcome)
     adjusted, shares = holm([pending[i].pvalue for i in tested], budget.holm_alpha,
                             family=max(budget.checks, len(tested)))
     for i, adj, share in zip(tested, adjusted, shares):
         v = pending[i]
         adj = min(1.0, adj * scale)
-        outcome = Outcome.DEFECT if v.outcome is Outcome.EXACT and adj <= alpha else v.outcome
-        certificate = v.evidence.certificate if outcome is Outcome.EXACT else None
+        outcome = Outcome.DEFECT if v.outcome.passing and adj <= alpha else v.outcome
+        certificate = v.evidence.certificate if outcome.passing else None
         out[i] = replace(v, outcome=outcome, evidence=replace(v.evidence, adjusted_pvalue=adj, alpha_share=share,
                                                               certificate=certificate))
     return out

@@ -22,7 +22,7 @@ __all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAUL
 
 DEFAULT_ALPHA = 1e-3
 DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
-DEFAULT_REQUIRE = ("exactness",)
+DEFAULT_REQUIRE = ("exactness", "conformance")  # always gating; --require adds the others
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
 # elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
 # for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
@@ -81,7 +81,10 @@ class Category(enum.Enum):
     """What a finding is about. An audit's pass/fail follows ``EXACTNESS`` unless more
     categories are required (``--require reproducible``, ``--require input-handling``)."""
 
-    EXACTNESS = "exactness"  # laws, forbidden tokens, acceptance decisions, contract, crashes
+    EXACTNESS = "exactness"  # output laws, forbidden tokens, contract, crashes
+    # the rule-specific laws (accepted length, correction law, decisions at forced uniforms): the
+    # subject follows the rule it declares, or one registered exact rule if it declares none
+    CONFORMANCE = "conformance"
     REPRODUCIBILITY = "reproducibility"  # the same seed gives the same output
     INPUT_HANDLING = "input-handling"  # NaN, inf, negative, all-zero rows
 
@@ -100,7 +103,7 @@ class Category(enum.Enum):
 
 
 # the categories ``--require`` can add (exactness always gates)
-REQUIRABLE = tuple(c.flag for c in Category if c is not Category.EXACTNESS)
+REQUIRABLE = tuple(c.flag for c in Category if c.value not in DEFAULT_REQUIRE)
 
 
 class PseudoWorld(str, enum.Enum):
@@ -137,9 +140,12 @@ class AuditOptions:
     max_samples: int | None = None
     require: tuple[str, ...] = DEFAULT_REQUIRE
     generations: int | None = None  # end-to-end audits: generations per world (default: the level's)
-    # step audits: the subject's acceptance rule (``exactcheck.step.contract.AcceptanceRule``
-    # value), which the step laws follow; set from the subject by the step entry point
-    acceptance_rule: str = "min(1, p/q)"
+    # step audits: the verification rule the subject is judged by (``exactcheck.rules``: a name or
+    # NAME:param=value,...): ``rule`` as the user gives it (``--rule``), else the subject's own
+    # ``acceptance_rule`` (set by the step entry point); None: undeclared, judged against every
+    # registered exact rule
+    rule: str | None = None
+    acceptance_rule: str | None = None
     # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
     # generations keep their seeds); ``exactcheck.executors``
     shards: int = 1
@@ -186,6 +192,9 @@ class AuditOptions:
         if values.get("generations") is not None and int(values["generations"]) < 1:
             raise UsageError(f"generations ({values['generations']}) must be positive")
         values["require"] = _resolve_require(values.get("require", ()))
+        for key in ("rule", "acceptance_rule"):
+            if values.get(key) is not None:
+                values[key] = _rule_label(values[key])
         return cls(**values)
 
     @classmethod
@@ -218,6 +227,16 @@ class AuditOptions:
         return self.level.generations if self.generations is None else int(self.generations)
 
 
+def _rule_label(value) -> str:
+    """A rule as its canonical label, checked against the registry (``exactcheck.rules``, numpy
+    only; imported when a rule is named)."""
+    from exactcheck.rules import rule_spec
+    try:
+        return rule_spec(value).label
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _resolve_require(require) -> tuple[str, ...]:
     """The categories an audit gates on: exactness always, plus those named."""
     if isinstance(require, str):
@@ -226,7 +245,7 @@ def _resolve_require(require) -> tuple[str, ...]:
         named = {Category.parse(r).value for r in require}
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return tuple(c.value for c in Category if c.value in named | {Category.EXACTNESS.value})
+    return tuple(c.value for c in Category if c.value in named | set(DEFAULT_REQUIRE))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from exactcheck.options import DEFAULT_ALPHA, AuditOptions, Category
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_REQUIRE, AuditOptions, Category
 
 __all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "greedy_audit_line",
            "grammar_audit_line", "cost_line", "replay_line", "reproducer_path"]
@@ -39,7 +39,7 @@ def reproduce_line(command: str, subject: str, settings: Sequence[Setting], call
 
 
 def _required(options: AuditOptions) -> list[Setting]:
-    named = [Category(c) for c in options.require if c != Category.EXACTNESS.value]
+    named = [Category(c) for c in options.require if c not in DEFAULT_REQUIRE]  # the others always gate
     if not named:
         return []
     return [Setting(" ".join(f"--require {c.flag}" for c in named), f"require={[c.value for c in named]!r}")]
@@ -64,6 +64,8 @@ def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
     call size, shards, device) or how it is judged (early stopping, categories required). A
     subject given as MODULE:CALLABLE is named on the command line; any other, in the call."""
     settings = _head(options, world)
+    if options.rule is not None:
+        settings.append(Setting(f"--rule {options.rule}", f"rule={options.rule!r}"))
     if not options.stop_early:
         settings.append(Setting("--no-stop-early", "stop_early=False"))
     if options.detect_tv is not None:

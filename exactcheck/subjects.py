@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from exactcheck.errors import UsageError
@@ -85,9 +85,9 @@ def builtin_generators() -> dict:
 
 
 def _plan_verifier(subject, options: AuditOptions, **_extra) -> AuditPlan:
-    from exactcheck.step.contract import acceptance_rule
     from exactcheck.step.plan import plan_step_audit
-    return plan_step_audit(replace(options, acceptance_rule=acceptance_rule(subject).value))
+    from exactcheck.step.runner import judged_by
+    return plan_step_audit(judged_by(options, subject))
 
 
 def _run_verifier(subject, options: AuditOptions, **keywords):

@@ -146,10 +146,8 @@ def test_the_sglang_adapter_through_the_full_quick_audit():
     statistical = [v for v in result.verdicts if v.statistic is not None]
     assert len(statistical) > 40 and all(v.outcome is Outcome.EXACT for v in statistical)
     accepted = {v.check: v for v in result.verdicts}["three_token/accepted_length"]
-    assert "target only" in accepted.condition
+    assert "rule target-only" in accepted.condition and accepted.category.value == "conformance"
     # what the pytest plugin lists for this subject is what the audit reports
-    from exactcheck.options import AuditOptions
-    from exactcheck.step.plan import plan_step_audit
     from exactcheck.subjects import SubjectKind, plan_subject
     subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
     assert plan_subject(SubjectKind.VERIFIER, subject, level="quick").names == [v.check for v in result.verdicts]
@@ -159,11 +157,17 @@ def test_the_sglang_adapter_through_the_full_quick_audit():
 
 
 def test_the_target_only_rule_is_what_makes_sglang_exact_here():
-    """Judged by Leviathan's laws, the same exact kernel would be a defect: the rule matters."""
+    """Judged by Leviathan's laws, the same exact kernel fails the rule's laws: a conformance
+    finding, never an exactness one (its output law is the target's); undeclared, it passes and
+    is named target-only."""
     subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
     object.__setattr__(subject, "acceptance_rule", "min(1, p/q)")
     result = run_audit(subject, level="quick", worlds=["three_token"], progress=False)
     assert "three_token/accepted_length" in [v.check for v in result.failed]
+    assert {v.category.value for v in result.failed if v.kind.statistical} == {"conformance"}
+    object.__setattr__(subject, "acceptance_rule", None)
+    undeclared = run_audit(subject, level="quick", worlds=["random_v5_k3"], progress=False)
+    assert undeclared.passed and 'acceptance_rule = "target-only"' in undeclared.rule_note
 
 
 def _kernel_keeping_the_rejected_draft(**arguments):
@@ -254,3 +258,27 @@ def test_the_sglang_recipe_runs_as_written_and_names_the_finding(monkeypatch):
     kernel.tree_speculative_sampling_target_only = sglang_kernel.tree_speculative_sampling_target_only
     failures = _run_recipe(RECIPES / "test_sglang_chain_verifier.py", monkeypatch, {"sgl_kernel": kernel})
     assert len(failures) == 1 and "no_forbidden_token" in failures[0] and "2^-24" in failures[0]
+
+
+def test_vllm_v2_block_verification_passes_its_laws_through_the_adapter():
+    """vLLM 0.33's model-runner-V2 sampler in block mode (the stand-in: its signature, packing and
+    float32 log-space semantics) through the V2 adapter: the adapter declares block verification,
+    every law passes (exactness and block conformance); judged token-wise, the same kernel fails
+    its accepted-length law as a conformance finding only. The stand-in's one property finding
+    follows vLLM's float32 semantics: at u = 1 - 2^-24, log u + log q rounds to log q, a draft with
+    p == q is rejected, and the zero residual's Gumbel-max picks token 0 (2^-24 per uniform; to be
+    confirmed on vLLM's own kernel)."""
+    from exactcheck.adapters.vllm import VllmV2RejectionSampler
+    from standins import vllm_v2_rejection_sampler as v2
+    subject = VllmV2RejectionSampler(v2, method="block")
+    assert subject.acceptance_rule == "block"
+    result = run_audit(subject, level="quick", worlds=["random_v5_k3", "properties/no_forbidden_token"],
+                       max_samples=3000, progress=False)
+    laws = [v for v in result.verdicts if v.kind.statistical]
+    assert laws and all(v.outcome is Outcome.EXACT for v in laws), [v.describe() for v in laws if v.outcome.failed]
+    assert [v.check for v in result.failed] in ([], ["properties/no_forbidden_token"])
+    for v in result.failed:
+        assert v.reachability.dtype == "float32" and v.reachability.probability >= 2.0 ** -24
+    object.__setattr__(subject, "acceptance_rule", "token-wise")
+    judged = run_audit(subject, level="quick", worlds=["random_v5_k3"], max_samples=3000, progress=False)
+    assert {(v.law, v.category.value) for v in judged.failed} == {("accepted_length", "conformance")}

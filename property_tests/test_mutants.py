@@ -28,6 +28,12 @@ EXPECTED_LAW = {
     "tiny_q_accepted": "no_forbidden_token",
     "uninitialised_unseeded_rows": "seeded_rows",
     "exponential_race_nan": "no_forbidden_token",
+    # mutants of other registered rules (each declares the rule it means to follow)
+    "block_stop_from_current_row": "accepted_length",
+    "block_correction_at_next_position": "correction_token",
+    "block_accepts_at_zero": "no_forbidden_token",
+    "block_product_of_uniforms": "first_token",
+    "threshold_acc_multiplied": "accepted_length",
 }
 
 
@@ -46,6 +52,24 @@ def test_reference_passes(request, level):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["block_stop_from_current_row", "block_correction_at_next_position",
+                                  "block_product_of_uniforms"])
+def test_a_non_exact_block_verifier_is_an_exactness_defect_not_only_a_conformance_one(request, level, name):
+    """These block mutants change the output law, so a rule-free exactness law fails too."""
+    audit = next(a for m, _, a in request.getfixturevalue(f"{level}_selftest").mutants if m == name)
+    assert any(v.category.value == "exactness" and v.kind.statistical for v in audit.failed)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_subject_that_breaks_its_declared_lossy_rule_is_a_conformance_finding(request, level):
+    """threshold_acc_multiplied declares a lossy rule and does not follow it: every finding is about
+    conformance, none calls what the declared rule itself does an exactness defect."""
+    audit = next(a for m, _, a in request.getfixturevalue(f"{level}_selftest").mutants
+                 if m == "threshold_acc_multiplied")
+    assert audit.failed and {v.category.value for v in audit.failed} == {"conformance"}
+
+
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_mutant_detected(request, level, name):
     audit = next(a for m, _, a in request.getfixturevalue(f"{level}_selftest").mutants if m == name)
@@ -56,7 +80,7 @@ def test_mutant_detected(request, level, name):
 
 @pytest.mark.parametrize("name", ["accept_on_equal_uniform", "unguarded_zero_residual",
                                   "zero_residual_to_vocab", "ratio_in_half_precision",
-                                  "uninitialised_unseeded_rows", "exponential_race_nan"])
+                                  "uninitialised_unseeded_rows", "exponential_race_nan", "block_accepts_at_zero"])
 @pytest.mark.parametrize("level", LEVELS)
 def test_edge_mutants_are_invisible_to_sampling(request, level, name):
     """These differ from the reference only on events of probability ~0 (u == 0, a rounding

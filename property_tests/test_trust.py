@@ -16,6 +16,7 @@ import torch
 from exactcheck import run_audit
 from exactcheck.cli import main
 from exactcheck.step.contract import from_logits
+from exactcheck.corpus.other_rules import FITS, OTHER_RULE_VERIFIERS
 from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY, float32_ratio_strict,
                                          gumbel_max_residual, jit_residual, mirrored_uniform_product,
                                          numpy_unseeded)
@@ -94,11 +95,15 @@ def test_an_output_that_changes_between_identical_forced_calls_is_not_judged(nam
     assert "changed between identical forced calls" in result.note
 
 
-@pytest.mark.parametrize("name", [n for n in CORRECT_VERIFIERS if n not in ("compiled_residual", "compiled_step")])
+CORPUS = {**CORRECT_VERIFIERS, **OTHER_RULE_VERIFIERS}
+
+
+@pytest.mark.parametrize("name", [n for n in CORPUS if n not in ("compiled_residual", "compiled_step")])
 def test_correct_corpus_has_no_exactness_finding(name):
-    """Every exact verifier in the corpus: no deterministic exactness finding (the properties,
-    the invalid-input probe) and an exact three-token law, at the quick level."""
-    audit = run_audit(CORRECT_VERIFIERS[name], level="quick", seed=0, worlds=FAST_WORLDS, progress=False)
+    """Every exact verifier in the corpus (token-wise and the other rules, none declaring its
+    rule): no deterministic exactness finding (the properties, the invalid-input probe) and an
+    exact three-token law, at the quick level."""
+    audit = run_audit(CORPUS[name], level="quick", seed=0, worlds=FAST_WORLDS, progress=False)
     exactness = [v for v in audit.verdicts if v.outcome.failed and v.category is Category.EXACTNESS]
     assert not exactness, [v.describe() for v in exactness]
     assert audit.passed
@@ -107,10 +112,20 @@ def test_correct_corpus_has_no_exactness_finding(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CORRECT_VERIFIERS))
+@pytest.mark.parametrize("name", list(CORPUS))
 def test_correct_corpus_passes_the_whole_quick_audit(name):
-    audit = run_audit(CORRECT_VERIFIERS[name], level="quick", seed=0, progress=False)
+    audit = run_audit(CORPUS[name], level="quick", seed=0, progress=False)
     assert audit.passed, [v.describe() for v in audit.failed]
+
+
+@pytest.mark.parametrize("name", list(OTHER_RULE_VERIFIERS))
+def test_an_exact_verifier_of_another_rule_passes_undeclared_and_is_named(name):
+    """Block and target-only members declare nothing: judged against every registered exact rule,
+    they pass, and the audit names the rule each one follows (where the rules' laws differ)."""
+    audit = run_audit(OTHER_RULE_VERIFIERS[name], level="quick", seed=0, worlds=["random_v5_k3", "properties/acceptance"],
+                      progress=False)
+    assert audit.passed, [v.describe() for v in audit.failed]
+    assert f'acceptance_rule = "{FITS[name]}"' in audit.rule_note, audit.rule_note
 
 
 def test_the_two_first_false_findings_are_gone():

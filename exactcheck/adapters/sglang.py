@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from exactcheck.adapters.vllm import MissingEngine, load_module
-from exactcheck.step.contract import PADDING, AcceptanceRule
+from exactcheck.step.contract import PADDING
 
 __all__ = ["SglangChainVerifier", "MissingEngine", "KERNEL_MODULE", "audit_chain_verifier"]
 
@@ -47,7 +47,7 @@ class SglangChainVerifier:
     kernel: Any = None
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
-    acceptance_rule: AcceptanceRule = field(default=AcceptanceRule.TARGET_ONLY, init=False)
+    acceptance_rule: str = field(default="target-only", init=False)
     name: str = field(default="sglang tree_speculative_sampling_target_only (chain)", init=False)
 
     def __post_init__(self):

@@ -44,8 +44,8 @@ from exactcheck.errors import UsageError
 from exactcheck.step.contract import PADDING
 from exactcheck.step.sampling import inverse_cdf
 
-__all__ = ["MissingEngine", "VllmRejectionSampler", "SamplingMetadataView", "audit_rejection_sampler",
-           "VllmGenerate", "REJECTION_SAMPLER_MODULE"]
+__all__ = ["MissingEngine", "VllmRejectionSampler", "VllmV2RejectionSampler", "SamplingMetadataView",
+           "audit_rejection_sampler", "VllmGenerate", "REJECTION_SAMPLER_MODULE", "V2_REJECTION_MODULE"]
 
 REJECTION_SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
 
@@ -180,6 +180,64 @@ def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: f
         device = "cuda" if torch.cuda.is_available() else "cpu"
     subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy)
     return run_audit(subject, subject_name=subject.name, level=level, device=device, **options)
+
+
+V2_REJECTION_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+_V2_METHODS = {"standard": "token-wise", "block": "block"}
+
+
+@dataclass
+class VllmV2RejectionSampler:
+    """A step ``Verifier`` backed by vLLM 0.33's model-runner-V2 ``rejection_sample``
+    (``rejection_sampler_utils``), with ``method`` "standard" or "block" (``SpeculativeConfig.
+    rejection_sample_method``) and ``draft`` "probabilistic" (draft logits handed over) or
+    "greedy" (one-hot drafts, ``draft_logits=None``). The subject declares the rule its method
+    follows, so the audit checks that rule's conformance laws.
+
+    The layout the V2 model runner uses: target logits packed per request (k draft rows and the
+    bonus row; here ``log p`` at temperature 1), draft logits [B, k, V] (``log q``), the drafts in
+    ``draft_sampled`` shifted by one row, ``cu_num_logits``, absolute positions ``pos`` and one
+    seed per request. vLLM draws its uniforms inside the kernel from (seed, position): the seeds
+    are drawn from the generator the audit hands over, so a seed gives the same output; forced
+    uniforms cannot reach vLLM's Philox stream on a real install (exactcheck's stand-in draws
+    through torch)."""
+
+    module: Any = None
+    method: str = "standard"
+    draft: str = "probabilistic"
+    name: str = field(default="vllm v2 rejection_sample", init=False)
+    acceptance_rule: str = field(default="token-wise", init=False)
+
+    def __post_init__(self):
+        if self.method not in _V2_METHODS:
+            raise UsageError(f"method ({self.method!r}) must be one of {sorted(_V2_METHODS)}")
+        if self.draft not in ("probabilistic", "greedy"):
+            raise UsageError(f"draft ({self.draft!r}) must be probabilistic or greedy")
+        if self.module is None:
+            self.module = load_module(V2_REJECTION_MODULE, "exactcheck.adapters.vllm (V2)",
+                                      "install vLLM >= 0.33 or pass module= a module with the same function")
+        elif isinstance(self.module, str):
+            self.module = load_module(self.module, "exactcheck.adapters.vllm (V2)", "pass module= an importable module")
+        self.acceptance_rule = _V2_METHODS[self.method]
+        self.name = f"vllm v2 rejection_sample ({self.method}, {self.draft} draft)"
+
+    def __call__(self, target_probs, draft_probs, draft_tokens, generator):
+        batch, k = draft_tokens.shape
+        vocab = target_probs.shape[-1]
+        device = target_probs.device
+        logp = torch.where(target_probs > 0, target_probs.float().log(), torch.full_like(target_probs.float(), -torch.inf))
+        logq = torch.where(draft_probs > 0, draft_probs.float().log(), torch.full_like(draft_probs.float(), -torch.inf))
+        drafts = torch.cat([torch.zeros(batch, 1, dtype=torch.int64, device=device), draft_tokens], 1).reshape(-1)
+        index = torch.arange(batch, dtype=torch.int32, device=device)
+        cu_num_logits = torch.arange(batch + 1, dtype=torch.int32, device=device) * (k + 1)
+        local = torch.arange(k + 1, dtype=torch.int32, device=device).repeat(batch)  # also each row's position
+        seed = torch.randint(0, 1 << 62, (batch,), generator=generator, device=device)  # one per request
+        sampled, num_sampled = self.module.rejection_sample(
+            logp.reshape(batch * (k + 1), vocab).contiguous(), logq.contiguous() if self.draft == "probabilistic" else None,
+            drafts, cu_num_logits, local.to(torch.int64), index, index.repeat_interleave(k + 1), local,
+            torch.ones(batch, device=device), seed, k, use_block_verification=self.method == "block")
+        keep = torch.arange(k + 1, device=device)[None] < num_sampled.to(device)[:, None].to(torch.int64)
+        return torch.where(keep, sampled.to(device), torch.full_like(sampled, PADDING))
 
 
 @dataclass

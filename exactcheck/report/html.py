@@ -18,7 +18,8 @@ from exactcheck.report.verdict import Outcome, Verdict
 __all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment", "html_page"]
 
 _COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
-            Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a"}
+            Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a",
+            Outcome.LOSSY: "#bc4c00"}
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px auto; max-width: 1100px;

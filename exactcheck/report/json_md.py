@@ -35,6 +35,7 @@ def audit_to_json(result: AuditResult) -> dict:
         "duration_s": round(result.duration_s, 3),
         "environment": result.environment,
         "budget": result.budget_fields(),
+        **({"rule": result.rule_fields()} if result.rule_fields() is not None else {}),
         "require": list(result.require),
         "summary": {
             "passed": result.passed,
@@ -66,6 +67,8 @@ def audit_from_json(data: dict) -> AuditResult:
     if kind is GreedyAuditResult and not alpha:
         alpha = None
     law_kind = CheckKind.LAW if kind is StepAuditResult else CheckKind.GENERATOR_LAW  # reports without check_kind
+    if kind is StepAuditResult and data.get("rule"):
+        budget.update(rule=data["rule"].get("rule"), rule_note=data["rule"].get("note", ""))
     return kind(
         subject=data["subject"], level=level, seed=data["seed"], alpha=alpha,
         device=data["device"], verdicts=tuple(Verdict.from_dict(v, law_kind) for v in data["verdicts"]),

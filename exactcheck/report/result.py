@@ -114,6 +114,10 @@ class AuditResult:
     def budget_text(self) -> str:
         return f"{self.samples_drawn:,} {self.unit} of {self.samples_planned:,} planned, fixed budget"
 
+    def rule_fields(self) -> dict | None:
+        """The JSON report's ``rule`` object (step audits: the rule judged by, and its note)."""
+        return None
+
     def budget_fields(self) -> dict:
         """The JSON report's ``budget`` object."""
         return {"unit": self.unit, "samples_planned": self.samples_planned, "samples_drawn": self.samples_drawn,
@@ -130,6 +134,8 @@ class StepAuditResult(AuditResult):
     stopped_early_at: str | None = None  # the check whose evidence stopped the audit
     # target_probs elements per verify call (None in reports of earlier versions: 2^24)
     call_elements: int | None = None
+    rule: str | None = None  # the rule the subject was judged by (None: any registered exact rule)
+    rule_note: str = ""  # one line on the rule (``exactcheck.step.verdicts.rule_note``)
 
     @property
     def stopped_at(self) -> str | None:
@@ -147,6 +153,9 @@ class StepAuditResult(AuditResult):
     def budget_fields(self) -> dict:
         return {"detect_tv": self.detect_tv, "stop_early": self.stop_early, **super().budget_fields(),
                 "stopped_at": self.stopped_at, "call_elements": self.call_elements}
+
+    def rule_fields(self) -> dict | None:
+        return {"rule": self.rule, "note": self.rule_note}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ def audit_summary(result: AuditResult, passing: bool = False) -> str:
     first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
     lines = [f"exactcheck {_COMMAND[result.kind]} {result.subject}: {status}{first} ({counts}; {result.settings_text()}, "
              f"{result.duration_s:.1f} s)"]
+    note = getattr(result, "rule_note", "")
+    if note:
+        lines.append(f"  {note}")
     for v in failed[:DETAILED_FAILURES]:
         lines += ["", v.describe()]
     if failed:

@@ -35,6 +35,8 @@ class Outcome(enum.Enum):
     CRASHED = "crashed"
     INCONCLUSIVE = "inconclusive"
     UNREACHABLE = "unreachable-boundary"
+    # the subject follows the lossy rule it declares; what that rule costs is in the summary
+    LOSSY = "lossy-by-design"
 
     @property
     def failed(self) -> bool:
@@ -50,7 +52,14 @@ class Outcome(enum.Enum):
             Outcome.INCONCLUSIVE: "the check could not be carried out; it neither passes nor fails",
             Outcome.UNREACHABLE: ("a boundary behaviour whose trigger is rarer than the reachability "
                                   "floor: shown, never failing"),
+            Outcome.LOSSY: ("the subject follows the lossy rule it declares; its output law differs from the "
+                            "target's by the exact TV stated"),
         }[self]
+
+    @property
+    def passing(self) -> bool:
+        """Whether a statistical check with this outcome may still be turned into a defect by Holm."""
+        return self in (Outcome.EXACT, Outcome.LOSSY)
 
 
 class Evidence(enum.Enum):
@@ -102,6 +111,8 @@ class LawEvidence:
     # for failed statistical checks and accepted-length laws: what the HTML report plots
     law_cells: tuple[CellDeviation, ...] = ()
     reachability: Reachability | None = None  # impossible outcomes: how often they were seen
+    # a subject that declares no rule: (rule, p-value) for every registered exact rule judged
+    fits: tuple[tuple[str, float], ...] = ()
 
     def test_lines(self) -> list[str]:
         lines = []
@@ -132,6 +143,8 @@ class LawEvidence:
                 lines.append(f"smallest TV detectable at power 0.9 with these samples: {self.tv.detectable:.4f}")
         if self.certificate is not None:
             lines.append(f"certificate: TV <= {self.certificate:.4f} at confidence 1 - alpha")
+        if self.fits:
+            lines.append("p-value under each registered exact rule: " + ", ".join(f"{n} {_num(p)}" for n, p in self.fits))
         lines += [f"  {dev.cell}: observed {dev.observed:,}, expected {dev.expected:,.1f}" for dev in self.cells[:5]]
         return lines
 
@@ -289,6 +302,8 @@ class Verdict:
             "reachability": None if e.reachability is None else e.reachability.to_dict(),
             "traceback": list(self.traceback), "evidence_kind": e.basis.value, "check_kind": self.kind.value,
         }
+        if law.fits:
+            data["rule_fits"] = dict(law.fits)
         for key in ("statistic", "pvalue", "adjusted_pvalue", "log_evidence"):
             if data[key] is not None and not math.isfinite(data[key]):
                 data[key] = str(data[key])
@@ -314,7 +329,8 @@ class Verdict:
                 Evidence(basis), number["statistic"], data.get("statistic_name"), data.get("df"), number["pvalue"],
                 number["adjusted_pvalue"], data.get("alpha_share"), tv, data.get("tv_certificate"),
                 number["log_evidence"], tuple(CellDeviation(**c) for c in data.get("evidence", ())),
-                tuple(CellDeviation(**c) for c in data.get("law_cells", ())), reach)
+                tuple(CellDeviation(**c) for c in data.get("law_cells", ())), reach,
+                tuple((name, float(p)) for name, p in data.get("rule_fits", {}).items()))
         else:
             evidence = FindingEvidence(number["pvalue"], number["adjusted_pvalue"], reach, data.get("reproducer"),
                                        tuple(data.get("traceback", ())))

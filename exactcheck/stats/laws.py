@@ -2,23 +2,28 @@
 
 Each ``LawComparison`` is one check's data: counts per cell from the samples, the exact law of
 those cells, and how to name a cell. Expected laws come from the world's rows, never from the
-subject. For a step world with target rows p_i and draft rows q_i (i < k) the Leviathan step has
+subject.
+
+On a step world (target rows p_0..p_k, draft rows q_0..q_{k-1}, drafts drawn from q) every exact
+verifier, whatever its rule, emits a first token distributed as p_0 and, when it accepts all k
+drafts, a bonus token distributed as p_k: these two laws (``first_token``, ``bonus_token``) judge
+**exactness**. (Both follow from exactness itself: the output continued by the target must be a
+sample of the target; docs/checks.md.) On a context world the law of a whole generation through
+the speculative loop is the target's sequence law, whatever the rule: ``sequence`` judges exactness.
+
+How many drafts are accepted (``accepted_length``) and the law of the token after the last accepted
+one (``correction_token``) depend on the rule: they judge **conformance** to it
+(``exactcheck.rules``). For a subject that declares its rule, its laws; for one that does not, every
+registered exact rule's (``LawPlan.alternatives``): the check passes when one of them fits
+(intersection-union: the largest p-value, the smallest e-value). For token-wise rejection sampling
 
     beta_i = sum_x min(p_i(x), q_i(x))                    (acceptance probability at i)
     P(N = j) = beta_0 ... beta_{j-1} (1 - beta_j),  j < k;   P(N = k) = beta_0 ... beta_{k-1}
     correction | N = j  ~  max(0, p_j - q_j) / (1 - beta_j)
-    bonus      | N = k  ~  p_k
-    first emitted token ~  p_0
 
-The accepted-length, correction and bonus laws are those of Leviathan et al.'s rejection
-sampler. A verifier that declares the target-only rule (``AcceptanceRule.TARGET_ONLY``: accept x
-with probability p_i(x); after a rejection draw from p_i without x) is checked against that
-rule's laws instead:
-
-    beta_i = sum_x q_i(x) p_i(x);   correction | N = j  ~  p_j(y) (1 - q_j(y)) / (1 - beta_j)
-
-(the draft token x ~ q_j is rejected with probability 1 - p_j(x) and then y != x is drawn from
-p_j / (1 - p_j(x)); summing over x gives p_j(y) (1 - q_j(y))).
+A subject that declares a lossy rule (typical acceptance, thresholds, ...) is checked against the
+law its rule induces on each world, first token and sequence included: each such verdict says
+how far that law is from the target (an exact TV, computed by enumeration).
 """
 from __future__ import annotations
 
@@ -27,27 +32,44 @@ from typing import Callable
 
 import numpy as np
 
-from exactcheck.step.contract import AcceptanceRule
+from exactcheck.rules import (EXACT_RULES, RuleSpec, loop_sequence_law, output_tv, reference_rows,
+                              reference_sequence_law, rule_spec, step_laws)
 from exactcheck.step.drive import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts", "policy_sequence_law",
-           "MIN_CONDITIONAL_SAMPLES"]
+           "MIN_CONDITIONAL_SAMPLES", "CONFORMANCE_LAWS", "planning_rule"]
 
 # A conditional law (correction, bonus) is checked only when the exact law expects at least this
 # many trials in its condition; the choice depends on the law and n, never on the samples.
 MIN_CONDITIONAL_SAMPLES = 100
+# the step laws that depend on the verification rule
+CONFORMANCE_LAWS = ("accepted_length", "correction_token")
 
 
 @dataclass(frozen=True)
 class LawPlan:
-    """One law to check on a world: its name, condition and exact expected law."""
+    """One law to check on a world: its name, condition and exact expected law. ``conformance``:
+    the law is rule-specific (a conformance check); ``alternatives``: for a subject that declares
+    no rule, (rule, expected law) for every registered exact rule; ``lossy``: for a subject that
+    declares a lossy rule, what its rule costs on this world."""
 
     law: str
     condition: str
     expected: np.ndarray
     label: Callable[[int], str]
-    condition_probability: float = 1.0  # P(a trial counts for this law), exact
+    condition_probability: float = 1.0  # P(a trial counts for this law), exact (under the planning rule)
+    conformance: bool = False
+    alternatives: tuple[tuple[str, np.ndarray], ...] = ()
+    lossy_rule: str = ""  # the lossy rule declared, and what it costs on the world:
+    lossy_tv: float | None = None  # the exact TV of its output law from the target's
+
+    @property
+    def lossy(self) -> str:
+        if not self.lossy_rule:
+            return ""
+        return (f"lossy by design ({self.lossy_rule}): its output law on this world is TV {self.lossy_tv:.4f} "
+                "from the target's (exact)")
 
 
 @dataclass(frozen=True)
@@ -56,53 +78,69 @@ class LawComparison:
     counts: np.ndarray
 
 
-def step_law_parts(world: StepWorld, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(P(N = j) for j = 0..k, residual laws [k, V]) of the exact step under ``rule``."""
-    p, q = world.target_law(), world.draft_law()
-    if rule is AcceptanceRule.TARGET_ONLY:
-        beta = (p[:-1] * q).sum(1)
-        raw = p[:-1] * (1 - q)
-    else:
-        beta = np.minimum(p[:-1], q).sum(1)
-        raw = np.clip(p[:-1] - q, 0, None)
-    reach = np.concatenate([[1.0], np.cumprod(beta)])
-    accepted = reach * np.concatenate([1 - beta, [1.0]])
-    mass = raw.sum(1, keepdims=True)
-    residual = np.where(mass > 0, raw / np.where(mass > 0, mass, 1), p[:-1])
-    return np.clip(accepted, 0, 1), residual
+TOKEN_WISE = rule_spec("token-wise")
+
+
+def planning_rule(rule: RuleSpec | None) -> RuleSpec:
+    """The rule budgets are planned under: the declared one, else token-wise."""
+    return rule or TOKEN_WISE
+
+
+def step_law_parts(world: StepWorld, rule: RuleSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(P(N = j) for j = 0..k, correction laws given N = j [k, V]) of the step under ``rule``."""
+    laws = step_laws(planning_rule(rule), world.target_law(), world.draft_law())
+    rejected = laws.accepted[:-1, None]
+    residual = np.where(rejected > 0, laws.correction / np.where(rejected > 0, rejected, 1.0),
+                        world.target_law()[:-1])
+    return np.clip(laws.accepted, 0, 1), residual
 
 
 def _token(i: int) -> str:
     return f"token {i}"
 
 
-def planned_laws(world: StepWorld | ContextWorld, n: int,
-                 rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> list[LawPlan]:
-    """The laws checked on ``world`` with ``n`` trials under the subject's acceptance ``rule``,
-    decided before any sample is drawn."""
+def planned_laws(world: StepWorld | ContextWorld, n: int, rule: RuleSpec | None = None) -> list[LawPlan]:
+    """The laws checked on ``world`` with ``n`` trials for a subject judged by ``rule`` (None:
+    undeclared), decided before any sample is drawn."""
+    exact = rule is None or rule.exact
+    greedy = rule is not None and rule.rule.greedy
+    lossy = {} if exact else dict(lossy_rule=rule.label, lossy_tv=output_tv(rule, world))
     if isinstance(world, ContextWorld):
         vocab, length = world.vocab_size, world.length
 
         def sequence(i: int) -> str:
             return str([int(d) for d in np.unravel_index(i, (vocab,) * length)])
 
-        return [LawPlan("sequence", f"first {length} tokens", world.sequence_law(), sequence)]
+        expected = reference_sequence_law(world, greedy) if exact else loop_sequence_law(rule, world)
+        return [LawPlan("sequence", f"first {length} tokens", expected, sequence, conformance=not exact, **lossy)]
     p = world.target_law()
+    reference = reference_rows(p, greedy)
     k, vocab = world.draft_length, world.vocab_size
-    accepted, residual = step_law_parts(world, rule)
-    under = "" if rule is AcceptanceRule.LEVIATHAN else f" (acceptance rule {rule.value})"
+    planning = planning_rule(rule)
+    laws = step_laws(planning, p, world.draft_law())
+    accepted = np.clip(laws.accepted, 0, 1)
+    under = ("" if rule == TOKEN_WISE else " (any registered exact rule)" if rule is None
+             else f" (rule {rule.label})")
+    others = [] if rule is not None else [(name, step_laws(rule_spec(name), p, world.draft_law()))
+                                          for name in EXACT_RULES]
     plans = [
-        LawPlan("first_token", "first emitted token", p[0], _token),
-        LawPlan("accepted_length", f"drafts accepted per step{under}", accepted, lambda j: f"N={j}"),
+        LawPlan("first_token", "first emitted token", reference[0] if exact else laws.emitted[0], _token,
+                conformance=not exact, **lossy),
+        LawPlan("accepted_length", f"drafts accepted per step{under}", accepted, lambda j: f"N={j}",
+                conformance=True, alternatives=tuple((name, np.clip(other.accepted, 0, 1)) for name, other in others)),
     ]
     if n * accepted[k] >= MIN_CONDITIONAL_SAMPLES:
-        plans.append(LawPlan("bonus_token", f"given N={k}", p[k], _token, float(accepted[k])))
+        plans.append(LawPlan("bonus_token", f"given N={k}", reference[k] if exact else laws.bonus, _token,
+                             float(accepted[k]), conformance=not exact, **lossy))
     rejected = accepted[:k].sum()
     if n * rejected >= MIN_CONDITIONAL_SAMPLES:
-        joint = (accepted[:k, None] * residual / rejected).reshape(-1)
-        plans.append(LawPlan("correction_token", f"(N, token) given N<{k}{under}", joint,
-                             lambda c: f"N={c // vocab}, token {c % vocab}", float(rejected)))
+        def joint(parts) -> np.ndarray:
+            mass = parts.accepted[:k].sum()
+            return (parts.correction / mass).reshape(-1) if mass > 0 else np.zeros(k * vocab)
+
+        plans.append(LawPlan("correction_token", f"(N, token) given N<{k}{under}", joint(laws),
+                             lambda c: f"N={c // vocab}, token {c % vocab}", float(rejected), conformance=True,
+                             alternatives=tuple((name, joint(other)) for name, other in others)))
     return plans
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exactcheck.stats.laws import planned_laws
-from exactcheck.step.contract import AcceptanceRule
+from exactcheck.rules import RuleSpec
 from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
 from exactcheck.options import Level
 from exactcheck.suite import default_worlds
@@ -145,7 +145,7 @@ def _round_up(n: int) -> int:
 def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha: float,
                 power: float = POWER, max_samples: int = Level.RELEASE.max_samples,
                 checks: int | None = None, min_samples: int = MIN_SAMPLES,
-                rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> BudgetPlan:
+                rule: RuleSpec | None = None) -> BudgetPlan:
     """Trials per world so that each law detects ``detect_tv`` with ``power`` at its Holm share.
 
     ``checks`` is the number of statistical checks alpha is split over; by default the laws the
@@ -175,7 +175,7 @@ def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha:
 
 @functools.lru_cache(maxsize=16)
 def default_plan(detect_tv: float, alpha: float, max_samples: int, min_samples: int = MIN_SAMPLES,
-                 rule: AcceptanceRule = AcceptanceRule.LEVIATHAN, checks: int | None = None) -> BudgetPlan:
+                 rule: RuleSpec | None = None, checks: int | None = None) -> BudgetPlan:
     """The plan over every built-in world (what an audit uses, whichever worlds it runs), at the
     share alpha / ``checks`` (``exactcheck.step.plan.alpha_budget`` gives the audit's family)."""
     return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples, checks=checks,

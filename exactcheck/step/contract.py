@@ -8,41 +8,20 @@ A verifier is a callable
 Row ``b`` of the output holds the accepted draft tokens, then one correction token (after a
 rejection) or bonus token (after k acceptances), then ``-1`` padding: the layout of vLLM's
 rejection sampler. Rows are independent trials; tensors may live on any device, and the
-``torch.Generator`` given lives on that device.
+``torch.Generator`` given lives on that device. How it decides what to accept is its rule
+(``exactcheck.rules``), which it may declare with an ``acceptance_rule`` attribute.
 """
 from __future__ import annotations
 
-import enum
 from typing import Callable, Protocol
 
 import torch
 
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
 
-__all__ = ["Verifier", "PADDING", "validate_output", "rows_keep_contract", "call_verifier", "from_logits",
-           "AcceptanceRule", "acceptance_rule"]
+__all__ = ["Verifier", "PADDING", "validate_output", "rows_keep_contract", "call_verifier", "from_logits"]
 
 PADDING = -1
-
-
-class AcceptanceRule(enum.Enum):
-    """How a verifier decides to accept draft token x at a position. Both are exact (the emitted
-    tokens follow the target); they differ in how often drafts are accepted and in the law of the
-    correction token, so the step laws and the acceptance property follow the subject's rule.
-
-    - ``LEVIATHAN``: accept with probability min(1, p(x)/q(x)); after a rejection, draw from
-      max(0, p - q) normalised (Leviathan et al., 2023; vLLM, transformers).
-    - ``TARGET_ONLY``: accept with probability p(x), whatever q; after a rejection, draw from p
-      with x removed (SGLang's ``tree_speculative_sampling_target_only`` on a chain)."""
-
-    LEVIATHAN = "min(1, p/q)"
-    TARGET_ONLY = "p (target only)"
-
-
-def acceptance_rule(subject) -> AcceptanceRule:
-    """The rule a subject declares with an ``acceptance_rule`` attribute (default Leviathan's)."""
-    rule = getattr(subject, "acceptance_rule", AcceptanceRule.LEVIATHAN)
-    return rule if isinstance(rule, AcceptanceRule) else AcceptanceRule(rule)
 
 
 class Verifier(Protocol):

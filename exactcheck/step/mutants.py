@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.step.reference import ReferenceVerifier, final_pq, row_at
+from exactcheck.step.rule_references import BlockVerifier, ThresholdVerifier
 
 __all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "mutant"]
 
@@ -205,11 +206,64 @@ class ExponentialRaceNaN(ReferenceVerifier):
         return (rows / e.double()).argmax(1)
 
 
+# -- mutants of the other registered rules (each declares the rule it means to follow) -------------
+
+class BlockStopFromCurrentRow(BlockVerifier):
+    """Block verification whose stop probability h_j reads the rows of the draft just accepted
+    (row j - 1) instead of the next position's (row j): the off-by-one of vllm-ascend PR #7808's
+    PyTorch fallback."""
+
+    def stop_probabilities(self, p, q, w):
+        return super().stop_probabilities(torch.cat([p[:, :1], p[:, :-1]], 1),
+                                          torch.cat([q[:, :1], q[:, :-1]], 1), w)
+
+
+class BlockCorrectionAtNextPosition(BlockVerifier):
+    """Block verification that draws the token after tau accepted drafts from the rows of position
+    tau + 1 (weight, target and draft row), not tau's."""
+
+    def block_final_rows(self, target, draft_probs, n, w):
+        return super().block_final_rows(target, draft_probs, (n + 1).clamp(max=draft_probs.shape[1]), w)
+
+
+class BlockAcceptsAtZero(BlockVerifier):
+    """Block verification that takes u <= h without excluding h = 0: a uniform of exactly 0 stops
+    at a position of stop probability 0, past a draft the target forbids (one float64 draw,
+    2^-53; vLLM clamps its uniforms to >= 2^-31 for this)."""
+
+    def stop_position(self, u, h, w):
+        passes = u <= h[:, 1:]
+        return torch.where(passes, torch.arange(1, h.shape[1], device=u.device), 0).max(1).values
+
+
+class BlockProductOfUniforms(BlockVerifier):
+    """vllm-ascend #7807: the prefix of i drafts is kept when its weight w_i is at least the running
+    product of the uniforms u_1 ... u_i (no stop probability h): the token-wise test in disguise
+    with block's residual, lossy."""
+
+    def stop_position(self, u, h, w):
+        legal = w[:, 1:] >= u.cumprod(1)
+        return torch.where(legal, torch.arange(1, w.shape[1], device=u.device), 0).max(1).values
+
+
+class ThresholdAccMultiplied(ThresholdVerifier):
+    """SGLang's acceptance threshold applied the wrong way round (u < p(d) * acc instead of
+    u < p(d) / acc): declares threshold_acc 0.5 and accepts four times less often than it says."""
+
+    def accept(self, u, p, q):
+        return (p > 0) & ((u < p * self.acc) | (p >= self.single))
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
     verifier: ReferenceVerifier
     defect: str
+
+    @property
+    def rule(self) -> str:
+        """The rule the mutant declares it follows."""
+        return self.verifier.acceptance_rule
 
 
 _CLASSES = {
@@ -233,6 +287,11 @@ _CLASSES = {
     "tiny_q_accepted": TinyDraftProbabilityAccepted,
     "uninitialised_unseeded_rows": UninitialisedUnseededRows,
     "exponential_race_nan": ExponentialRaceNaN,
+    "block_stop_from_current_row": BlockStopFromCurrentRow,
+    "block_correction_at_next_position": BlockCorrectionAtNextPosition,
+    "block_accepts_at_zero": BlockAcceptsAtZero,
+    "block_product_of_uniforms": BlockProductOfUniforms,
+    "threshold_acc_multiplied": ThresholdAccMultiplied,
 }
 
 MUTANTS: dict[str, Mutant] = {

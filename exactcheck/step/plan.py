@@ -15,18 +15,24 @@ from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, Chec
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS
 from exactcheck.stats.laws import planned_laws
 from exactcheck.stats.planning import BudgetPlan, default_plan
-from exactcheck.step.contract import AcceptanceRule
+from exactcheck.rules import RuleSpec, rule_spec
 from exactcheck.step.properties import PROPERTIES
 from exactcheck.suite import default_worlds, large_worlds
 
-__all__ = ["alpha_budget", "budget_plan", "plan_step_audit", "planned_checks"]
+__all__ = ["alpha_budget", "budget_plan", "plan_step_audit", "planned_checks", "judged_rule"]
+
+
+def judged_rule(options: AuditOptions) -> RuleSpec | None:
+    """The rule the subject is judged by (``AuditOptions.acceptance_rule``), or None: undeclared,
+    judged against every registered exact rule."""
+    return None if options.acceptance_rule is None else rule_spec(options.acceptance_rule)
 
 
 def alpha_budget(options: AuditOptions) -> AlphaBudget:
     """The alpha split of every step audit with these options: the family is every law of every
     built-in world at the level's cap (the most there can be) and every large world's chain-rule
     tests."""
-    rule = AcceptanceRule(options.acceptance_rule)
+    rule = judged_rule(options)
     laws = sum(len(planned_laws(world, options.cap, rule)) for world in default_worlds())
     return AlphaBudget(options.alpha, laws + len(large_worlds()) * len(CHAIN_RULE_TESTS), options.stop_early)
 
@@ -37,7 +43,7 @@ def budget_plan(options: AuditOptions) -> BudgetPlan:
     (and its samples) is the same when it is audited alone."""
     budget = alpha_budget(options)
     return default_plan(options.target_tv, budget.holm_alpha, options.cap, options.level.min_samples,
-                        AcceptanceRule(options.acceptance_rule), budget.checks)
+                        judged_rule(options), budget.checks)
 
 
 def plan_step_audit(options: AuditOptions) -> AuditPlan:
@@ -58,7 +64,7 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
         searched = [p for p in searched if f"{properties}/{p}" in options.worlds or properties in options.worlds]
         probe = probe and inputs in options.worlds
     plan = budget_plan(options)
-    rule = AcceptanceRule(options.acceptance_rule)
+    rule = judged_rule(options)
     checks, samples, laws = [], [], []
     for world in chosen:
         n = plan.samples(world.name)

@@ -10,11 +10,13 @@ Properties:
 * ``contract`` — the output keeps the step contract (shape, int64, ids in [0, V) or -1 padding,
   drafts emitted as given) and the subject does not crash, on every case and forced value;
 * ``no_forbidden_token`` — no emitted token has target probability 0 at its position;
-* ``acceptance`` — with every uniform forced to c, the number of accepted drafts is the number of
-  leading positions where an exact convention accepts: u < p/q with u = c, or with u = 1 - c (the
+* ``acceptance`` (a conformance check) — with every uniform forced to c, the number of accepted
+  drafts is what the subject's rule decides (``exactcheck.rules``: token-wise accepts the leading
+  positions with u < p/q; block the last j with u < h_j; ...) with u = c, or with u = 1 - c (the
   same comparison on the mirrored uniform, as ``u = 1 - torch.rand()`` code does); strict or not
-  is a tie, and ties are not judged (ratios within a margin of u that follows the precision of
-  the rows handed in). A case fails only if *no* convention explains every judged row;
+  is a tie, and ties are not judged (thresholds within a margin of u that follows the precision of
+  the rows handed in). A case fails only if *no* convention explains every judged row; a subject
+  that declares no rule fails only if no registered exact rule does;
 * ``row_independence`` — under forced values, row b's output is the same alone as in its batch;
 * ``seeded_rows`` — for subjects that take ``row_generators`` (one ``torch.Generator`` or None per
   row): identical rows give identical outputs under forced values whether seeded or not, with
@@ -38,6 +40,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, find, settings
 from hypothesis import errors as _hypothesis_errors
@@ -46,21 +49,24 @@ from hypothesis.errors import Flaky, NoSuchExample
 # hypothesis >= 6.100 raises FlakyFailure (an exception group); older releases raise Flaky
 FlakyFailure = getattr(_hypothesis_errors, "FlakyFailure", Flaky)
 
-from exactcheck.step.contract import PADDING, AcceptanceRule, Verifier, acceptance_rule, call_verifier
 from exactcheck.errors import ContractViolation, SubjectCrashed
+from exactcheck.rules import EXACT_RULES, RuleSpec, declared_rule, rule_spec
+from exactcheck.step.contract import PADDING, Verifier, call_verifier
 from exactcheck.step.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
 from exactcheck.reachability import Reachability, forced_draws, structural
 from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
 __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
            "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
-           "UNFORCED", "tie_margin"]
+           "UNFORCED", "tie_margin", "RULE_PROPERTIES", "FROM_SUBJECT"]
 
 REPRODUCER_SCHEMA = "exactcheck.reproducer/2"
+FROM_SUBJECT = object()  # a property's rule: the one the subject declares (``acceptance_rule``)
 FORCED_VALUES = ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus")
 PROPERTIES = ("contract", "no_forbidden_token", "acceptance", "row_independence", "seeded_rows",
               "same_seed")
 UNFORCED = ("same_seed",)
+RULE_PROPERTIES = ("acceptance",)  # judged by the subject's rule: conformance checks
 NEED_COMPLETE = ("acceptance", "row_independence", "seeded_rows")  # judged only if every draw was forced
 SHRUNK = ("contract", "no_forbidden_token")  # judged on outputs alone: the forced set can shrink
 VACUOUS = "not judged"
@@ -102,23 +108,15 @@ class PropertyResult:
     unrepeatable: PropertyFailure | None = None
 
 
-def _ratio(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, normalise: bool,
-           rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> torch.Tensor:
-    """The acceptance probability's argument at each draft: p/q (Leviathan), or p itself for the
-    target-only rule."""
-    p64, q64 = p[:, :-1].double(), q.double()
-    if rule is AcceptanceRule.TARGET_ONLY:
-        q64 = torch.ones_like(q64)
-        normalise_q = False
-    else:
-        normalise_q = normalise
+def _oracles(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, rule: RuleSpec | None, normalise: bool):
+    """(rule, its ``Oracle``) for the subject's rule, or every registered exact rule if it declares
+    none, on the rows as handed in or normalised (float64)."""
+    p64, q64 = p.double(), q.double()
     if normalise:
-        p64 = p64 / p64.sum(-1, keepdim=True)
-    if normalise_q:
-        q64 = q64 / q64.sum(-1, keepdim=True)
-    pi = p64.gather(2, tokens[..., None])[..., 0]
-    qi = q64.gather(2, tokens[..., None])[..., 0]
-    return torch.where(qi > 0, pi / qi, torch.full_like(pi, math.inf))
+        p64, q64 = p64 / p64.sum(-1, keepdim=True), q64 / q64.sum(-1, keepdim=True)
+    arrays = p64.cpu().numpy(), q64.cpu().numpy(), tokens.cpu().numpy()
+    specs = [rule] if rule is not None else [rule_spec(name) for name in EXACT_RULES]
+    return [(spec, oracle) for spec in specs if (oracle := spec.oracle(*arrays)) is not None]
 
 
 def tie_margin(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -132,13 +130,16 @@ def tie_margin(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.
     return (8 * eps * (2 + logs)).clamp(min=TIE_MARGIN)
 
 
-def forced_uniform(value: str, case_tensors, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN) -> str | float:
-    """What a forced value stands for on this case: ``ratio`` is exactly p/q of row 0's first
-    draft (normalised rows, float64); ``ratio_minus``/``ratio_plus`` sit 2^-14 below/above; the
-    named boundaries stay names, resolved in each draw's dtype."""
+def forced_uniform(value: str, case_tensors, rule: RuleSpec | None = None) -> str | float:
+    """What a forced value stands for on this case: ``ratio`` is exactly the rule's first decision
+    threshold of row 0 (p/q of its first draft for token-wise rejection sampling, the subject's
+    rule or token-wise if it declares none; normalised rows, float64); ``ratio_minus`` /
+    ``ratio_plus`` sit 2^-14 below/above; the named boundaries stay names, resolved in each
+    draw's dtype."""
     if value in ("ratio", "ratio_minus", "ratio_plus"):
         p, q, tokens = case_tensors
-        r = float(_ratio(p[:1], q[:1], tokens[:1], normalise=True, rule=rule)[0, 0].clamp(max=1.0))
+        _, oracle = _oracles(p[:1], q[:1], tokens[:1], rule or rule_spec("token-wise"), normalise=True)[0]
+        r = min(float(oracle.thresholds[0, 0]), 1.0)
         c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
         return min(max(c, 0.0), 1.0)
     return value
@@ -168,37 +169,39 @@ def _no_forbidden_token(out, tensors, log: DrawLog) -> tuple[int, str] | None:
                  f"{[float(x) for x in prob[row][emitted[row]]]}")
 
 
-def _acceptance(out, tensors, log: DrawLog, rule: AcceptanceRule = AcceptanceRule.LEVIATHAN
-                ) -> tuple[int, str, float] | None:
-    """A wrong acceptance decision that no exact convention explains: (row, message, the
-    delivered uniform it was judged at), or None."""
+def _acceptance(out, tensors, log: DrawLog, rule: RuleSpec | None) -> tuple[int, str, float] | None:
+    """A wrong acceptance decision that no exact convention of the subject's rule (of any
+    registered exact rule, if it declares none) explains: (row, message, the delivered uniform it
+    was judged at), or None."""
     p, q, tokens = tensors
     values = sorted(log.values())
     if not values:
         return None
-    accepted = (out != PADDING).sum(1) - 1
-    raw, norm = _ratio(p, q, tokens, False, rule), _ratio(p, q, tokens, True, rule)
-    low, high = torch.minimum(raw, norm), torch.maximum(raw, norm)
-    margin = tie_margin(p, q, tokens)
-    k = tokens.shape[1]
+    accepted = ((out != PADDING).sum(1) - 1).cpu().numpy()
+    margin = tie_margin(p, q, tokens).cpu().numpy()
     first = None
-    for d in values:
-        for u in (d, 1.0 - d):  # u itself, or the mirrored uniform 1 - u
-            ambiguous = (u >= low * (1 - margin)) & (u <= high * (1 + margin))
-            oracle = (u < norm).to(torch.int64).cumprod(1).sum(1)
-            # a row is judged only if no decision up to its first rejection is a tie
-            upto = torch.arange(k, device=oracle.device)[None] <= oracle.clamp(max=k - 1)[:, None]
-            row = _first(~(ambiguous & upto).any(1) & (accepted != oracle))
-            if row is None:
-                return None  # this convention explains every judged row
-            if first is None:
-                first = (row, d, int(oracle[row]))
-    row, d, expected = first
-    ratios = [float(f"{float(x):.9g}") for x in norm[row]]
-    what = "p" if rule is AcceptanceRule.TARGET_ONLY else "p/q"
+    for (spec, raw), (_, norm) in zip(_oracles(p, q, tokens, rule, False), _oracles(p, q, tokens, rule, True)):
+        low, high = np.minimum(raw.thresholds, norm.thresholds), np.maximum(raw.thresholds, norm.thresholds)
+        for d in values:
+            for u in (d, 1.0 - d):  # u itself, or the mirrored uniform 1 - u
+                ambiguous = (u >= low * (1 - margin)) & (u <= high * (1 + margin))
+                decided = norm.decide(u < norm.thresholds)
+                # a row is judged only if no test its decision read is a tie
+                judged = ~(ambiguous & norm.relevant(decided)).any(1)
+                wrong = np.flatnonzero(judged & (accepted != decided))
+                if not wrong.size:
+                    return None  # this rule and convention explain every judged row
+                if first is None:
+                    first = (int(wrong[0]), d, int(decided[wrong[0]]), spec, norm)
+    row, d, expected, spec, norm = first
+    values_at = [float(f"{float(x):.9g}") for x in norm.thresholds[row]]
+    if rule is not None:
+        why = "should be accepted (no exact convention, u or 1 - u, strict or not, explains every row)"
+    else:
+        why = (f"are accepted by {spec.label} (no registered exact rule, " + ", ".join(EXACT_RULES)
+               + ", under any convention, u or 1 - u, strict or not, explains every row)")
     return row, (f"with every uniform = {d!r}, row {row} accepted {int(accepted[row])} drafts; "
-                 f"{what} at its drafts is {ratios}, so exactly {expected} should be accepted "
-                 f"(no exact convention, u or 1 - u, strict or not, explains every row)"), d
+                 f"{norm.described} at its drafts is {values_at}, so exactly {expected} {why}"), d
 
 
 def _accepts_row_generators(subject) -> bool:
@@ -293,10 +296,12 @@ def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: Dra
 
 
 def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | None,
-                   seed: int = 0, draws: Counter | None = None, device="cpu") -> PropertyFailure | None:
+                   seed: int = 0, draws: Counter | None = None, device="cpu",
+                   rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyFailure | None:
     """Check one property on one case; None when it holds (or could not be judged). ``draws``
     collects the names of random sources the subject used that could not be forced. The case's
-    tensors and every generator handed over are on ``device``."""
+    tensors and every generator handed over are on ``device``. ``rule``: what the acceptance
+    property judges by (None: any registered exact rule)."""
     tensors = case.tensors(device)
 
     def fail(message, row=None, out=None, reach=None, forced=None, frames=()):
@@ -330,7 +335,7 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         return _same_seed(subject, tensors, seed, fail)
     if name not in PROPERTIES:
         raise ValueError(f"unknown property {name!r}")
-    rule = acceptance_rule(subject)
+    rule = declared_rule(subject) if rule is FROM_SUBJECT else rule
     c = forced_uniform(value, tensors, rule)
     options = {}
     if name == "seeded_rows":
@@ -424,7 +429,8 @@ def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
                 structural("on every call: the output does not follow the generator's seed"))
 
 
-def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="cpu") -> PropertyResult:
+def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="cpu",
+           rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyResult:
     """Search one property under each forced value in turn (``examples`` cases each), stopping
     at the first reachable counterexample, which is shrunk."""
     if name == "seeded_rows" and not _accepts_row_generators(subject):
@@ -432,7 +438,7 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                               "not applicable: the subject takes no row_generators argument")
     tried, notes, unreachable, unrepeatable = 0, set(), None, None
     for value in ((None,) if name in UNFORCED else FORCED_VALUES):
-        result = search_property(subject, name, value, examples, seed, device)
+        result = search_property(subject, name, value, examples, seed, device, rule)
         tried += result.examples
         notes.add(result.note)
         unreachable = unreachable or result.unreachable
@@ -449,7 +455,7 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
-                    seed: int = 0, device="cpu") -> PropertyResult:
+                    seed: int = 0, device="cpu", rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyResult:
     """Search ``examples`` cases for a reachable counterexample to one property under one forced
     value; shrink what is found. Failures whose trigger is below the reachability floor are kept
     apart (``PropertyResult.unreachable``) and the search goes on, until ``UNREACHABLE_ENOUGH``
@@ -464,8 +470,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         if len(unreachable) >= UNREACHABLE_ENOUGH:
             return None  # every counterexample so far needs a joint event: stop shrinking more
         tried[0] += 1
-        failure = check_property(subject, name, case, value, seed, draws, device)
-        if failure is not None and check_property(subject, name, case, value, seed, None, device) is None:
+        failure = check_property(subject, name, case, value, seed, draws, device, rule)
+        if failure is not None and check_property(subject, name, case, value, seed, None, device, rule) is None:
             unrepeatable.append(failure)  # the same check run again holds: reported, never a defect
             return None
         if failure is not None and failure.reachability is not None and not failure.reachability.reachable:
@@ -522,11 +528,13 @@ def _draw_note(name: str, draws: Counter, tried: int) -> str:
     return "; ".join(parts)
 
 
-def reproducer(subject_name: str, failure: PropertyFailure, seed: int) -> dict:
-    """A JSON-able record that ``exactcheck replay`` re-runs against any subject."""
+def reproducer(subject_name: str, failure: PropertyFailure, seed: int, rule: str | None = None) -> dict:
+    """A JSON-able record that ``exactcheck replay`` re-runs against any subject. ``rule``: the
+    rule the audit was told to judge by (``--rule``), kept so the replay judges by it too."""
     p, q, tokens = failure.case.tensors()
     small = p.numel() <= 4096
-    return {
+    extra = {} if rule is None else {"rule": rule}
+    return {**extra,
         "schema": REPRODUCER_SCHEMA, "subject": subject_name, "property": failure.property,
         "value": failure.value, "seed": seed, "case": failure.case.to_dict(),
         "message": failure.message, "row": failure.row, "output": failure.output,
@@ -541,5 +549,6 @@ def replay_reproducer(subject: Verifier, data: dict) -> PropertyFailure | None:
     """Re-run a reproducer's property on its case against ``subject`` (every draw forced)."""
     if data.get("schema") not in (REPRODUCER_SCHEMA, "exactcheck.reproducer/1"):
         raise ValueError(f"not an exactcheck reproducer (schema {data.get('schema')!r})")
+    rule = rule_spec(data["rule"]) if data.get("rule") else FROM_SUBJECT
     return check_property(subject, data["property"], VerifyCase(**data["case"]), data["value"],
-                          data["seed"])
+                          data["seed"], rule=rule)

@@ -83,9 +83,12 @@ def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
 
 
 class ReferenceVerifier:
-    """Exact speculative verification step; call it as a ``Verifier``."""
+    """Exact speculative verification step; call it as a ``Verifier``. It declares its rule
+    (``exactcheck.rules``: token-wise rejection sampling), so its conformance laws are judged by
+    that rule alone; so do the mutants, which subclass it."""
 
     name = "reference"
+    acceptance_rule = "token-wise"
 
     def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                  draft_tokens: torch.Tensor, generator: torch.Generator,

@@ -26,12 +26,13 @@ from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import step_audit_line
 from exactcheck.stats.laws import compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
-from exactcheck.step.contract import Verifier, acceptance_rule
+from exactcheck.rules import declared_rule
+from exactcheck.step.contract import Verifier
 from exactcheck.step.drive import drive
-from exactcheck.step.plan import plan_step_audit
+from exactcheck.step.plan import judged_rule, plan_step_audit
 from exactcheck.step.properties import search
-from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_verdict,
-                                      property_verdict)
+from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_alternatives,
+                                      law_verdict, property_verdict, rule_note)
 
 __all__ = ["run_audit", "run_plan", "shard_counts"]
 
@@ -68,11 +69,22 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
-    options = replace(options, acceptance_rule=acceptance_rule(subject).value)
+    options = judged_by(options, subject)
     device = resolve_device(options.device)
     if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it
         options = replace(options, call_elements=device_max_elements(device))
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
+
+
+def judged_by(options: AuditOptions, subject) -> AuditOptions:
+    """The options with the rule the subject is judged by: the one the user names (``rule``), else
+    the one the subject declares (``acceptance_rule``), else none (any registered exact rule)."""
+    try:
+        declared = declared_rule(subject)
+    except ValueError as exc:
+        raise UsageError(f"the subject's acceptance_rule: {exc}") from None
+    rule = options.rule or (declared.label if declared is not None else None)
+    return replace(options, acceptance_rule=rule)
 
 
 def shard_counts(subject, world, plans, size: int, seed: int, device: str,
@@ -107,7 +119,8 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         runs.append(WorldRun(
             world, derive_seed(seed, world.name), n, plans, batch_schedule(n) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
-            [EProcess(p.expected, n * p.condition_probability) if stop_early else None for p in plans]))
+            [[EProcess(expected, n * p.condition_probability) for _, expected in law_alternatives(p)]
+             if stop_early else None for p in plans]))
     threshold = budget.log_e_threshold
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
@@ -146,9 +159,10 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                         evident = (run, -1)
                     continue
                 run.drawn += size
-                for i, process in enumerate(run.processes):
+                for i, processes in enumerate(run.processes):
                     run.counts[i] += sum(c[i] for c in counted)
-                    if process is not None and process.look(run.counts[i]) >= threshold and not evident:
+                    # intersection-union: a law with alternatives is evident when every one is
+                    if processes is not None and run.look(i) >= threshold and not evident:
                         evident = (run, i)
                 bar.step(run.world.name, size)
             if evident:
@@ -168,16 +182,18 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                     for i in range(len(run.plans))]
 
     properties = PseudoWorld.PROPERTIES.value
+    rule = judged_rule(options)
     try:
         for world in chains if not interrupted else ():
             pending.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
-                                          device, reproduce(world.name), evident is not None))
+                                          device, reproduce(world.name), evident is not None, rule))
             bar.step(world.name)
 
         for prop in searched if not interrupted else ():
             prop_seed = derive_seed(seed, f"{properties}/{prop}")
-            result = search(subject, prop, level.property_examples, prop_seed, device)
-            pending.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}")))
+            result = search(subject, prop, level.property_examples, prop_seed, device, rule)
+            pending.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"),
+                                            options.rule))
             bar.step(f"{properties}/{prop}")
 
         if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not interrupted:
@@ -190,6 +206,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         pending += unreached_verdicts(audit_plan, pending, seed, reproduce)
 
     verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+    note = rule_note(verdicts, rule, audit_plan.laws)
     stopped = None
     if evident:
         run, i = evident
@@ -200,4 +217,4 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
         samples_planned=sum(r.budget for r in runs), samples_drawn=sum(r.drawn for r in runs),
         stopped_early_at=stopped, require=options.require, interrupted=interrupted,
-        call_elements=options.max_elements)
+        call_elements=options.max_elements, rule=options.acceptance_rule, rule_note=note)

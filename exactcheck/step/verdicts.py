@@ -8,7 +8,7 @@ pending statistical ones.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -25,7 +25,8 @@ from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, tv_
 from exactcheck.stats.laws import LawComparison, LawPlan
 from exactcheck.stats.sequential import EProcess
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
-from exactcheck.step.properties import FORCED_VALUES, PropertyResult, reproducer
+from exactcheck.rules import RULES, RuleSpec
+from exactcheck.step.properties import FORCED_VALUES, RULE_PROPERTIES, PropertyResult, reproducer
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["WorldRun", "law_verdict", "chain_verdicts", "property_verdict", "inputs_verdict", "drive_failure"]
@@ -41,9 +42,20 @@ class WorldRun:
     plans: list[LawPlan]
     batches: list[int]
     counts: list[np.ndarray]
-    processes: list[EProcess | None]
+    processes: list[list[EProcess] | None]  # per law: one e-process per alternative
     drawn: int = 0
     failure: Verdict | None = None
+    largest: list[float] = field(default_factory=list)  # per law: the largest log e-value over the looks
+
+    def __post_init__(self) -> None:
+        self.largest = [0.0] * len(self.plans)
+
+    def look(self, i: int) -> float:
+        """Law ``i``'s log e-value after this batch: the smallest over its alternatives (a law
+        with alternatives shows a defect only when none of them fits)."""
+        current = min(process.look(self.counts[i]) for process in self.processes[i])
+        self.largest[i] = max(self.largest[i], current)
+        return current
 
     @property
     def finished(self) -> bool:
@@ -62,27 +74,55 @@ def _e(log_e: float) -> str:
     return f"e^{log_e:.1f}" if log_e > 20 else f"{math.exp(log_e):.3g}"
 
 
+def law_alternatives(plan: LawPlan) -> list[tuple[str | None, np.ndarray]]:
+    """(rule, expected law) the law is judged against: its alternatives (a subject that declares
+    no rule: every registered exact rule's), else its one expected law."""
+    return list(plan.alternatives) or [(None, plan.expected)]
+
+
+def _fit(counts: np.ndarray, plan: LawPlan, share: float):
+    """The goodness of fit against the best-fitting alternative (largest p-value; the
+    intersection-union test of "the subject follows one of them"), its expected law, and every
+    alternative's p-value."""
+    alternatives = law_alternatives(plan)
+    fits = [goodness_of_fit(counts, expected, share) for _, expected in alternatives]
+    best = max(range(len(fits)), key=lambda j: (fits[j].pvalue, -fits[j].tv_estimate))
+    named = tuple((name, float(gof.pvalue)) for (name, _), gof in zip(alternatives, fits)) if plan.alternatives else ()
+    return fits[best], alternatives[best], named
+
+
+def _fits_text(named, best: str | None) -> str:
+    if not named:
+        return ""
+    others = ", ".join(f"{name} p = {p:.3g}" for name, p in named if name != best)
+    return f" (fits {best}; {others})"
+
+
 def law_verdict(run: WorldRun, i: int, reproduce: str, budget: AlphaBudget,
                 evident: tuple[WorldRun, int] | None, interrupted: bool = False) -> Verdict:
     """The verdict of law ``i`` of ``run``: an e-process detection, a fixed-budget test (its
-    p-value still to go through Holm), or not run to its budget because the audit stopped."""
+    p-value still to go through Holm), or not run to its budget because the audit stopped. A
+    rule-specific law is a conformance check; a law of a lossy declared rule passes as lossy."""
     plan, counts = run.plans[i], run.counts[i]
-    gof = goodness_of_fit(counts, plan.expected, budget.first_share)
+    gof, (best, expected), named = _fit(counts, plan, budget.first_share)
+    category = Category.CONFORMANCE if plan.conformance else Category.EXACTNESS
     common = dict(check=f"{run.world.name}/{plan.law}", world=run.world.name, law=plan.law, condition=plan.condition,
-                  samples=gof.samples, seed=run.seed, reproduce=reproduce, kind=CheckKind.LAW)
-    process = run.processes[i]
-    comparison = LawComparison(plan, counts)
+                  samples=gof.samples, seed=run.seed, reproduce=reproduce, kind=CheckKind.LAW, category=category)
+    fitted = replace(plan, expected=expected)
+    comparison = LawComparison(fitted, counts)
     seen = dict(tv=TotalVariation(gof.tv_estimate, gof.tv_interval, gof.detectable_tv),
-                log_evidence=process.largest if process is not None else None,
+                log_evidence=run.largest[i] if run.processes[i] is not None else None,
                 cells=deviating_cells(comparison, gof.samples), law_cells=plot_cells(comparison, gof.samples),
                 reachability=observed_in(gof.impossible, gof.samples, "samples on outcomes of exact probability 0:")
-                if gof.impossible else None)
+                if gof.impossible else None, fits=named)
     if evident is not None and evident[0] is run and evident[1] == i:
-        log_e = process.largest
+        log_e = run.largest[i]
         e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0
         summary = (_statistical_summary(gof) if gof.impossible else
                    f"TV {gof.tv_estimate:.4f}, e-value {_e(log_e)} after {run.drawn:,} of "
                    f"{run.budget:,} planned trials (stopped early)")
+        if plan.alternatives:
+            summary += " against the best-fitting registered exact rule (" + ", ".join(n for n, _ in named) + ")"
         return Verdict(outcome=Outcome.DEFECT, summary=summary, **common, evidence=LawEvidence(
             Evidence.SEQUENTIAL, statistic=log_e, statistic_name=E_STATISTIC_NAME, pvalue=e_p,
             adjusted_pvalue=min(1.0, e_p / budget.e_share * budget.alpha), alpha_share=budget.e_share, **seen))
@@ -98,15 +138,45 @@ def law_verdict(run: WorldRun, i: int, reproduce: str, budget: AlphaBudget,
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"no trial met the condition ({plan.condition}) although the exact law expects "
             "it often; see the accepted_length verdict"), **common, evidence=LawEvidence(Evidence.NONE))
-    return Verdict(outcome=Outcome.EXACT, summary=_statistical_summary(gof), **common, evidence=LawEvidence(
-        Evidence.FIXED_BUDGET, statistic=gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df, pvalue=gof.pvalue,
-        certificate=tv_certificate(counts, plan.expected, budget.alpha), **seen))
+    summary = _statistical_summary(gof) + _fits_text(named, best)
+    if plan.lossy:
+        summary = f"{plan.lossy}; the subject follows its rule: {summary}"
+    return Verdict(outcome=Outcome.LOSSY if plan.lossy else Outcome.EXACT, summary=summary, **common,
+                   evidence=LawEvidence(Evidence.FIXED_BUDGET, statistic=gof.statistic, statistic_name=STATISTIC_NAME,
+                                        df=gof.df, pvalue=gof.pvalue,
+                                        certificate=tv_certificate(counts, expected, budget.alpha), **seen))
+
+
+def rule_note(verdicts: list[Verdict], rule: RuleSpec | None, plans) -> str:
+    """One line on the rule: for a subject that declares none and passes, which registered exact
+    rule its conformance laws fit best (and how to gate on it); for a lossy declared rule, what it
+    costs on the worlds audited (``plans``: the plan's laws per world); else nothing."""
+    if rule is not None:
+        costs = [law.lossy_tv for _, laws in plans for law in laws if law.lossy_tv is not None]
+        if rule.exact or not costs:
+            return ""
+        return (f"declared rule {rule.label} is lossy by design: its output law is TV {min(costs):.4f} to "
+                f"{max(costs):.4f} from the target's on the worlds audited (exact, by enumeration)")
+    conformance = [v for v in verdicts if v.category is Category.CONFORMANCE and getattr(v.evidence, "fits", ())]
+    if not conformance or any(v.outcome.failed for v in verdicts):
+        return ""
+    smallest = {name: min(dict(v.evidence.fits)[name] for v in conformance) for name, _ in conformance[0].evidence.fits}
+    best = max(smallest, key=smallest.get)
+    return (f"output law exact; acceptance matches {RULES[best].noun} (smallest p-value over its "
+            f"{len(conformance)} conformance laws: {smallest[best]:.3g}); declare acceptance_rule = "
+            f"\"{best}\" to gate on it")
 
 
 def chain_verdicts(subject, world, sequences: int, seed: int, device: torch.device, reproduce: str,
-                   stopped: bool) -> list[Verdict]:
-    """The chain-rule tests of a large-vocabulary world (p-values still to go through Holm)."""
+                   stopped: bool, rule: RuleSpec | None = None) -> list[Verdict]:
+    """The chain-rule tests of a large-vocabulary world (p-values still to go through Holm); not
+    applicable to a lossy declared rule (they test the target's own law)."""
     condition = f"{sequences:,} sequences x {world.length} tokens, teacher-forced conditionals"
+    if rule is not None and not rule.exact:
+        return [not_run_verdict(Check(f"{world.name}/{name}", CheckKind.CHAIN_RULE, world.name, name), seed,
+                                reproduce, f"not applicable: the declared rule {rule.label} is lossy by design; the "
+                                           "chain-rule tests judge the target's own law", condition)
+                for name in CHAIN_RULE_TESTS]
     if stopped:
         return [not_run_verdict(Check(f"{world.name}/{name}", CheckKind.CHAIN_RULE, world.name, name), seed,
                                 reproduce, "not run: the audit stopped early on a defect", condition)
@@ -134,22 +204,24 @@ def drive_failure(exc: Exception, run: WorldRun, size: int, reproduce: str) -> V
     return failure_verdict(exc, world=world.name, seed=run.seed, reproduce=reproduce, samples=size)
 
 
-def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str) -> Verdict:
+def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str, rule: str | None = None) -> Verdict:
     """A deterministic verdict: a shrunk counterexample (p = 0) with its reachability, an
-    unreachable boundary behaviour (shown, not failing), or none found (p = 1)."""
+    unreachable boundary behaviour (shown, not failing), or none found (p = 1). The acceptance
+    property is a conformance check; ``rule``: the rule the user named (kept in reproducers)."""
     unforced = result.property == "same_seed"
     world = PseudoWorld.PROPERTIES.value
+    category = (Category.REPRODUCIBILITY if unforced else Category.CONFORMANCE if result.property in RULE_PROPERTIES
+                else Category.EXACTNESS)
     common = dict(check=f"{world}/{result.property}", world=world, law=result.property,
                   condition="forced uniforms: " + ", ".join(FORCED_VALUES)
                   if not unforced else "unforced, same generator seed twice",
-                  samples=result.examples, seed=seed, kind=CheckKind.PROPERTY,
-                  category=Category.REPRODUCIBILITY if unforced else Category.EXACTNESS)
+                  samples=result.examples, seed=seed, kind=CheckKind.PROPERTY, category=category)
     note = f" ({result.note})" if result.note else ""
     failure = result.failure
     if failure is None and result.unrepeatable is not None:
         found = result.unrepeatable
         return Verdict(outcome=Outcome.INCONCLUSIVE, reproduce=reproduce,
-                       evidence=FindingEvidence(reproducer=reproducer(subject, found, seed)),
+                       evidence=FindingEvidence(reproducer=reproducer(subject, found, seed, rule)),
                        summary=(f"not judged: a counterexample did not recur when the same case was run again, "
                                 f"so it is not reported as a defect (the subject is not deterministic under forced "
                                 f"draws, or a draw escaped exactcheck's control on this device); seen once: "
@@ -157,7 +229,7 @@ def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce:
     if failure is None and result.unreachable is not None:
         found = result.unreachable
         return Verdict(outcome=Outcome.UNREACHABLE, reproduce=reproduce, evidence=FindingEvidence(
-            reproducer=reproducer(subject, found, seed), reachability=found.reachability), summary=(
+            reproducer=reproducer(subject, found, seed, rule), reachability=found.reachability), summary=(
             f"no reachable counterexample in {result.examples} cases; boundary behaviour "
             f"below the reachability floor: {found.message} ({found.reachability.describe()})"), **common)
     if failure is None:
@@ -171,7 +243,7 @@ def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce:
     value = f" with every uniform {failure.value}" if failure.value else ""
     return Verdict(outcome=outcome, reproduce=replay_line(common["check"], subject),
                    summary=f"counterexample{value}: {failure.message}", **common, evidence=FindingEvidence(
-                       pvalue=0.0, reproducer=reproducer(subject, failure, seed), reachability=failure.reachability,
+                       pvalue=0.0, reproducer=reproducer(subject, failure, seed, rule), reachability=failure.reachability,
                        traceback=failure.frames))
 
 
