@@ -18,13 +18,14 @@ has (u or 1 - u, < or <=): the acceptance property of ``exactcheck.step.properti
 
 Built in (``RULES``): exact ``token-wise`` (Leviathan et al.), ``target-only`` (SGLang's tree
 kernel on a chain), ``block`` (Sun et al. 2024, vLLM 0.33's and SGLang's block verification);
-lossy ``sglang-threshold`` (SGLang's acceptance thresholds). A subject declares
+lossy ``sglang-threshold``, ``typical``, ``synthetic``, ``fly`` and ``relaxed``. A subject declares
 its rule with an ``acceptance_rule`` attribute (a name, ``NAME:param=value,...`` or a ``RuleSpec``);
 the command line takes ``--rule``. Sources and formulas: docs/rules.md.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -247,6 +248,145 @@ class SglangThreshold(Rule):
                       "p / threshold_acc (2 where p >= threshold_single)")
 
 
+def typical_threshold(p_rows: np.ndarray, values: dict) -> np.ndarray:
+    """vLLM V0's typical-acceptance threshold min(epsilon, delta exp(-H)) per row, with the entropy
+    H = -sum p log(p + 1e-5) in nats."""
+    entropy = -(p_rows * np.log(p_rows + 1e-5)).sum(-1)
+    return np.minimum(values["posterior_threshold"], values["posterior_alpha"] * np.exp(-entropy))
+
+
+class Typical(Rule):
+    """Accept d_i iff p_i(d_i) > min(epsilon, delta exp(-H(p_i))) (deterministic); the first
+    rejected position emits the target's argmax; the bonus is sampled from p."""
+
+    def _accept(self, p, d, values):
+        pi = _gather(p[:, :-1], d)
+        return (pi > typical_threshold(p[:, :-1], values)).astype(np.float64)
+
+    def emission(self, p, q, d, values):
+        accept = _chain(self._accept(p, d, values))
+        return accept, np.concatenate([_one_hot_argmax(p[:, :-1]), p[:, -1:]], 1)
+
+    def oracle(self, p, q, d, values):
+        k = d.shape[1]
+        threshold = np.where(self._accept(p, d, values) > 0, 2.0, -1.0)  # no uniform: decided by p alone
+        return Oracle(threshold, _leading, lambda accepted: _up_to_first_failure(accepted, k),
+                      "typical-acceptance decision (2 accept, -1 reject)")
+
+
+class Synthetic(Rule):
+    """vLLM's benchmarking mode: accept each draft with a fixed conditional rate, whatever p and
+    q; after a rejection, a draw from the residual max(p - q, 0); the bonus from p."""
+
+    def emission(self, p, q, d, values):
+        rate = np.full(d.shape, values["rate"])
+        accept = _chain(rate)
+        final = np.concatenate([_normalised(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
+        return accept, final
+
+    def oracle(self, p, q, d, values):
+        k = d.shape[1]
+        return Oracle(np.full(d.shape, values["rate"]), _leading,
+                      lambda accepted: _up_to_first_failure(accepted, k), "the synthetic rate")
+
+
+def top_entropy(p_rows: np.ndarray, top: int) -> np.ndarray:
+    """-sum p log p over the ``top`` largest (unrenormalised) probabilities of each row, nats."""
+    largest = -np.sort(-p_rows, axis=-1)[..., :top]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(largest > 0, largest * np.log(np.where(largest > 0, largest, 1.0)), 0.0).sum(-1)
+
+
+class Fly(Rule):
+    """vLLM 0.33's FLy: the native token-wise decisions a_i (u_i < p/q), except that a rejection at
+    i is deferred when p(d_i) > 0, q(d_i) > 0, i + W < k and the top-K entropy of p_i is at least
+    theta: if the next W native decisions all accept, d_i..d_{i+W} are accepted and verification
+    goes on after them; else it stops at i. After a final rejection, a draw from max(p - q, 0) at
+    that position; the bonus from p."""
+
+    def _window(self, k: int, values: dict) -> int:
+        return int(values["window"]) if values.get("window") else min(6, k - 1)
+
+    def _deferrable(self, p, q, d, values):
+        _, pi, qi = _ratios(p, q, d)
+        k = d.shape[1]
+        window = self._window(k, values)
+        entropy = top_entropy(p[:, :-1], int(values["top_k"]))
+        position = np.arange(k)[None]
+        # a window of at least one draft (vLLM refuses FLy with fewer than 2 drafts: then none)
+        return ((window >= 1) & (pi > 0) & (qi > 0) & (position + window < k)
+                & (entropy >= values["entropy_threshold"])), window
+
+    @staticmethod
+    def _accepted(native: np.ndarray, deferrable: np.ndarray, window: int) -> np.ndarray:
+        """The FLy state machine on native decisions [D, k] -> accepted counts [D]: walk the
+        drafts; a native acceptance moves on; a deferrable rejection at i whose next ``window``
+        native decisions all accept moves past them; any other rejection stops at i."""
+        rows_total, k = native.shape
+        position = np.zeros(rows_total, dtype=np.int64)
+        stopped = np.zeros(rows_total, dtype=bool)
+        offsets = np.arange(1, window + 1)
+        while True:
+            live = np.flatnonzero(~stopped & (position < k))
+            if not live.size:
+                return position
+            at = position[live]
+            ok = native[live, at]
+            position[live[ok]] += 1
+            rejected, at = live[~ok], at[~ok]
+            ahead = np.minimum(at[:, None] + offsets[None], k - 1)
+            window_accepts = native[rejected[:, None], ahead].all(1) if window else np.ones(rejected.size, bool)
+            over = deferrable[rejected, at] & window_accepts
+            position[rejected[over]] = at[over] + window + 1
+            stopped[rejected[~over]] = True
+
+    def emission(self, p, q, d, values):
+        ratio, _, _ = _ratios(p, q, d)
+        a = np.minimum(ratio, 1.0)
+        deferrable, window = self._deferrable(p, q, d, values)
+        k = d.shape[1]
+        accept = np.zeros((d.shape[0], k + 1))
+        for pattern in itertools.product((False, True), repeat=k):
+            native = np.broadcast_to(np.array(pattern), d.shape)
+            prob = np.prod(np.where(native, a, 1 - a), axis=1)
+            count = self._accepted(native, deferrable, window)
+            np.add.at(accept, (np.arange(d.shape[0]), count), prob)
+        final = np.concatenate([_normalised(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
+        return accept, final
+
+    def oracle(self, p, q, d, values):
+        ratio, _, _ = _ratios(p, q, d)
+        deferrable, window = self._deferrable(p, q, d, values)
+        k = d.shape[1]
+        return Oracle(ratio, lambda passes: self._accepted(passes, deferrable, window),
+                      lambda accepted: np.ones((accepted.size, k), dtype=bool), "p/q (FLy deferrals)")
+
+
+class Relaxed(Rule):
+    """TensorRT-LLM's MTP relaxed acceptance (greedy): accept d_i iff it is among the target's top
+    ``topk`` tokens and p_i(d_i) >= max p_i - delta; the first rejected position and the bonus emit
+    the target's argmax. Its reference is the greedy target."""
+
+    def _accept(self, p, d, values):
+        rows = p[:, :-1]
+        pi = _gather(rows, d)
+        rank = (rows > pi[..., None]).sum(-1)  # tokens strictly more likely than d_i
+        return ((rank < int(values["topk"])) & (pi >= rows.max(-1) - values["delta"])).astype(np.float64)
+
+    def exact_at(self, values):
+        # top-1 with no slack accepts the argmax only: greedy decoding itself (ties aside)
+        return int(values["topk"]) == 1 and values["delta"] == 0
+
+    def emission(self, p, q, d, values):
+        return _chain(self._accept(p, d, values)), _one_hot_argmax(p)
+
+    def oracle(self, p, q, d, values):
+        k = d.shape[1]
+        threshold = np.where(self._accept(p, d, values) > 0, 2.0, -1.0)
+        return Oracle(threshold, _leading, lambda accepted: _up_to_first_failure(accepted, k),
+                      "relaxed-acceptance decision (2 accept, -1 reject)")
+
+
 _V033 = "vLLM 0.33.0"
 RULES: dict[str, Rule] = {rule.name: rule for rule in (
     TokenWise("token-wise", "token-wise rejection sampling (Leviathan et al. 2023)",
@@ -271,6 +411,33 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
                      Parameter("acc", 1.0, "speculative_accept_threshold_acc: accept if u < p(d)/this", 1e-9, 1)),
                     formula="accept d if p(d) > 0 and (u < p(d)/acc or p(d) >= single); after a rejection "
                             "draw from p without d; exact at single = acc = 1"),
+    Typical("typical", "typical acceptance (Medusa; vLLM V0 TypicalAcceptanceSampler)",
+            "vLLM 0.6.6 vllm/model_executor/layers/typical_acceptance_sampler.py; FasterDecoding/Medusa "
+            "medusa/model/utils.py@e2a5d20", False,
+            (Parameter("posterior_threshold", 0.09, "epsilon: the hard threshold", 0, 1),
+             Parameter("posterior_alpha", 0.3, "delta: the entropy-scaled threshold's factor", 0, 1)),
+            formula="accept d_i iff p_i(d_i) > min(epsilon, delta exp(-H(p_i))), H = -sum p log(p + 1e-5); "
+                    "the first rejected position emits argmax p; bonus from p (vLLM V0)"),
+    Synthetic("synthetic", "synthetic acceptance (vLLM's benchmarking mode)",
+              f"{_V033} rejection_sampler_utils.py / v1/sample/rejection_sampler.py (rejection_sample_method="
+              "'synthetic')", False,
+              (Parameter("rate", None, "conditional acceptance rate per draft (synthetic_acceptance_rates "
+                                       "[c, c^2, ...])", 0, 1),),
+              formula="accept each draft with probability rate, whatever p and q; after a rejection draw "
+                      "from max(p - q, 0); bonus from p"),
+    Fly("fly", "FLy deferred rejection (vLLM 0.33)",
+        f"{_V033} vllm/v1/spec_decode/fly.py (rejection_sample_method='fly')", False,
+        (Parameter("window", 0, "fly_window_size W (0: min(6, k - 1))", 0, 64, integer=True),
+         Parameter("entropy_threshold", 0.3, "fly_entropy_threshold theta (nats)", 0),
+         Parameter("top_k", 3, "fly_entropy_top_k: tokens in the entropy", 1, 1 << 20, integer=True)),
+        formula="token-wise decisions, but a rejection at i with top-K entropy >= theta is overridden when "
+                "the next W native decisions accept"),
+    Relaxed("relaxed", "relaxed acceptance (TensorRT-LLM MTP, greedy)",
+            "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/mtp.py@23ee85ee, mtpKernels.cu@b35ac1b6", False,
+            (Parameter("topk", 1, "relaxed_topk", 1, 1 << 20, integer=True),
+             Parameter("delta", 0.0, "relaxed_delta", 0, 1)), greedy=True,
+            formula="accept d_i iff d_i is in the target's top-topk and p_i(d_i) >= max p_i - delta; the "
+                    "first rejected position and the bonus emit argmax p; reference: greedy"),
 )}
 EXACT_RULES = tuple(name for name, rule in RULES.items() if rule.exact)
 # the values subjects declared before the registry existed (``AcceptanceRule``)

@@ -61,7 +61,8 @@ def test_block_accepts_longer_prefixes_than_token_wise_and_a_k1_block_is_token_w
 def test_a_lossy_rule_at_its_exact_setting_costs_nothing_and_otherwise_something():
     world = next(w for w in STEP_WORLDS if w.name == "random_v5_k3")
     assert output_tv(rule_spec("sglang-threshold"), world) < 1e-12  # defaults 1, 1: target-only
-    for spec in ("sglang-threshold:single=0.5,acc=0.8", "sglang-threshold:acc=0.5"):
+    assert output_tv(rule_spec("relaxed"), world) < 1e-12  # top-1, delta 0: greedy itself
+    for spec in ("sglang-threshold:single=0.5,acc=0.8", "typical", "synthetic:rate=0.5", "relaxed:topk=2,delta=0.3"):
         assert output_tv(rule_spec(spec), world) > 0.01, spec
 
 
@@ -91,12 +92,70 @@ def _residual(p, q, d, n):
     return torch.stack(rows)
 
 
+def typical_v0(p, q, d, g, eps=0.09, alpha=0.3):
+    p64 = p.double()
+    entropy = -(p64 * torch.log(p64 + 1e-5)).sum(-1)
+    threshold = torch.minimum(torch.full_like(entropy, eps), alpha * torch.exp(-entropy))
+    k = d.shape[1]
+    at = p64[:, :k].gather(2, d[..., None])[..., 0]
+    n = (at > threshold[:, :k]).long().cumprod(1).sum(1)
+    rows = torch.stack([p64[b, n[b]] for b in range(d.shape[0])])
+    last = torch.where(n < k, rows.argmax(1), _pick(rows, g))
+    return _out(d, n, last)
+
+
+def synthetic_half(p, q, d, g, rate=0.5):
+    u = torch.rand(d.shape, dtype=torch.float64, generator=g)
+    n = (u < rate).long().cumprod(1).sum(1)
+    return _out(d, n, _pick(_residual(p, q, d, n), g))
+
+
+def fly_default(p, q, d, g, theta=0.3, top=3):
+    """vLLM 0.33's FLy state machine written out per row."""
+    batch, k = d.shape
+    window = min(6, k - 1)
+    u = torch.rand(d.shape, dtype=torch.float64, generator=g)
+    p64, q64 = p.double(), q.double()
+    pd = p64[:, :k].gather(2, d[..., None])[..., 0]
+    qd = q64.gather(2, d[..., None])[..., 0]
+    native = u < pd / qd
+    largest = p64[:, :k].sort(-1, descending=True).values[..., :top]
+    entropy = -(largest * torch.log(largest.clamp(min=1e-300))).sum(-1)
+    n = torch.zeros(batch, dtype=torch.int64)
+    for b in range(batch):
+        i = 0
+        while i < k:
+            if native[b, i]:
+                i += 1
+                continue
+            deferrable = (window >= 1 and pd[b, i] > 0 and qd[b, i] > 0 and i + window < k
+                          and entropy[b, i] >= theta)
+            if deferrable and bool(native[b, i + 1:i + 1 + window].all()):
+                i += window + 1
+                continue
+            break
+        n[b] = i
+    return _out(d, n, _pick(_residual(p, q, d, n), g))
+
+
+def relaxed_top2(p, q, d, g, topk=2, delta=0.3):
+    p64 = p.double()
+    k = d.shape[1]
+    at = p64[:, :k].gather(2, d[..., None])[..., 0]
+    rank = (p64[:, :k] > at[..., None]).sum(-1)
+    ok = (rank < topk) & (at >= p64[:, :k].max(-1).values - delta)
+    n = ok.long().cumprod(1).sum(1)
+    last = torch.stack([p64[b, n[b]].argmax() for b in range(d.shape[0])])
+    return _out(d, n, last)
+
+
 def threshold_half():
     from exactcheck.step.rule_references import ThresholdVerifier
     return ThresholdVerifier()
 
 
-MONTE_CARLO = [("sglang-threshold:single=1,acc=0.5", threshold_half())]
+MONTE_CARLO = [("typical", typical_v0), ("synthetic:rate=0.5", synthetic_half), ("fly", fly_default),
+               ("relaxed:topk=2,delta=0.3", relaxed_top2), ("sglang-threshold:single=1,acc=0.5", threshold_half())]
 
 
 @pytest.mark.parametrize("spec, verifier", MONTE_CARLO, ids=[s for s, _ in MONTE_CARLO])
@@ -135,8 +194,10 @@ def test_every_rule_has_a_source_and_its_parameters_validate():
         rule_spec("sglang-threshold:acc=2")
     with pytest.raises(ValueError, match="unknown rule"):
         rule_spec("speculative-magic")
+    with pytest.raises(ValueError, match="rate has no default"):
+        rule_spec("synthetic")
     assert rule_spec("min(1, p/q)").name == "token-wise" and rule_spec("p (target only)").name == "target-only"
-    assert rule_spec("sglang-threshold:single=1").label == "sglang-threshold"  # defaults are not written
+    assert rule_spec("typical:posterior_alpha=0.3").label == "typical"  # defaults are not written
 
 
 def test_rules_and_lossy_commands(capsys):
@@ -146,8 +207,9 @@ def test_rules_and_lossy_commands(capsys):
     assert main(["lossy", "sglang-threshold", "--param", "single=0.5", "--world", "three_token"]) == 0
     table = capsys.readouterr().out
     assert "three_token" in table and "sglang-threshold:single=0.5" in table
-    assert main(["lossy", "sglang-threshold", "--world", "nowhere"]) == 2
-    assert main(["lossy", "sglang-threshold", "--param", "oops"]) == 2
+    assert main(["lossy", "synthetic"]) == 2  # no default rate
+    assert main(["lossy", "typical", "--world", "nowhere"]) == 2
+    assert main(["lossy", "typical", "--param", "oops"]) == 2
     assert main(["audit", "exactcheck.step.reference:reference_verifier", "--rule", "nonsense"]) == 2
     err = capsys.readouterr().err
     assert "unknown rule" in err and "Traceback" not in err
