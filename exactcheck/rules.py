@@ -168,12 +168,14 @@ class TargetOnly(Rule):
         # summed over x, the correction has mass p(y) (1 - q(y))
         return (p[:-1] * q).sum(1), p[:-1] * (1 - q)
 
+    def _accept(self, pi, values):
+        return pi
+
     def emission(self, p, q, d, values):
         _, pi, _ = _ratios(p, q, d)
-        accept = _chain(pi)
-        rest = p[:, :-1].copy()
+        rest = p[:, :-1].copy()  # after a rejection: p without the rejected draft
         np.put_along_axis(rest, d[..., None], 0.0, axis=-1)
-        return accept, np.concatenate([_normalised(rest, p[:, :-1]), p[:, -1:]], 1)
+        return _chain(self._accept(pi, values)), np.concatenate([_normalised(rest, p[:, :-1]), p[:, -1:]], 1)
 
     def oracle(self, p, q, d, values):
         _, pi, _ = _ratios(p, q, d)
@@ -221,24 +223,20 @@ class Block(Rule):
                       "h (block stop probability)")
 
 
-class SglangThreshold(Rule):
+class SglangThreshold(TargetOnly):
     """SGLang's target-only verification with its two thresholds, on a chain (one sibling per
     depth): accept d if p(d) > 0 and (u < p(d) / t_acc or p(d) >= t_single); after a rejection,
-    draw from p without d; the bonus from p."""
+    draw from p without d (as target-only); the bonus from p."""
 
     def exact_at(self, values):
         return values["single"] >= 1.0 and values["acc"] >= 1.0
 
+    def chain_parts(self, p, q, values):
+        return None  # the thresholds make acceptance depend on p(d) itself: by enumeration
+
     def _accept(self, pi, values):
         forced = (pi >= values["single"]) & (pi > 0)
         return np.where(forced, 1.0, np.minimum(1.0, pi / max(values["acc"], 1e-9))) * (pi > 0)
-
-    def emission(self, p, q, d, values):
-        _, pi, _ = _ratios(p, q, d)
-        accept = _chain(self._accept(pi, values))
-        rest = p[:, :-1].copy()
-        np.put_along_axis(rest, d[..., None], 0.0, axis=-1)
-        return accept, np.concatenate([_normalised(rest, p[:, :-1]), p[:, -1:]], 1)
 
     def oracle(self, p, q, d, values):
         _, pi, _ = _ratios(p, q, d)

@@ -17,21 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.step.contract import PADDING
+from exactcheck.corpus.verifiers import _assemble, _at  # the output layout, shared by the corpus
 
 __all__ = ["OTHER_RULE_VERIFIERS", "FITS"]
-
-
-def _at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return rows[:, :tokens.shape[1]].gather(2, tokens[..., None])[..., 0]
-
-
-def _assemble(tokens: torch.Tensor, n: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    batch, k = tokens.shape
-    out = torch.full((batch, k + 1), PADDING, dtype=torch.int64, device=tokens.device)
-    keep = torch.arange(k, device=tokens.device)[None] < n[:, None]
-    out[:, :k] = torch.where(keep, tokens, PADDING)
-    return out.scatter_(1, n[:, None], last[:, None].to(torch.int64))
 
 
 def _weights(p_at: torch.Tensor, q_at: torch.Tensor) -> torch.Tensor:
