@@ -139,3 +139,42 @@ def test_a_counterexample_that_does_not_recur_is_inconclusive_not_a_defect():
     verdict = property_verdict(result, "tests:wrong_once", 0, "exactcheck replay X")
     assert verdict.outcome is Outcome.INCONCLUSIVE and verdict.category is Category.REPRODUCIBILITY
     assert "did not recur" in verdict.summary and verdict.reproducer is not None
+
+
+class _OneDraftCase:
+    """One draft (token 0, q = 0.5) a row, whose p/q is ``ratios[row]``."""
+
+    def __init__(self, *ratios: float):
+        self.ratios, self.batch = ratios, len(ratios)
+
+    def tensors(self, device="cpu"):
+        p = torch.tensor([[[0.5 * r, 0.5, 0.5 - 0.5 * r], [0.25, 0.25, 0.5]] for r in self.ratios],
+                         dtype=torch.float32, device=device)
+        q = torch.tensor([[[0.5, 0.25, 0.25]]] * self.batch, dtype=torch.float32, device=device)
+        return p, q, torch.zeros(self.batch, 1, dtype=torch.int64, device=device)
+
+
+def _raised_uniform(p, q, tokens, generator):
+    """Token-wise with one draft, its uniform raised to at least 2^-10 (not exact)."""
+    u = torch.rand(tokens.shape, generator=generator).clamp(min=2.0 ** -10)
+    ratio = p[:, :-1].gather(2, tokens[..., None])[..., 0] / q.gather(2, tokens[..., None])[..., 0]
+    accepted = (u <= ratio)[:, 0]
+    residual = (p[:, 0] - q[:, 0]).clamp(min=0).argmax(-1)
+    first = torch.where(accepted, tokens[:, 0], residual)
+    return torch.stack([first, torch.where(accepted, 1, -1)], 1)
+
+
+def test_a_uniform_raised_to_a_floor_is_not_an_acceptance_defect():
+    """vLLM clamps its acceptance uniforms to at least 2^-31: at a forced u = 0 it rejects a draft
+    whose p/q is 2e-40 (a float32 subnormal), and an exact subject may do so (block_log_space did,
+    seed 36 of the corpus run, before the floor was allowed for; a second row, p/q = 0.5, that it
+    accepts rules out the mirrored convention). A uniform raised above a ratio of 1e-6 is still
+    found."""
+    from exactcheck.corpus.other_rules import OTHER_RULE_VERIFIERS
+    from exactcheck.rules import rule_spec
+    for rule in (rule_spec("block"), rule_spec("token-wise"), None):
+        assert check_property(OTHER_RULE_VERIFIERS["block_log_space"], "acceptance", _OneDraftCase(2e-40, 0.5),
+                              "zero", rule=rule) is None
+    found = check_property(_raised_uniform, "acceptance", _OneDraftCase(1e-6, 0.5), "zero",
+                           rule=rule_spec("token-wise"))
+    assert found is not None and "row 0 accepted 0 drafts" in found.message

@@ -72,6 +72,10 @@ SHRUNK = ("contract", "no_forbidden_token")  # judged on outputs alone: the forc
 VACUOUS = "not judged"
 RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from row 0's p/q
 TIE_MARGIN = 2.0 ** -18  # smallest relative margin around a tie (float32 and float64 rows)
+# An exact subject may raise a tiny uniform to a floor before it compares (vLLM clamps its
+# acceptance uniforms to at least 2^-31; float32 uniforms are multiples of 2^-24): a delivered
+# uniform below this stands for any value up to it.
+UNIFORM_FLOOR = 2.0 ** -24
 SHRINK_CALLS = 160  # budget of subject calls for shrinking one forced set
 REPEATS = 4  # identical forced calls a NEED_COMPLETE finding must reproduce before it is judged
 UNSEEN_SOURCE = ("its output changed between identical forced calls (a random source exactcheck "
@@ -183,8 +187,10 @@ def _acceptance(out, tensors, log: DrawLog, rule: RuleSpec | None) -> tuple[int,
     for (spec, raw), (_, norm) in zip(_oracles(p, q, tokens, rule, False), _oracles(p, q, tokens, rule, True)):
         low, high = np.minimum(raw.thresholds, norm.thresholds), np.maximum(raw.thresholds, norm.thresholds)
         for d in values:
-            for u in (d, 1.0 - d):  # u itself, or the mirrored uniform 1 - u
-                ambiguous = (u >= low * (1 - margin)) & (u <= high * (1 + margin))
+            raised = max(d, UNIFORM_FLOOR)  # the delivered d, or the floor it may be raised to
+            for u, (u_low, u_high) in ((d, (d, raised)), (1.0 - d, (1.0 - raised, 1.0 - d))):
+                # u itself, or the mirrored uniform 1 - u; a tie if any u it stands for is one
+                ambiguous = (u_high >= low * (1 - margin)) & (u_low <= high * (1 + margin))
                 decided = norm.decide(u < norm.thresholds)
                 # a row is judged only if no test its decision read is a tie
                 judged = ~(ambiguous & norm.relevant(decided)).any(1)
