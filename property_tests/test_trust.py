@@ -287,3 +287,39 @@ def test_misuse_of_render_and_replay_is_one_line_and_exit_2(tmp_path, capsys, co
     assert main([command, str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("exactcheck: error:") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["acceptance", "row_independence"])
+def test_a_reseed_and_restore_around_an_unforced_draw_is_not_judged(name):
+    """vLLM V0's rejection sampler draws from torch's global generator in TorchScript; an
+    adapter that seeds that generator from the handed one and restores it afterwards left
+    nothing moved, so the forced-value properties were judged on draws nobody forced
+    (row_independence: "row 1 gave [0, -1, -1] in a batch of 2 but [1, -1, -1] alone"). The
+    reseed is watched: what moved before a reseed or restore is an escape, and the case is not
+    judged, saying the subject derives its random numbers from a seed."""
+    result = search(CORRECT_VERIFIERS["reseeded_global_script"], name, examples=20, seed=0)
+    assert result.failure is None
+    assert "derives its random numbers from a seed" in result.note
+
+
+def test_a_reseed_with_only_forced_draws_after_it_is_still_judged():
+    """transformers' speculative sampling through its adapter reseeds and restores the global
+    generator too, but its draws (rand_like, multinomial) are forced: nothing moves between the
+    reseed and the restore, so the case is judged (a reseed alone is no escape)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def reseeding_reference(p, q, tokens, generator):
+        state = torch.random.get_rng_state()
+        torch.manual_seed(int(torch.rand((), dtype=torch.float64, generator=generator) * 2.0 ** 53))
+        try:
+            return mutant("accept_on_equal_uniform")(p, q, tokens, torch.default_generator)
+        finally:
+            torch.random.set_rng_state(state)
+
+    with controlled_randomness("zero", generators=[gen]) as log:
+        reseeding_reference(*VerifyCase(4, 2, 2, "dirichlet", "independent", "any", 0).tensors(), gen)
+    assert log.complete, log.escaped
+    with controlled_randomness("zero", generators=[gen]) as log:
+        CORRECT_VERIFIERS["reseeded_global_script"](*VerifyCase(4, 2, 2, "dirichlet", "independent", "any",
+                                                                0).tensors(), gen)
+    assert not log.complete and "torch.random.set_rng_state" in log.describe_escapes()

@@ -320,6 +320,30 @@ def global_rng_per_row(target_probs, draft_probs, draft_tokens, generator):
                         for b in range(draft_tokens.shape[0])])
 
 
+@torch.jit.script
+def _scripted_global_uniforms(batch: int, k: int) -> torch.Tensor:
+    """k acceptance uniforms and one for the last token per row, from torch's global generator."""
+    return torch.rand(batch, k + 1, dtype=torch.float64)
+
+
+def reseeded_global_script(target_probs, draft_probs, draft_tokens, generator):
+    """vLLM V0's pattern through a reproducible adapter: the engine draws from torch's global
+    generator inside TorchScript; the adapter seeds that generator from the one it is handed
+    (one draw) and restores it afterwards, so nothing looks moved after the call. Rows share
+    one stream; each row's law is exact."""
+    batch, k = draft_tokens.shape
+    seed = int(torch.rand((), dtype=torch.float64, generator=generator) * 2.0 ** 53)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        u = _scripted_global_uniforms(batch, k).to(draft_tokens.device)
+    finally:
+        torch.random.set_rng_state(state)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u[:, :k] * q < p)
+    return _assemble(draft_tokens, n, _inverse_cdf_pick(_final_rows(target_probs, draft_probs, n), u[:, k]))
+
+
 def _numpy_uniforms(draw):
     """An exact step whose uniforms come from ``draw(shape)`` (numpy float64 in [0, 1))."""
     def verify(target_probs, draft_probs, draft_tokens, generator):
@@ -369,8 +393,8 @@ def kept_numpy_generator(target_probs, draft_probs, draft_tokens, generator):
 CORRECT_VERIFIERS = {f.__name__: f for f in (
     mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
     gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual, compiled_step,
-    logits_float32_softmax, logits_log_softmax, global_rng_per_row, numpy_unseeded, numpy_global,
-    numpy_random_state, kept_numpy_generator)}
+    logits_float32_softmax, logits_log_softmax, global_rng_per_row, reseeded_global_script, numpy_unseeded,
+    numpy_global, numpy_random_state, kept_numpy_generator)}
 """Name -> exact verifier. Each is importable as ``exactcheck.corpus.verifiers:NAME``."""
 
 REPRODUCIBILITY_ONLY = ("global_rng_per_row", "numpy_unseeded", "numpy_global", "numpy_random_state",

@@ -20,7 +20,10 @@ generator they are given, so after a fully forced call every generator the subje
 torch's global generator, numpy's and Python's global generators must be where they were. If one
 moved, a draw escaped the forcing (TorchScript, a compiled kernel, an entry point not wrapped
 here, numpy, ``random``); ``DrawLog.escaped`` names it, and a property that needs every draw
-forced is then *not judged* on that case, never failed.
+forced is then *not judged* on that case, never failed. A reseed or restore of a global source
+during the call (``torch.manual_seed``, ``torch.set_rng_state``, numpy's and ``random``'s) is
+watched: what moved before it is an escape too, so seeding from the handed generator, drawing
+unforced and restoring does not hide the draw.
 
 **Partial forcing** (``only=`` a set of element indices, counted over the controlled draws of the
 call in order) forces just those elements; the rest come from the subject's own generator as
@@ -183,23 +186,29 @@ def _numpy_global_state() -> bytes:
 class RNGSnapshot:
     """The state of every random source a subject could draw from without exactcheck forcing
     it: the generators it was handed, torch's global generator (CPU, and CUDA once used),
-    numpy's global generator and Python's ``random``. ``moved()`` names the ones that changed."""
+    numpy's global generator and Python's ``random``. ``moved()`` names the ones that changed.
+
+    A subject may reseed a global generator, draw from it where no forcing reaches (TorchScript,
+    a kernel) and restore it, so that nothing looks moved after the call: ``look_again(entry)``,
+    called at each reseed or restore, first notes every global source that moved since the last
+    look (``found``), then looks afresh."""
 
     def __init__(self, generators=()):
         self.generators = [g for g in generators if g is not None]
         self.states = [g.get_state() for g in self.generators]
+        self.found: list[str] = []
+        self.retake()
+
+    def retake(self) -> None:
+        """Take the global sources' states afresh."""
         self.torch_cpu = torch.random.get_rng_state()
         self.torch_cuda = (torch.cuda.get_rng_state_all()
                            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         self.numpy = _numpy_global_state()
         self.python = random.getstate()
 
-    def moved(self) -> list[str]:
+    def _globals_moved(self) -> list[str]:
         out = []
-        if any(not torch.equal(s, g.get_state()) for g, s in zip(self.generators, self.states)):
-            out.append("a generator handed to the subject moved without a forced draw "
-                       "(a draw inside TorchScript, a compiled kernel or an entry point "
-                       "exactcheck does not wrap, or a reseed)")
         if not torch.equal(self.torch_cpu, torch.random.get_rng_state()):
             out.append("torch's global generator")
         if self.torch_cuda is not None and any(
@@ -210,6 +219,32 @@ class RNGSnapshot:
         if self.python != random.getstate():
             out.append("Python's random module")
         return out
+
+    def look_again(self, entry: str) -> None:
+        """At a reseed or restore through ``entry``: what moved since the last look was drawn
+        from outside the forcing; then look afresh (the reseed itself draws nothing)."""
+        for name in self._globals_moved():
+            note = (f"{name}, drawn from outside the forcing, then reseeded or restored ({entry}): "
+                    "the subject derives its random numbers from a seed")
+            if note not in self.found:
+                self.found.append(note)
+        self.retake()
+
+    def moved(self) -> list[str]:
+        out = list(self.found)
+        if any(not torch.equal(s, g.get_state()) for g, s in zip(self.generators, self.states)):
+            out.append("a generator handed to the subject moved without a forced draw "
+                       "(a draw inside TorchScript, a compiled kernel or an entry point "
+                       "exactcheck does not wrap, or a reseed)")
+        return out + [name for name in self._globals_moved() if not any(x.startswith(name + ",") for x in out)]
+
+
+# the functions that reseed or restore a global random source, watched during a forced call
+_RESEEDING = [(torch, "manual_seed"), (torch, "seed"), (torch, "set_rng_state"),
+              (torch.random, "manual_seed"), (torch.random, "seed"), (torch.random, "set_rng_state"),
+              (torch.cuda, "manual_seed"), (torch.cuda, "manual_seed_all"), (torch.cuda, "seed"),
+              (torch.cuda, "seed_all"), (torch.cuda, "set_rng_state"), (torch.cuda, "set_rng_state_all"),
+              (np.random, "seed"), (np.random, "set_state"), (random, "seed"), (random, "setstate")]
 
 
 # allocation with the shape arguments of torch.rand / torch.rand_like, taken before any patching
@@ -353,6 +388,22 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         swap(torch, "empty_like", poisoned(torch, "empty_like"))
         swap(torch.Tensor, "new_empty", poisoned(torch.Tensor, "new_empty"))
     snapshot = None if partial else RNGSnapshot(generators)
+
+    def reseeding(owner, name):
+        entry = f"{owner.__name__}.{name}"
+
+        def fn(*args, **kwargs):
+            snapshot.look_again(entry)
+            try:
+                return original(owner, name)(*args, **kwargs)
+            finally:
+                snapshot.retake()  # where the reseed or restore left the sources
+        return fn
+
+    if snapshot is not None:
+        for owner, name in _RESEEDING:
+            if hasattr(owner, name):
+                swap(owner, name, reseeding(owner, name))
     try:
         yield log
     finally:
