@@ -607,6 +607,11 @@ def _rows(p, q):
     return p, q
 
 
+def _codes(tokens: np.ndarray, vocab: int) -> np.ndarray:
+    """Each row of tokens [M, j] as one number in base V (the first token most significant)."""
+    return (tokens * vocab ** np.arange(tokens.shape[1] - 1, -1, -1, dtype=np.int64)).sum(1)
+
+
 def completion_law(spec: RuleSpec, p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """The law of a step's output completed to k + 1 tokens by independent draws from the
     reference rows (the target's, or its argmax for a greedy rule) at the positions it did not
@@ -618,7 +623,7 @@ def completion_law(spec: RuleSpec, p: np.ndarray, q: np.ndarray) -> np.ndarray:
     reference = reference_rows(p, spec.rule.greedy)
     law = np.zeros(vocab ** (k + 1))
     for j in range(k + 1):
-        head = (d[:, :j] * vocab ** np.arange(j - 1, -1, -1, dtype=np.int64)).sum(1)
+        head = _codes(d[:, :j], vocab)
         emitted = np.bincount((head[:, None] * vocab + np.arange(vocab)[None]).reshape(-1),
                               weights=(joint[:, j, None] * final[:, j]).reshape(-1), minlength=vocab ** (j + 1))
         law += np.outer(emitted, product_law(reference[j + 1:])).reshape(-1)
@@ -650,7 +655,7 @@ def _loop_step(spec: RuleSpec, world, state: int):
     accept, final = spec.emission(P, Q, d)
     codes, lengths, probs, ends = [], [], [], []
     for j in range(k + 1):
-        head = (d[:, :j] * vocab ** np.arange(j - 1, -1, -1, dtype=np.int64)).sum(1)
+        head = _codes(d[:, :j], vocab)
         code = head[:, None] * vocab + np.arange(vocab)[None]  # [D, V]
         mass = weight[:, None] * accept[:, j, None] * final[:, j]
         end = world.next_state(states[:, j, None], np.arange(vocab)[None])

@@ -191,12 +191,12 @@ class RNGSnapshot:
     A subject may reseed a global generator, draw from it where no forcing reaches (TorchScript,
     a kernel) and restore it, so that nothing looks moved after the call: ``look_again(entry)``,
     called at each reseed or restore, first notes every global source that moved since the last
-    look (``found``), then looks afresh."""
+    look (``found``, by source), then looks afresh."""
 
     def __init__(self, generators=()):
         self.generators = [g for g in generators if g is not None]
         self.states = [g.get_state() for g in self.generators]
-        self.found: list[str] = []
+        self.found: dict[str, str] = {}  # global source -> how it was seen drawn from before a reseed
         self.retake()
 
     def retake(self) -> None:
@@ -224,19 +224,17 @@ class RNGSnapshot:
         """At a reseed or restore through ``entry``: what moved since the last look was drawn
         from outside the forcing; then look afresh (the reseed itself draws nothing)."""
         for name in self._globals_moved():
-            note = (f"{name}, drawn from outside the forcing, then reseeded or restored ({entry}): "
-                    "the subject derives its random numbers from a seed")
-            if note not in self.found:
-                self.found.append(note)
+            self.found.setdefault(name, f"{name}, drawn from outside the forcing, then reseeded or restored "
+                                        f"({entry}): the subject derives its random numbers from a seed")
         self.retake()
 
     def moved(self) -> list[str]:
-        out = list(self.found)
+        out = list(self.found.values())
         if any(not torch.equal(s, g.get_state()) for g, s in zip(self.generators, self.states)):
             out.append("a generator handed to the subject moved without a forced draw "
                        "(a draw inside TorchScript, a compiled kernel or an entry point "
                        "exactcheck does not wrap, or a reseed)")
-        return out + [name for name in self._globals_moved() if not any(x.startswith(name + ",") for x in out)]
+        return out + [name for name in self._globals_moved() if name not in self.found]
 
 
 # the functions that reseed or restore a global random source, watched during a forced call

@@ -45,7 +45,7 @@ class WorldRun:
     processes: list[list[EProcess] | None]  # per law: one e-process per alternative
     drawn: int = 0
     failure: Verdict | None = None
-    largest: list[float] = field(default_factory=list)  # per law: the largest log e-value over the looks
+    largest: list[float] = field(init=False)  # per law: the largest log e-value over the looks
 
     def __post_init__(self) -> None:
         self.largest = [0.0] * len(self.plans)
