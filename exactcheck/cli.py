@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
                             "subject's acceptance_rule attribute, else any registered exact rule)")
     _sharding(audit, "split every batch into N shards with derived seeds (default 1); the counts are merged "
                      "before each look, so alpha and early stopping are unchanged")
+    audit.add_argument("--max-seconds", type=float, metavar="S",
+                       help="a budget for a slow subject (an interpreted kernel): measure its speed and cut "
+                            "each world's trials to fit about 60%% of S in the laws; every verdict states the TV "
+                            "it could detect at the trials drawn, and the reproducers name them (--trials)")
+    audit.add_argument("--trials", action="append", metavar="WORLD=N",
+                       help="draw N trials in WORLD instead of its planned budget (repeatable)")
     _common(audit)
     _call_size(audit)
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
@@ -232,7 +238,8 @@ def _audit(args) -> int:
                                alpha=args.alpha, device=args.device, worlds=args.world,
                                progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
                                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                               call_elements=args.call_elements, executor=executor)
+                               call_elements=args.call_elements, executor=executor,
+                               max_seconds=args.max_seconds, trials=args.trials)
     finally:
         executor.close()
     stem = report_stem("audit-", args.subject)

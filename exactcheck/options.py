@@ -155,6 +155,15 @@ class AuditOptions:
     # samples, and the reproducer names it. "auto": half the device's free memory, resolved to a
     # number when the audit starts (``exactcheck.memory.device_max_elements``)
     call_elements: int | str | None = None
+    # step audits: a wall-clock budget for a slow subject (an interpreted kernel): each world's
+    # trials are cut to what the subject's measured speed allows (``exactcheck.step.plan.
+    # fit_to_seconds``); the alpha family is unchanged and every verdict states the TV it could
+    # detect at the trials it drew. None: the level's budget, however long it takes
+    max_seconds: float | None = None
+    # step audits: trials per world, set (WORLD, N) pairs replacing the planned budget of those
+    # worlds; ``max_seconds`` resolves to this when the audit starts, so a report's reproduce
+    # lines draw the same trials on any machine (``--trials WORLD=N``)
+    trials: tuple[tuple[str, int], ...] | None = None
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -189,6 +198,15 @@ class AuditOptions:
                 raise UsageError(f"call_elements ({values['call_elements']!r}) must be a number or 'auto'") from None
             if values["call_elements"] < 1:
                 raise UsageError(f"call_elements ({values['call_elements']}) must be positive")
+        if values.get("max_seconds") is not None:
+            try:
+                values["max_seconds"] = float(values["max_seconds"])
+            except (TypeError, ValueError):
+                raise UsageError(f"max_seconds ({values['max_seconds']!r}) must be a number of seconds") from None
+            if not values["max_seconds"] > 0:
+                raise UsageError(f"max_seconds ({values['max_seconds']}) must be positive")
+        if values.get("trials") is not None:
+            values["trials"] = _world_trials(values["trials"]) or None
         if values.get("generations") is not None and int(values["generations"]) < 1:
             raise UsageError(f"generations ({values['generations']}) must be positive")
         values["require"] = _resolve_require(values.get("require", ()))
@@ -225,6 +243,22 @@ class AuditOptions:
     def generations_per_world(self) -> int:
         """Sampled generations per model world and policy in an end-to-end audit."""
         return self.level.generations if self.generations is None else int(self.generations)
+
+
+def _world_trials(value) -> tuple[tuple[str, int], ...]:
+    """``trials`` as sorted (world, n) pairs, from a mapping, pairs, or WORLD=N strings."""
+    items = value.items() if isinstance(value, dict) else value
+    out = {}
+    for item in items:
+        world, n = item.split("=", 1) if isinstance(item, str) and "=" in item else (item if not isinstance(item, str) else (item, None))
+        try:
+            n = int(n)
+        except (TypeError, ValueError):
+            raise UsageError(f"trials ({item!r}) must be WORLD=N with N a whole number") from None
+        if n < 1:
+            raise UsageError(f"trials ({item!r}): N must be positive")
+        out[str(world)] = n
+    return tuple(sorted(out.items()))
 
 
 def _rule_label(value) -> str:

@@ -72,6 +72,9 @@ def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
         settings.append(Setting(f"--detect-tv {options.detect_tv!r}", f"detect_tv={options.detect_tv!r}"))
     if options.max_samples is not None:
         settings.append(Setting(f"--max-samples {int(options.max_samples)}", f"max_samples={int(options.max_samples)}"))
+    fitted = dict(options.trials or ()).get(world)
+    if fitted is not None:  # a budget cut to fit --max-seconds, or trials named: the same trials
+        settings.append(Setting(f"--trials {world}={fitted}", f"trials={{{world!r}: {fitted}}}"))
     if options.shards > 1:
         settings.append(Setting(f"--shards {options.shards}", f"shards={options.shards}"))
     if options.call_elements is not None:

@@ -143,3 +143,54 @@ def test_audit_command_plans_for_a_requested_tv(capsys):
     assert main(["audit", "exactcheck.step.mutants:trust_draft", "--level", "quick", "--world",
                  "random_v8_k4", "--quiet"]) == 1
     assert "stopped early on random_v8_k4/" in capsys.readouterr().out
+
+
+# --- a time budget for slow subjects (--max-seconds) ---
+
+from exactcheck.step.plan import MIN_FITTED_TRIALS, fit_to_seconds  # noqa: E402
+
+
+def test_fitting_to_seconds_cuts_every_world_by_one_factor_within_its_floor():
+    samples = {"a": 10_000, "b": 40_000, "c": 300}
+    fitted = fit_to_seconds(samples, {"a": 1e-3, "b": 1e-4, "c": 1e-2}, 5.0)  # needs 17 s
+    assert fitted["a"] == int(10_000 * 5 / 17) and fitted["b"] == int(40_000 * 5 / 17)
+    assert fitted["c"] == MIN_FITTED_TRIALS  # 300 * 5/17 = 88 is below the floor
+    assert fit_to_seconds(samples, {"a": 1e-6, "b": 1e-6, "c": 1e-6}, 5.0) == samples  # fits: unchanged
+
+
+class _SlowReference:
+    """The reference verifier at about 100 microseconds per trial (an interpreted kernel's pace)."""
+
+    name = "slow reference"
+
+    def __call__(self, target_probs, draft_probs, draft_tokens, generator):
+        import time
+        time.sleep(1e-4 * draft_tokens.shape[0])
+        return reference_verifier(target_probs, draft_probs, draft_tokens, generator)
+
+
+def test_a_time_budget_draws_fewer_trials_states_what_they_detect_and_reproduces_by_trials():
+    worlds = ["three_token", "random_v5_k3"]
+    full = run_audit(_SlowReference(), worlds=worlds, progress=False, stop_early=False)
+    cut = run_audit(_SlowReference(), worlds=worlds, progress=False, stop_early=False, max_seconds=1.0)
+    assert cut.samples_drawn < full.samples_drawn / 2
+    by_check = {v.check: v for v in full.verdicts}
+    for v in cut.verdicts:
+        if v.kind.statistical and v.check in by_check:
+            # fewer trials: a larger smallest-detectable TV, stated on the verdict
+            assert v.detectable_tv > by_check[v.check].detectable_tv
+            assert v.outcome is by_check[v.check].outcome
+    line = next(v.reproduce for v in cut.verdicts if v.world == "three_token")
+    assert "trials={'three_token': " in line  # the Python call (the subject is not MODULE:CALLABLE)
+    trials = int(line.split("trials={'three_token': ")[1].split("}")[0])
+    again = run_audit(_SlowReference(), worlds=["three_token"], progress=False, stop_early=False,
+                      trials={"three_token": trials})
+    first = {v.check: v.statistic for v in cut.verdicts if v.world == "three_token"}
+    assert {v.check: v.statistic for v in again.verdicts} == first  # the same trials, the same statistics
+
+
+def test_a_bad_time_budget_is_one_line(capsys):
+    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--max-seconds", "0"]) == 2
+    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--trials", "three_token=x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "max_seconds" in err[0] and "WORLD=N" in err[1]

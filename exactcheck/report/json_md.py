@@ -58,8 +58,10 @@ def audit_from_json(data: dict) -> AuditResult:
     budget.pop("unit", None)
     if kind is StepAuditResult:
         budget["stopped_early_at"] = budget.pop("stopped_at", None)
+        if budget.get("trials"):
+            budget["trials"] = tuple(sorted(budget["trials"].items()))
     else:  # fields only a step audit has (written by earlier versions for every kind)
-        for key in ("detect_tv", "stop_early", "stopped_at", "call_elements"):
+        for key in ("detect_tv", "stop_early", "stopped_at", "call_elements", "max_seconds", "trials"):
             budget.pop(key, None)
     level, alpha = data["level"], data["alpha"]
     if kind in (GreedyAuditResult, GrammarAuditResult) and level in ("greedy", "grammar"):

@@ -136,6 +136,9 @@ class StepAuditResult(AuditResult):
     call_elements: int | None = None
     rule: str | None = None  # the rule the subject was judged by (None: any registered exact rule)
     rule_note: str = ""  # one line on the rule (``exactcheck.step.verdicts.rule_note``)
+    max_seconds: float | None = None  # the time budget the trials were cut to fit (``--max-seconds``)
+    # trials per world that replaced the planned budget (cut to fit ``max_seconds``, or named)
+    trials: tuple[tuple[str, int], ...] | None = None
 
     @property
     def stopped_at(self) -> str | None:
@@ -146,13 +149,20 @@ class StepAuditResult(AuditResult):
         return f"false-alarm budget α = {self.alpha:g} for the whole audit ({split} over the statistical checks)"
 
     def budget_text(self) -> str:
-        return (f"budget planned to detect TV ≥ {self.detect_tv:g} on every law (power 0.9): "
-                f"{self.samples_drawn:,} of {self.samples_planned:,} planned trials drawn"
+        if self.trials:
+            why = (f"cut to fit --max-seconds {self.max_seconds:g}" if self.max_seconds is not None
+                   else "set by --trials")
+            head = (f"budget {why} ({', '.join(f'{w} {n:,}' for w, n in self.trials)} trials), in place of the one "
+                    f"planned to detect TV ≥ {self.detect_tv:g}: each law states the TV it could detect")
+        else:
+            head = f"budget planned to detect TV ≥ {self.detect_tv:g} on every law (power 0.9)"
+        return (f"{head}: {self.samples_drawn:,} of {self.samples_planned:,} planned trials drawn"
                 + (f"; stopped early on {self.stopped_at}" if self.stopped_at else ""))
 
     def budget_fields(self) -> dict:
         return {"detect_tv": self.detect_tv, "stop_early": self.stop_early, **super().budget_fields(),
-                "stopped_at": self.stopped_at, "call_elements": self.call_elements}
+                "stopped_at": self.stopped_at, "call_elements": self.call_elements,
+                "max_seconds": self.max_seconds, "trials": None if self.trials is None else dict(self.trials)}
 
     def rule_fields(self) -> dict | None:
         return {"rule": self.rule, "note": self.rule_note}

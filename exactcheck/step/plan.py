@@ -19,7 +19,14 @@ from exactcheck.rules import RuleSpec, rule_spec
 from exactcheck.step.properties import PROPERTIES
 from exactcheck.suite import default_worlds, large_worlds
 
-__all__ = ["alpha_budget", "budget_plan", "plan_step_audit", "planned_checks", "judged_rule"]
+__all__ = ["alpha_budget", "budget_plan", "plan_step_audit", "planned_checks", "judged_rule", "fit_to_seconds",
+           "LAW_SHARE", "MIN_FITTED_TRIALS"]
+
+# under ``max_seconds``: the share of the budget the laws' trials are planned to take (the rest is
+# for the property search, the invalid-input probe and the speed measurement itself), and the
+# fewest trials a world is cut to
+LAW_SHARE = 0.6
+MIN_FITTED_TRIALS = 200
 
 
 def judged_rule(options: AuditOptions) -> RuleSpec | None:
@@ -46,9 +53,19 @@ def budget_plan(options: AuditOptions) -> BudgetPlan:
                         judged_rule(options), budget.checks)
 
 
-def plan_step_audit(options: AuditOptions) -> AuditPlan:
+def fit_to_seconds(samples: dict[str, int], seconds_per_trial: dict[str, float], seconds: float) -> dict[str, int]:
+    """Each world's trials cut by one factor so that, at the measured ``seconds_per_trial``, all
+    of them take at most ``seconds`` (never below ``MIN_FITTED_TRIALS``, never above the plan)."""
+    needed = sum(n * seconds_per_trial[w] for w, n in samples.items())
+    factor = min(1.0, seconds / needed) if needed > 0 else 1.0
+    return {w: n if factor >= 1 else min(n, max(MIN_FITTED_TRIALS, int(n * factor))) for w, n in samples.items()}
+
+
+def plan_step_audit(options: AuditOptions, seconds_per_trial: dict[str, float] | None = None) -> AuditPlan:
     """The laws of every chosen world at its planned budget, the chain-rule tests of named large
-    worlds, the properties, the invalid-input probe."""
+    worlds, the properties, the invalid-input probe. With ``options.max_seconds`` and the
+    subject's measured ``seconds_per_trial`` per world, each world's budget is cut to fit
+    ``LAW_SHARE`` of it (``fit_to_seconds``); the laws are planned at the trials that remain."""
     properties, inputs = PseudoWorld.PROPERTIES.value, PseudoWorld.INPUTS.value
     chosen, chains, searched = default_worlds(), [], list(PROPERTIES) if options.properties else []
     probe = options.properties
@@ -66,8 +83,16 @@ def plan_step_audit(options: AuditOptions) -> AuditPlan:
     plan = budget_plan(options)
     rule = judged_rule(options)
     checks, samples, laws = [], [], []
+    trials = {world.name: plan.samples(world.name) for world in chosen}
+    if options.max_seconds is not None and seconds_per_trial is not None:
+        trials = fit_to_seconds(trials, seconds_per_trial, LAW_SHARE * options.max_seconds)
+    for world, n in options.trials or ():
+        if world not in trials and world not in [w.name for w in default_worlds()]:
+            raise UsageError(f"trials: unknown world {world!r}; known: {[w.name for w in default_worlds()]}")
+        if world in trials:
+            trials[world] = n
     for world in chosen:
-        n = plan.samples(world.name)
+        n = trials[world.name]
         samples.append((world.name, n))
         laws.append((world.name, tuple(planned_laws(world, n, rule))))
         checks += [Check(f"{world.name}/{law.law}", CheckKind.LAW, world.name, law.law) for law in laws[-1][1]]

@@ -34,7 +34,7 @@ from exactcheck.step.properties import search
 from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_alternatives,
                                       law_verdict, property_verdict, rule_note)
 
-__all__ = ["run_audit", "run_plan", "shard_counts"]
+__all__ = ["run_audit", "run_plan", "shard_counts", "measure_speed", "PILOT_TRIALS"]
 
 
 def run_audit(subject: Verifier, *, subject_name: str | None = None, options: AuditOptions | None = None,
@@ -73,7 +73,37 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     device = resolve_device(options.device)
     if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it
         options = replace(options, call_elements=device_max_elements(device))
+    if options.max_seconds is not None and options.trials is None:
+        # the budget becomes trials per world, fixed from here on: reproduce lines name them
+        planned = plan_step_audit(options)
+        fitted = plan_step_audit(options, measure_speed(subject, planned, device))
+        options = replace(options, trials=tuple(sorted((w, n) for w, n in fitted.samples
+                                                       if planned.world_samples(w) != n)) or None)
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
+
+
+PILOT_TRIALS = 64  # trials per world that measure a subject's speed under ``max_seconds``
+
+
+def measure_speed(subject, audit_plan: AuditPlan, device) -> dict[str, float]:
+    """Seconds per trial of ``subject`` on each law world of the plan: a warm-up call, then
+    ``PILOT_TRIALS`` trials timed (their samples are not used: the audit draws its own with its own
+    seeds). A world the subject fails on costs nothing here; the audit reports the failure."""
+    seconds = {}
+    law_worlds = {c.world for c in audit_plan.checks if c.kind is CheckKind.LAW}
+    for world_name, _ in audit_plan.samples:
+        if world_name not in law_worlds:
+            continue
+        world = audit_plan.world(world_name)
+        seed = derive_seed(audit_plan.options.seed, f"speed/{world_name}")
+        try:
+            drive(subject, world, 8, seed, device, audit_plan.options.max_elements)
+            clock = time.perf_counter()
+            drive(subject, world, PILOT_TRIALS, seed + 1, device, audit_plan.options.max_elements)
+            seconds[world_name] = (time.perf_counter() - clock) / PILOT_TRIALS
+        except (SubjectCrashed, ContractViolation):
+            seconds[world_name] = 0.0
+    return seconds
 
 
 def judged_by(options: AuditOptions, subject) -> AuditOptions:
@@ -217,4 +247,5 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
         samples_planned=sum(r.budget for r in runs), samples_drawn=sum(r.drawn for r in runs),
         stopped_early_at=stopped, require=options.require, interrupted=interrupted,
-        call_elements=options.max_elements, rule=options.acceptance_rule, rule_note=note)
+        call_elements=options.max_elements, rule=options.acceptance_rule, rule_note=note,
+        max_seconds=options.max_seconds, trials=options.trials)
