@@ -282,3 +282,117 @@ def test_vllm_v2_block_verification_passes_its_laws_through_the_adapter():
     object.__setattr__(subject, "acceptance_rule", "token-wise")
     judged = run_audit(subject, level="quick", worlds=["random_v5_k3"], max_samples=3000, progress=False)
     assert {(v.law, v.category.value) for v in judged.failed} == {("accepted_length", "conformance")}
+
+
+# --- the adapters follow the installed release (vLLM 0.33's API; SGLang's Triton chain verifier) ---
+
+from exactcheck.adapters.sglang import SglangTritonChainVerifier  # noqa: E402
+from exactcheck.adapters.vllm import top_k_decoys  # noqa: E402
+from exactcheck.errors import UsageError  # noqa: E402
+from standins import sglang_triton_chain  # noqa: E402
+from standins import vllm_v033_rejection_sampler as vllm_033  # noqa: E402
+
+
+def test_the_vllm_adapter_drives_the_033_api_at_temperature_and_top_k():
+    """vLLM 0.33's API (``target_logits``, ``apply_sampling_constraints``, float64 uniforms,
+    ``GREEDY_TEMPERATURE`` 0; the stand-in) at temperature 0.7 with top-k through the adapter: every
+    law is exact, and the one finding is the u = 0 acceptance, now at 2^-53 per float64 uniform."""
+    subject = VllmRejectionSampler(vllm_033, temperature=0.7, top_k=True)
+    assert subject.takes_logits and subject.greedy_temperature == 0
+    result = run_audit(subject, level="quick", max_samples=5000, progress=False,
+                       worlds=["three_token", "draft_mass_where_p_zero", "properties/no_forbidden_token"])
+    laws = [v for v in result.verdicts if v.kind.statistical]
+    assert len(laws) >= 8 and all(v.outcome is Outcome.EXACT for v in laws), [v.describe() for v in laws]
+    assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
+    reach = result.failed[0].reachability
+    assert reach.dtype == "float64" and math.isclose(reach.per_draw_probability, 2.0 ** -53)
+
+
+def test_the_vllm_greedy_path_of_the_033_api_is_judged_against_the_argmax():
+    subject = VllmRejectionSampler(vllm_033, greedy=True)
+    assert subject.acceptance_rule.startswith("relaxed")
+    result = run_audit(subject, level="quick", max_samples=3000, worlds=["draft_mass_where_p_zero"], progress=False)
+    assert result.passed and all(v.outcome is Outcome.EXACT for v in result.verdicts if v.kind.statistical)
+
+
+def test_top_k_decoys_leave_the_rows_law_and_must_be_removed():
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.2, 0.3, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 1.0, 0.0]])
+    logits = torch.where(p > 0, p.log(), torch.full_like(p, -torch.inf))
+    decoyed, k = top_k_decoys(logits, batch=2, k=2)
+    assert k.tolist() == [3, 4]
+    # request 0: row 1 has the largest support (3): its unsupported token gets a finite decoy
+    assert torch.isfinite(decoyed[1]).all() and decoyed[1, 3] < decoyed[1, :3].min()
+    assert torch.equal(decoyed[0], logits[0])  # support 2 < 3: left as it is
+    kept = vllm_033.apply_sampling_constraints(
+        decoyed.clone(), torch.tensor([2, 4]),
+        types.SimpleNamespace(all_greedy=False, temperature=torch.ones(2), top_k=k))
+    assert torch.allclose(kept.softmax(-1), p)
+
+
+def test_a_release_the_vllm_adapter_cannot_drive_is_one_line():
+    odd = types.ModuleType("odd_vllm")
+    odd.rejection_sample = lambda draft_token_ids, logits_and_probs, sampling_metadata: None
+    with pytest.raises(UsageError, match="neither target_probs .* nor target_logits"):
+        VllmRejectionSampler(odd)
+    odd.rejection_sample = lambda draft_token_ids, target_logits, sampling_metadata, new_required: None
+    with pytest.raises(UsageError, match=r"takes \['new_required'\]"):
+        VllmRejectionSampler(odd)
+    odd.rejection_sample = lambda draft_token_ids, target_logits, sampling_metadata: None
+    with pytest.raises(UsageError, match="no apply_sampling_constraints"):
+        VllmRejectionSampler(odd, temperature=0.7)
+
+
+def test_the_sglang_triton_chain_adapter_is_exact_token_wise():
+    """SGLang's Triton chain verifier's semantics (the stand-in) through the adapter: token-wise
+    declared, every law exact, no finding (``coin * q < p`` is strict: a coin of 0 accepts only a
+    draft the target allows)."""
+    subject = SglangTritonChainVerifier(sglang_triton_chain.chain_speculative_sampling_triton)
+    assert subject.acceptance_rule == "token-wise"
+    result = run_audit(subject, level="quick", max_samples=5000, progress=False,
+                       worlds=["three_token", "draft_mass_where_p_zero", "properties/no_forbidden_token",
+                               "properties/acceptance", "properties/contract"])
+    laws = [v for v in result.verdicts if v.kind.statistical]
+    assert len(laws) >= 8 and result.passed and not result.failed, [v.describe() for v in result.failed]
+    assert SglangTritonChainVerifier(sglang_triton_chain.chain_speculative_sampling_triton,
+                                     block_verification=True).acceptance_rule == "block"
+
+
+class _SeededKernel:
+    """The reference verifier behind a kernel that draws from a seed (as vLLM V2's Philox does):
+    a seed drawn from the handed generator, then a fresh generator seeded with it."""
+
+    random_numbers_from_seeds = "a stand-in kernel seeded per call"
+
+    def __call__(self, target_probs, draft_probs, draft_tokens, generator):
+        from exactcheck import reference_verifier
+        seed = int(torch.randint(0, 1 << 62, (), generator=generator))
+        return reference_verifier(target_probs, draft_probs, draft_tokens, torch.Generator().manual_seed(seed))
+
+
+def test_a_kernel_that_derives_its_random_numbers_from_seeds_is_not_judged_by_forced_values():
+    result = run_audit(_SeededKernel(), worlds=["properties/acceptance", "properties/row_independence",
+                                                "three_token"], progress=False)
+    for check in ("properties/acceptance", "properties/row_independence"):
+        verdict = next(v for v in result.verdicts if v.check == check)
+        assert verdict.outcome is Outcome.INCONCLUSIVE
+        assert "derives its random numbers from a seed (a stand-in kernel seeded per call)" in verdict.describe()
+    assert result.passed  # the laws decide: exact
+
+
+class _DeclaresSeedsButDrawsForced:
+    """Says it derives its random numbers from seeds, but draws through torch (forced)."""
+
+    random_numbers_from_seeds = "a claim its draws contradict"
+
+    def __call__(self, target_probs, draft_probs, draft_tokens, generator):
+        from exactcheck.step.mutants import AcceptIfTargetAtLeastDraft
+        return AcceptIfTargetAtLeastDraft()(target_probs, draft_probs, draft_tokens, generator)
+
+
+def test_a_declared_seed_kernel_whose_draws_are_forced_is_still_judged():
+    """The declaration does not switch the check off when the first case shows every draw forced:
+    a broken acceptance rule behind it is still caught by the forced-value search."""
+    result = run_audit(_DeclaresSeedsButDrawsForced(), worlds=["properties/acceptance"], progress=False)
+    verdict = next(v for v in result.verdicts if v.check == "properties/acceptance")
+    assert "derives its random numbers from a seed" not in verdict.describe()
+    assert verdict.outcome.failed

@@ -35,9 +35,58 @@ import torch
 from exactcheck.adapters.vllm import MissingEngine, load_module
 from exactcheck.step.contract import PADDING
 
-__all__ = ["SglangChainVerifier", "MissingEngine", "KERNEL_MODULE", "audit_chain_verifier"]
+__all__ = ["SglangChainVerifier", "SglangTritonChainVerifier", "MissingEngine", "KERNEL_MODULE", "TRITON_MODULE",
+           "audit_chain_verifier"]
 
 KERNEL_MODULE = "sgl_kernel"
+
+
+def _coins(batch: int, nodes: int, generator, row_generators, device):
+    """The float32 coins SGLang draws for a verify call (``torch.rand_like(candidates)`` and
+    ``torch.rand(bs)`` in ``eagle_utils._verify_coins``), from the audit's generator, or each
+    row's own where a check hands ``row_generators``."""
+    coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator, device=device)
+    final = torch.rand((batch,), dtype=torch.float32, generator=generator, device=device)
+    for row, g in enumerate(row_generators or ()):
+        if g is not None:
+            coins[row] = torch.rand((nodes,), dtype=torch.float32, generator=g, device=device)
+            final[row] = torch.rand((), dtype=torch.float32, generator=g, device=device)
+    return coins, final
+
+
+def _chain(draft_tokens: torch.Tensor) -> dict:
+    """A chain laid out as SGLang's EAGLE worker lays a tree out: the root and the drafts as
+    ``candidates``, node j -> slot, node j's child j + 1, no siblings; empty outputs."""
+    batch, k = draft_tokens.shape
+    nodes, device = k + 1, draft_tokens.device
+    following = torch.arange(1, nodes + 1, dtype=torch.int64, device=device)
+    following[-1] = -1
+    return dict(
+        candidates=torch.cat([torch.zeros((batch, 1), dtype=torch.int64, device=device),
+                              draft_tokens.to(torch.int64)], 1).contiguous(),
+        retrive_index=torch.arange(batch * nodes, dtype=torch.int64, device=device).view(batch, nodes),
+        retrive_next_token=following.expand(batch, nodes).contiguous(),
+        retrive_next_sibling=torch.full((batch, nodes), -1, dtype=torch.int64, device=device),
+        predicts=torch.full((batch * nodes,), -1, dtype=torch.int32, device=device),
+        accept_index=torch.full((batch, nodes), -1, dtype=torch.int32, device=device),
+        accept_token_num=torch.zeros((batch,), dtype=torch.int32, device=device))
+
+
+def _emitted(layout: dict) -> torch.Tensor:
+    """The emitted tokens [B, k+1]: ``predicts[accept_index[b, :accept_token_num[b] + 1]]``, padded."""
+    accept_index, nodes = layout["accept_index"], layout["accept_index"].shape[1]
+    emitted = layout["accept_token_num"].to(torch.int64) + 1
+    out = layout["predicts"].to(torch.int64)[accept_index.to(torch.int64).clamp(min=0)]
+    position = torch.arange(nodes, device=out.device)[None]
+    return torch.where(position < emitted[:, None], out, torch.full_like(out, PADDING))
+
+
+def _softmaxed(rows: torch.Tensor) -> torch.Tensor:
+    """Rows as SGLang's samplers make them: a float32 softmax of their logits (normalised)."""
+    rows = rows.float()
+    logits = torch.where(rows > 0, rows.clamp(min=torch.finfo(torch.float32).tiny).log(),
+                         torch.full_like(rows, -torch.inf))
+    return torch.softmax(logits, dim=-1).contiguous()
 
 
 @dataclass
@@ -60,36 +109,57 @@ class SglangChainVerifier:
                  generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
                  ) -> torch.Tensor:
         batch, k = draft_tokens.shape
-        nodes = k + 1
-        device = target_probs.device
-        candidates = torch.cat([torch.zeros((batch, 1), dtype=torch.int64, device=device),
-                                draft_tokens.to(torch.int64)], 1).contiguous()
-        retrive_index = torch.arange(batch * nodes, dtype=torch.int64, device=device).view(batch, nodes)
-        following = torch.arange(1, nodes + 1, dtype=torch.int64, device=device)
-        following[-1] = -1
-        retrive_next_token = following.expand(batch, nodes).contiguous()
-        retrive_next_sibling = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
-        coins = torch.rand((batch, nodes), dtype=torch.float32, generator=generator, device=device)
-        final = torch.rand((batch,), dtype=torch.float32, generator=generator, device=device)
-        for row, g in enumerate(row_generators or ()):
-            if g is not None:
-                coins[row] = torch.rand((nodes,), dtype=torch.float32, generator=g, device=device)
-                final[row] = torch.rand((), dtype=torch.float32, generator=g, device=device)
+        layout = _chain(draft_tokens)
+        coins, final = _coins(batch, k + 1, generator, row_generators, target_probs.device)
         target = target_probs.to(torch.float32).contiguous()
-        predicts = torch.full((batch * nodes,), -1, dtype=torch.int32, device=device)
-        accept_index = torch.full((batch, nodes), -1, dtype=torch.int32, device=device)
-        accept_token_num = torch.zeros((batch,), dtype=torch.int32, device=device)
-        self.kernel(predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num,
-                    candidates=candidates, retrive_index=retrive_index, retrive_next_token=retrive_next_token,
-                    retrive_next_sibling=retrive_next_sibling, uniform_samples=coins,
-                    uniform_samples_for_final_sampling=final, target_probs=target,
+        self.kernel(**layout, uniform_samples=coins, uniform_samples_for_final_sampling=final, target_probs=target,
                     draft_probs=torch.zeros_like(target), threshold_single=self.threshold_single,
                     threshold_acc=self.threshold_acc, deterministic=True)
-        emitted = accept_token_num.to(torch.int64) + 1
-        slots = accept_index.to(torch.int64).clamp(min=0)
-        out = predicts.to(torch.int64)[slots]
-        position = torch.arange(nodes, device=device)[None]
-        return torch.where(position < emitted[:, None], out, torch.full_like(out, PADDING))
+        return _emitted(layout)
+
+
+TRITON_MODULE = "sglang.kernels.ops.speculative.reject_sampling"
+
+
+@dataclass
+class SglangTritonChainVerifier:
+    """A step ``Verifier`` backed by SGLang's Triton chain verifier,
+    ``chain_speculative_sampling_triton`` (kernel ``speculative_sampling_classic_kernel``), the
+    sampler SGLang's EAGLE worker selects with ``--speculative-use-rejection-sampling``:
+    token-wise rejection sampling (``coin * q < p``; the correction by a CDF walk over
+    max(p - q, 0)), or block verification with ``block_verification=True``
+    (``--speculative-use-block-verification``). The subject declares the rule it follows.
+
+    Layout as ``eagle_utils.verify_tree_greedy_or_sample`` builds it: the chain (``_chain``),
+    ``target_probs`` [B, k+1, V] and ``draft_probs`` [B, k, V] float32 softmaxed rows, float32
+    coins [B, k+1] and final coins [B] (``_coins``). Runs wherever Triton runs (a GPU, or a CPU
+    under ``TRITON_INTERPRET=1``); ``kernel=`` takes any callable with its signature."""
+
+    kernel: Any = None
+    block_verification: bool = False
+    acceptance_rule: str = field(default="token-wise", init=False)
+    name: str = field(default="sglang chain_speculative_sampling_triton", init=False)
+
+    def __post_init__(self):
+        if self.kernel is None:
+            module = load_module(TRITON_MODULE, "exactcheck.adapters.sglang (Triton)",
+                                 "install sglang >= 0.5.23 (pip install --no-deps sglang) and triton, or pass kernel=")
+            self.kernel = module.chain_speculative_sampling_triton
+        if self.block_verification:
+            self.acceptance_rule = "block"
+            self.name += " (block verification)"
+
+    def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                 generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
+                 ) -> torch.Tensor:
+        batch, k = draft_tokens.shape
+        layout = _chain(draft_tokens)
+        coins, final = _coins(batch, k + 1, generator, row_generators, target_probs.device)
+        options = {"block_verification": True} if self.block_verification else {}
+        self.kernel(**layout, uniform_samples=coins, uniform_samples_for_final_sampling=final,
+                    target_probs=_softmaxed(target_probs), draft_probs=_softmaxed(draft_probs),
+                    threshold_single=1.0, threshold_acc=1.0, deterministic=True, **options)
+        return _emitted(layout)
 
 
 def audit_chain_verifier(kernel=None, *, level: str = "quick", device: str | None = None, **options):

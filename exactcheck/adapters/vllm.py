@@ -40,14 +40,16 @@ from typing import Any
 
 import torch
 
+from exactcheck.adapters import triton_interpreter
 from exactcheck.errors import UsageError
 from exactcheck.step.contract import PADDING
 from exactcheck.step.sampling import inverse_cdf
 
-__all__ = ["MissingEngine", "VllmRejectionSampler", "VllmV2RejectionSampler", "SamplingMetadataView",
+__all__ = ["MissingEngine", "VllmRejectionSampler", "VllmV2RejectionSampler", "SamplingMetadataView", "top_k_decoys",
            "audit_rejection_sampler", "VllmGenerate", "REJECTION_SAMPLER_MODULE", "V2_REJECTION_MODULE"]
 
 REJECTION_SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
+GREEDY_RULE = "relaxed:topk=1,delta=0"  # greedy decoding as a rule (exactcheck.rules): the argmax
 
 
 class MissingEngine(UsageError):
@@ -75,37 +77,71 @@ class SamplingMetadataView:
     min_p: torch.Tensor | None = None
 
 
-def _rejection_module(module):
-    if module is None:
-        return load_module(REJECTION_SAMPLER_MODULE, "exactcheck.adapters.vllm",
-                           "install vLLM (pip install vllm) or pass module= a module with the same functions")
-    if isinstance(module, str):
-        return load_module(module, "exactcheck.adapters.vllm", "pass module= an importable module")
+def _engine_module(module, name: str, what: str, hint: str):
+    """The module to drive: vLLM's own (``name``) by default, an importable name, or a module; under
+    Triton's interpreter, with what the interpreter lacks filled in (``triton_interpreter``)."""
+    if module is None or isinstance(module, str):
+        triton_interpreter.check_environment()
+        module = load_module(module or name, what, hint if module is None else "pass module= an importable module")
+    triton_interpreter.prepare_vllm(module)
     return module
+
+
+def _rejection_module(module):
+    return _engine_module(module, REJECTION_SAMPLER_MODULE, "exactcheck.adapters.vllm",
+                          "install vLLM (pip install vllm) or pass module= a module with the same functions")
 
 
 @dataclass
 class VllmRejectionSampler:
-    """A step ``Verifier`` backed by vLLM's ``rejection_sample`` (see the module docstring)."""
+    """A step ``Verifier`` backed by vLLM V1's ``rejection_sample`` (see the module docstring).
+
+    It follows the installed release: vLLM 0.33 takes ``target_logits`` (it applies the softmax
+    itself, float32) and processes temperature and top-k/top-p with ``apply_sampling_constraints``
+    (what ``RejectionSampler.forward`` calls first); earlier V1 releases take ``target_probs``
+    made by ``compute_probs``. ``temperature``: the target's logits are handed as ``T * log p``
+    so the release's own temperature scaling must give back p; ``top_k=True``: every request
+    gets top-k with k = the largest support among its rows, and the rows whose support has that
+    size carry finite decoy logits (below every supported one) that vLLM's top-k must remove;
+    ``greedy=True``: the greedy path (the release's ``GREEDY_TEMPERATURE``). The draft rows are
+    handed as vLLM's drafters make them: a float32 softmax of the draft's logits (normalised)."""
 
     module: Any = None
     temperature: float | None = None
     greedy: bool = False
+    top_k: bool = False
     name: str = field(default="vllm rejection_sample", init=False)
+    acceptance_rule: str = field(default="token-wise", init=False)
 
     def __post_init__(self):
         self.module = _rejection_module(self.module)
         parameters = inspect.signature(self.module.rejection_sample).parameters
+        self.takes_logits = "target_logits" in parameters
+        if not self.takes_logits and "target_probs" not in parameters:
+            raise UsageError("this vLLM's rejection_sample takes neither target_probs (vLLM <= 0.2x) nor "
+                             "target_logits (vLLM 0.33); exactcheck.adapters.vllm cannot drive it")
         unknown = set(parameters) - set(_ARGUMENTS)
         required = {n for n in unknown if parameters[n].default is inspect.Parameter.empty}
         if required:
             raise UsageError(f"this vLLM's rejection_sample takes {sorted(required)}, which "
                              f"exactcheck.adapters.vllm does not know how to fill (it knows {sorted(_ARGUMENTS)})")
         self._parameters = [n for n in parameters if n in _ARGUMENTS]
+        processing = "apply_sampling_constraints" if self.takes_logits else "compute_probs"
+        self._process = getattr(self.module, processing, None)
+        if (self.temperature is not None or self.top_k) and not self.greedy and self._process is None:
+            raise UsageError(f"this vLLM's rejection sampler module has no {processing}, which the "
+                             f"{'target_logits' if self.takes_logits else 'target_probs'} API needs for "
+                             "temperature and top-k; exactcheck.adapters.vllm cannot drive that path")
+        self.greedy_temperature = float(getattr(self.module, "GREEDY_TEMPERATURE", -1))
         if self.temperature is not None:
-            self.name += f" (compute_probs at temperature {self.temperature:g})"
+            self.name += f" (temperature {self.temperature:g})"
+        if self.top_k:
+            self.name += " (top-k)"
         if self.greedy:
             self.name += " (greedy path)"
+            # greedy decoding, judged against the target's argmax: the relaxed rule at top-1 with no
+            # slack accepts exactly the argmax and emits it at the first mismatch and as the bonus
+            self.acceptance_rule = GREEDY_RULE
 
     def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                  generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
@@ -118,18 +154,25 @@ class VllmRejectionSampler:
         else:
             generators = {i: g for i, g in enumerate(row_generators) if g is not None}
         bonus = self._bonus_tokens(target_probs[:, k], generator, row_generators)
+        temperature = self.temperature or 1.0
         metadata = SamplingMetadataView(
-            temperature=torch.full((batch,), -1.0 if self.greedy else (self.temperature or 1.0),
+            temperature=torch.full((batch,), self.greedy_temperature if self.greedy else temperature,
                                    dtype=torch.float32, device=device),
             all_greedy=self.greedy, all_random=not self.greedy, generators=generators)
         cu = torch.arange(1, batch + 1, dtype=torch.int32, device=device) * k
-        target = target_probs[:, :k].reshape(batch * k, vocab).float().contiguous()
-        draft = draft_probs.reshape(batch * k, vocab).float().contiguous()
-        if self.temperature is not None and not self.greedy:
-            # vLLM turns the target's logits into probabilities with compute_probs, and its
-            # drafters do the same with the draft's logits: both rows go through it
-            target = self.module.compute_probs((target.log() * self.temperature).contiguous(), cu, metadata)
-            draft = self.module.compute_probs((draft.log() * self.temperature).contiguous(), cu, metadata)
+        rows = target_probs[:, :k].reshape(batch * k, vocab)
+        logits = _logits(rows) * temperature
+        if self.top_k and not self.greedy:
+            logits, metadata.top_k = top_k_decoys(logits, batch, k)
+        # the draft rows as vLLM's drafters make them: a float32 softmax of their logits
+        draft = torch.softmax(_logits(draft_probs.reshape(batch * k, vocab)), dim=-1)
+        processed = self.temperature is not None or self.top_k
+        if self.takes_logits:
+            target = self._process(logits.contiguous(), cu, metadata) if processed and not self.greedy else logits
+        elif processed and not self.greedy:
+            target = self._process(logits.contiguous(), cu, metadata)
+        else:  # the probabilities vLLM's model runner makes from the logits: a float32 softmax
+            target = torch.softmax(logits, dim=-1)
         arguments = {
             "draft_token_ids": draft_tokens.reshape(-1).to(torch.int32).contiguous(),
             "num_draft_tokens": [k] * batch,
@@ -137,6 +180,7 @@ class VllmRejectionSampler:
             "cu_num_draft_tokens": cu,
             "draft_probs": draft.contiguous(),
             "target_probs": target.contiguous(),
+            "target_logits": target.contiguous(),
             "bonus_token_ids": bonus.to(torch.int32)[:, None].contiguous(),
             "sampling_metadata": metadata,
         }
@@ -159,11 +203,33 @@ class VllmRejectionSampler:
 
 
 _ARGUMENTS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
-              "target_probs", "bonus_token_ids", "sampling_metadata")
+              "target_probs", "target_logits", "bonus_token_ids", "sampling_metadata")
+
+
+def _logits(rows: torch.Tensor) -> torch.Tensor:
+    """float32 log-probabilities, -inf where a row gives 0 (a model's logits up to a constant)."""
+    rows = rows.float()
+    return torch.where(rows > 0, rows.clamp(min=torch.finfo(torch.float32).tiny).log(),
+                       torch.full_like(rows, -torch.inf))
+
+
+def top_k_decoys(logits: torch.Tensor, batch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits for vLLM's top-k path whose top-k law is the rows' own: each request's k is the
+    largest support among its rows, and a row whose support has that size gets finite decoy
+    logits (one unit below its smallest supported logit) on its unsupported tokens, which top-k
+    must remove. Rows with a smaller support keep -inf there (top-k is a no-op on them)."""
+    vocab = logits.shape[-1]
+    finite = torch.isfinite(logits)
+    support = finite.sum(-1).view(batch, k)
+    top = support.max(1).values  # [batch]
+    full = (support == top[:, None]).reshape(-1) & (top.repeat_interleave(k) < vocab)
+    floor = torch.where(finite, logits, torch.full_like(logits, torch.inf)).min(-1, keepdim=True).values - 1.0
+    decoyed = torch.where(finite | ~full[:, None], logits, floor.expand_as(logits))
+    return decoyed, top.to(torch.int32)
 
 
 def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: float | None = None,
-                            greedy: bool = False, device: str | None = None, **options):
+                            greedy: bool = False, top_k: bool = False, device: str | None = None, **options):
     """Audit the installed vLLM's rejection sampler (or ``module``) at ``level`` and return the
     ``StepAuditResult``. For a vLLM test::
 
@@ -178,7 +244,7 @@ def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: f
     from exactcheck.step.runner import run_audit
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy)
+    subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy, top_k=top_k)
     return run_audit(subject, subject_name=subject.name, level=level, device=device, **options)
 
 
@@ -207,17 +273,19 @@ class VllmV2RejectionSampler:
     draft: str = "probabilistic"
     name: str = field(default="vllm v2 rejection_sample", init=False)
     acceptance_rule: str = field(default="token-wise", init=False)
+    # what the forced-value properties say instead of judging (``exactcheck.step.properties``)
+    random_numbers_from_seeds: str = field(
+        default="vLLM V2 draws Philox uniforms (tl.rand) and murmur3 Gumbel noise inside its kernels from each "
+                "request's seed and position; the adapter draws the seeds from the audit's generator",
+        init=False)
 
     def __post_init__(self):
         if self.method not in _V2_METHODS:
             raise UsageError(f"method ({self.method!r}) must be one of {sorted(_V2_METHODS)}")
         if self.draft not in ("probabilistic", "greedy"):
             raise UsageError(f"draft ({self.draft!r}) must be probabilistic or greedy")
-        if self.module is None:
-            self.module = load_module(V2_REJECTION_MODULE, "exactcheck.adapters.vllm (V2)",
-                                      "install vLLM >= 0.33 or pass module= a module with the same function")
-        elif isinstance(self.module, str):
-            self.module = load_module(self.module, "exactcheck.adapters.vllm (V2)", "pass module= an importable module")
+        self.module = _engine_module(self.module, V2_REJECTION_MODULE, "exactcheck.adapters.vllm (V2)",
+                                     "install vLLM >= 0.33 or pass module= a module with the same function")
         self.acceptance_rule = _V2_METHODS[self.method]
         self.name = f"vllm v2 rejection_sample ({self.method}, {self.draft} draft)"
 

@@ -376,7 +376,8 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         if varies([(tensors, out, options)]):
             return None
         row, message, d = found
-        dtype = next(draw.dtype for draw in log.draws if draw.value == d)
+        # the coarsest dtype among the draws that received d: the likeliest way to be handed it
+        dtype = max((draw.dtype for draw in log.draws if draw.value == d), key=lambda t: value_probability(d, t))
         reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
                              ["the acceptance uniform"], d)
         return fail(message, row, out, reach)
@@ -442,6 +443,16 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
     if name == "seeded_rows" and not _accepts_row_generators(subject):
         return PropertyResult(name, None, 0, None,
                               "not applicable: the subject takes no row_generators argument")
+    seeded = getattr(subject, "random_numbers_from_seeds", None)
+    if seeded and name in NEED_COMPLETE:
+        # the subject says its kernel derives its random numbers from seeds: if its first case
+        # confirms that draws escape the forcing, no case of this property can be judged
+        draws: Counter = Counter()
+        check_property(subject, name, edge_corpus()[0], FORCED_VALUES[0], seed, draws, device, rule)
+        if draws["(not judged)"]:
+            return PropertyResult(name, None, 0, None,
+                                  f"{VACUOUS}: the subject derives its random numbers from a seed ({seeded}), "
+                                  "which no forced value reaches; its laws decide")
     tried, notes, unreachable, unrepeatable = 0, set(), None, None
     for value in ((None,) if name in UNFORCED else FORCED_VALUES):
         result = search_property(subject, name, value, examples, seed, device, rule)

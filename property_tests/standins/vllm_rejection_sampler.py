@@ -38,8 +38,8 @@ def compute_probs(logits, cu_num_draft_tokens, sampling_metadata):
     return torch.softmax(logits / temperature[request][:, None], dim=-1, dtype=torch.float32)
 
 
-def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device):
-    u = torch.rand((num_tokens,), dtype=torch.float32, device=device)
+def generate_uniform_probs(num_tokens, num_draft_tokens, generators, device, dtype=torch.float32):
+    u = torch.rand((num_tokens,), dtype=dtype, device=device)
     start = 0
     for request, n in enumerate(num_draft_tokens):
         if n == 0:
@@ -69,7 +69,7 @@ def sample_recovered_tokens(num_draft_tokens, cu_num_draft_tokens, draft_token_i
 
 
 def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                     target_probs, bonus_token_ids, sampling_metadata):
+                     target_probs, bonus_token_ids, sampling_metadata, uniform_dtype=torch.float32):
     batch = len(num_draft_tokens)
     device = target_probs.device
     out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
@@ -86,7 +86,8 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
             else:
                 out[r, n] = bonus_token_ids[r, 0]
         return out
-    uniform = generate_uniform_probs(tokens.shape[0], num_draft_tokens, sampling_metadata.generators, device)
+    uniform = generate_uniform_probs(tokens.shape[0], num_draft_tokens, sampling_metadata.generators, device,
+                                     uniform_dtype)
     recovered = sample_recovered_tokens(num_draft_tokens, cu_num_draft_tokens, tokens, draft_probs, target_probs,
                                         sampling_metadata, device)
     p = target_probs.gather(1, tokens[:, None])[:, 0]
