@@ -1,0 +1,74 @@
+"""The engines' real kernels, audited: vLLM 0.33 (V1 ``rejection_sample`` at temperature 1, at
+temperature 0.7 with top-k, greedy; V2 ``rejection_sample`` standard and block) and SGLang 0.5.23's
+Triton chain verifier (token-wise and block), each through its adapter at a time budget
+(``max_seconds``), under Triton's interpreter on a CPU or natively on a GPU.
+
+Marked ``engines`` and deselected by default: ``bash .ci/engines`` builds the environment
+(.ci/engines-requirements.txt) and runs them. Each audit's report is written to
+``$EXACTCHECK_ENGINES_REPORTS`` when it is set.
+
+What each path must give is stated per path (``EXPECTED``): every law passes, and the deterministic
+findings are exactly the ones named, each with the kernel line that produces it (read from the
+engine's source) and its reachability from the draw the kernel really makes. A finding not named
+here fails the test: it is either a new bug in the engine or a false finding of ours, and must be
+read before it is listed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+pytestmark = pytest.mark.engines
+
+if not all(importlib.util.find_spec(m) for m in ("vllm", "sglang", "triton")):
+    pytest.skip("the engines step needs vLLM 0.33, SGLang 0.5.23 and Triton (bash .ci/engines)",
+                allow_module_level=True)
+
+from exactcheck.adapters import engine_paths  # noqa: E402
+from exactcheck.step.runner import run_audit  # noqa: E402
+
+SECONDS = float(os.environ.get("EXACTCHECK_ENGINES_SECONDS", "90"))  # per path
+
+_V1_ZERO = ("vllm/v1/sample/rejection_sampler.py:951 (rejection_random_sample_kernel): `accepted = draft_prob > 0 "
+            "and target_prob / draft_prob >= uniform_prob` accepts a draft the target gives 0 when the "
+            "float64 uniform is exactly 0.0 (0 >= 0)")
+_SGL_FALLBACK = ("sglang/kernels/ops/speculative/reject_sampling.py:198-229 (speculative_sampling_classic_kernel): "
+                 "the final token's CDF walk looks for `total_cumsum > coin_final * norm_sum` with norm_sum a "
+                 "tl.sum and the walk a tl.cumsum; at a final coin of 1 - 2^-24 their rounding can leave no token "
+                 "above it, and `final_token = VOCAB_SIZE - 1` (line 205) is emitted whatever its mass")
+# path -> {failed check: (kernel line, per-draw probability of its trigger, dtype of the draw)}
+EXPECTED = {
+    "VllmV1Temperature1": {"properties/no_forbidden_token": (_V1_ZERO, 2.0 ** -53, "float64")},
+    "VllmV1Temperature07TopK": {"properties/no_forbidden_token": (_V1_ZERO, 2.0 ** -53, "float64")},
+    "VllmV1Greedy": {},
+    "VllmV2Standard": {},
+    "VllmV2Block": {},
+    "SglangTritonTokenWise": {"properties/no_forbidden_token": (_SGL_FALLBACK, 2.0 ** -24, "float32")},
+    "SglangTritonBlock": {"properties/no_forbidden_token": (_SGL_FALLBACK, 2.0 ** -24, "float32")},
+}
+
+
+@pytest.mark.parametrize("path", list(EXPECTED))
+def test_the_engine_path_is_exact_but_for_the_findings_named(path):
+    subject = getattr(engine_paths, path)()
+    result = run_audit(subject, subject_name=f"exactcheck.adapters.engine_paths:{path}", level="quick",
+                       max_seconds=SECONDS, progress=False)
+    directory = os.environ.get("EXACTCHECK_ENGINES_REPORTS")
+    if directory:
+        from exactcheck.report.files import write_report
+        from exactcheck.report.json_md import audit_to_json
+        write_report(audit_to_json(result), directory, f"engine-{path}")
+    laws = [v for v in result.verdicts if v.kind.statistical]
+    assert laws, "no law was checked"
+    broken = [v.describe() for v in laws if v.outcome.failed]
+    assert not broken, "\n\n".join(broken)
+    found = {v.check: v for v in result.failed}
+    assert set(found) == set(EXPECTED[path]), "\n\n".join(v.describe() for v in found.values())
+    for check, (_, probability, dtype) in EXPECTED[path].items():
+        reach = found[check].reachability
+        assert reach.dtype == dtype and math.isclose(reach.per_draw_probability, probability), reach
+    # the budget was kept to (the laws' share of it, plus the property search) and stated
+    assert result.samples_drawn > 0
