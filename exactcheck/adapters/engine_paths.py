@@ -12,7 +12,7 @@ from exactcheck.adapters.sglang import SglangTritonChainVerifier
 from exactcheck.adapters.vllm import VllmRejectionSampler, VllmV2RejectionSampler
 
 __all__ = ["PATHS", "VllmV1Temperature1", "VllmV1Temperature07TopK", "VllmV1Greedy", "VllmV2Standard",
-           "VllmV2Block", "SglangTritonTokenWise", "SglangTritonBlock"]
+           "VllmV2Block", "VllmV2Synthetic", "VllmV2Fly", "SglangTritonTokenWise", "SglangTritonBlock"]
 
 
 @dataclass
@@ -48,6 +48,22 @@ class VllmV2Block(VllmV2RejectionSampler):
 
 
 @dataclass
+class VllmV2Synthetic(VllmV2RejectionSampler):
+    """vLLM V2 ``rejection_sample_method='synthetic'`` (benchmarking: a fixed acceptance rate of
+    0.5 per draft); lossy: its exactness verdicts measure what it costs."""
+
+    method: str = "synthetic"
+
+
+@dataclass
+class VllmV2Fly(VllmV2RejectionSampler):
+    """vLLM V2 ``rejection_sample_method='fly'`` (vLLM's defaults: window min(6, k - 1), entropy
+    threshold 0.3, top-3 entropy); lossy."""
+
+    method: str = "fly"
+
+
+@dataclass
 class SglangTritonTokenWise(SglangTritonChainVerifier):
     """SGLang's Triton chain verifier, ``--speculative-use-rejection-sampling``."""
 
@@ -68,6 +84,8 @@ PATHS = {
     "VllmV1Greedy": (_V1, "greedy (temperature 0)"),
     "VllmV2Standard": (_V2, "rejection_sample_method='standard', probabilistic draft"),
     "VllmV2Block": (_V2, "rejection_sample_method='block', probabilistic draft"),
+    "VllmV2Synthetic": (_V2, "rejection_sample_method='synthetic', conditional rate 0.5 (lossy)"),
+    "VllmV2Fly": (_V2, "rejection_sample_method='fly', vLLM's defaults (lossy)"),
     "SglangTritonTokenWise": (_SGL, "--speculative-use-rejection-sampling"),
     "SglangTritonBlock": (_SGL, "--speculative-use-rejection-sampling --speculative-use-block-verification"),
 }

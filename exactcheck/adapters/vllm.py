@@ -249,16 +249,20 @@ def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: f
 
 
 V2_REJECTION_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
-_V2_METHODS = {"standard": "token-wise", "block": "block"}
+_V2_METHODS = {"standard": "token-wise", "block": "block", "synthetic": "synthetic", "fly": "fly"}
 
 
 @dataclass
 class VllmV2RejectionSampler:
     """A step ``Verifier`` backed by vLLM 0.33's model-runner-V2 ``rejection_sample``
-    (``rejection_sampler_utils``), with ``method`` "standard" or "block" (``SpeculativeConfig.
-    rejection_sample_method``) and ``draft`` "probabilistic" (draft logits handed over) or
-    "greedy" (one-hot drafts, ``draft_logits=None``). The subject declares the rule its method
-    follows, so the audit checks that rule's conformance laws.
+    (``rejection_sampler_utils``), with ``method`` "standard", "block", "synthetic" or "fly"
+    (``SpeculativeConfig.rejection_sample_method``) and ``draft`` "probabilistic" (draft logits
+    handed over) or "greedy" (one-hot drafts, ``draft_logits=None``). The subject declares the rule
+    its method follows, so the audit checks that rule's conformance laws; synthetic (conditional
+    acceptance ``synthetic_rate`` at every draft, ``synthetic_conditional_rates``) and FLy
+    (``fly_window``: 0 for vLLM's default min(6, k - 1); ``fly_entropy_threshold``,
+    ``fly_entropy_top_k``) are lossy rules of ``exactcheck.rules``: their exactness verdicts measure
+    the TV they cost, never call them exact.
 
     The layout the V2 model runner uses: target logits packed per request (k draft rows and the
     bonus row; here ``log p`` at temperature 1), draft logits [B, k, V] (``log q``), the drafts in
@@ -271,6 +275,10 @@ class VllmV2RejectionSampler:
     module: Any = None
     method: str = "standard"
     draft: str = "probabilistic"
+    synthetic_rate: float = 0.5
+    fly_window: int = 0
+    fly_entropy_threshold: float = 0.3
+    fly_entropy_top_k: int = 3
     name: str = field(default="vllm v2 rejection_sample", init=False)
     acceptance_rule: str = field(default="token-wise", init=False)
     # what the forced-value properties say instead of judging (``exactcheck.step.properties``)
@@ -287,6 +295,11 @@ class VllmV2RejectionSampler:
         self.module = _engine_module(self.module, V2_REJECTION_MODULE, "exactcheck.adapters.vllm (V2)",
                                      "install vLLM >= 0.33 or pass module= a module with the same function")
         self.acceptance_rule = _V2_METHODS[self.method]
+        if self.method == "synthetic":
+            self.acceptance_rule = f"synthetic:rate={self.synthetic_rate!r}"
+        elif self.method == "fly":
+            self.acceptance_rule = (f"fly:window={int(self.fly_window)},entropy_threshold={self.fly_entropy_threshold!r},"
+                                    f"top_k={int(self.fly_entropy_top_k)}")
         self.name = f"vllm v2 rejection_sample ({self.method}, {self.draft} draft)"
 
     def __call__(self, target_probs, draft_probs, draft_tokens, generator):
@@ -303,9 +316,23 @@ class VllmV2RejectionSampler:
         sampled, num_sampled = self.module.rejection_sample(
             logp.reshape(batch * (k + 1), vocab).contiguous(), logq.contiguous() if self.draft == "probabilistic" else None,
             drafts, cu_num_logits, local.to(torch.int64), index, index.repeat_interleave(k + 1), local,
-            torch.ones(batch, device=device), seed, k, use_block_verification=self.method == "block")
+            torch.ones(batch, device=device), seed, k, **self._method_arguments(k, device))
         keep = torch.arange(k + 1, device=device)[None] < num_sampled.to(device)[:, None].to(torch.int64)
         return torch.where(keep, sampled.to(device), torch.full_like(sampled, PADDING))
+
+
+    def _method_arguments(self, k: int, device) -> dict:
+        """What ``RejectionSampler.__init__`` passes ``rejection_sample`` for the method."""
+        if self.method == "block":
+            return {"use_block_verification": True}
+        if self.method == "synthetic":
+            return {"synthetic_conditional_rates": torch.full((k,), self.synthetic_rate, dtype=torch.float32,
+                                                              device=device)}
+        if self.method == "fly":
+            window = int(self.fly_window) or min(6, k - 1)  # vLLM's default; it needs W < k
+            return {"fly_window_size": window if 0 < window < k else 0,
+                    "fly_entropy_threshold": self.fly_entropy_threshold, "fly_entropy_top_k": int(self.fly_entropy_top_k)}
+        return {}
 
 
 @dataclass

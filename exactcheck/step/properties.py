@@ -110,6 +110,7 @@ class PropertyResult:
     unreachable: PropertyFailure | None = None  # a failure whose trigger is below the floor
     # a failure that did not recur when the same case was run again (hypothesis: flaky)
     unrepeatable: PropertyFailure | None = None
+    forced: bool = True  # whether any of the subject's draws took a forced value
 
 
 def _oracles(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, rule: RuleSpec | None, normalise: bool):
@@ -462,6 +463,8 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
         unrepeatable = unrepeatable or result.unrepeatable
         if result.failure is not None:
             return PropertyResult(name, value, tried, result.failure, result.note)
+        if value is not None and not result.forced:
+            break  # no draw took the forced value: the other values would make the same calls
     if unrepeatable is not None:
         return PropertyResult(name, unrepeatable.value, tried, None, "; ".join(sorted(n for n in notes if n)),
                               unreachable, unrepeatable)
@@ -497,9 +500,10 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         return failure
 
     def result(failure):
+        forced = draws["(controlled)"] > 0
         return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]),
                               unreachable[0] if unreachable else None,
-                              unrepeatable[0] if unrepeatable and failure is None else None)
+                              unrepeatable[0] if unrepeatable and failure is None else None, forced)
 
     for case in edge_corpus():  # deterministic first: each edge class, every time
         failure = check(case)
