@@ -30,7 +30,7 @@ if not all(importlib.util.find_spec(m) for m in ("vllm", "sglang", "triton")):
 from exactcheck.adapters import engine_paths  # noqa: E402
 from exactcheck.step.runner import run_audit  # noqa: E402
 
-SECONDS = float(os.environ.get("EXACTCHECK_ENGINES_SECONDS", "90"))  # per path
+SECONDS = float(os.environ.get("EXACTCHECK_ENGINES_SECONDS", "150"))  # per path
 
 _V1_ZERO = ("vllm/v1/sample/rejection_sampler.py:951 (rejection_random_sample_kernel): `accepted = draft_prob > 0 "
             "and target_prob / draft_prob >= uniform_prob` accepts a draft the target gives 0 when the "

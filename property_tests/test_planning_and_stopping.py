@@ -194,3 +194,15 @@ def test_a_bad_time_budget_is_one_line(capsys):
     assert main(["audit", "exactcheck.step.reference:reference_verifier", "--trials", "three_token=x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "max_seconds" in err[0] and "WORLD=N" in err[1]
+
+
+def test_a_time_budget_stops_the_property_search_and_says_so(monkeypatch):
+    import time
+    from exactcheck.step import runner
+    monkeypatch.setattr(runner, "MIN_PROPERTY_SECONDS", 0.2)
+    clock = time.perf_counter()
+    result = run_audit(_SlowReference(), worlds=["three_token", "properties"], progress=False, max_seconds=2.0)
+    assert time.perf_counter() - clock < 10  # without the budget the search takes about a minute here
+    searched = [v for v in result.verdicts if v.world == "properties"]
+    assert any("search stopped at the time budget" in v.summary for v in searched)
+    assert not result.failed  # a search cut short finds nothing false: the reference is exact

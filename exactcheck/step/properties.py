@@ -37,6 +37,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -111,6 +112,7 @@ class PropertyResult:
     # a failure that did not recur when the same case was run again (hypothesis: flaky)
     unrepeatable: PropertyFailure | None = None
     forced: bool = True  # whether any of the subject's draws took a forced value
+    out_of_time: bool = False  # the search stopped at its deadline
 
 
 def _oracles(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, rule: RuleSpec | None, normalise: bool):
@@ -437,10 +439,16 @@ def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
                 structural("on every call: the output does not follow the generator's seed"))
 
 
+class _OutOfTime(Exception):
+    """The property search reached its deadline (``search(deadline=...)``)."""
+
+
 def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="cpu",
-           rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyResult:
+           rule: RuleSpec | None | str = FROM_SUBJECT, deadline: float | None = None) -> PropertyResult:
     """Search one property under each forced value in turn (``examples`` cases each), stopping
-    at the first reachable counterexample, which is shrunk."""
+    at the first reachable counterexample, which is shrunk. ``deadline`` (a ``time.perf_counter``
+    value; an audit under ``max_seconds``): no new case is started after it, and the verdict says
+    how far the search got."""
     if name == "seeded_rows" and not _accepts_row_generators(subject):
         return PropertyResult(name, None, 0, None,
                               "not applicable: the subject takes no row_generators argument")
@@ -455,8 +463,12 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                                   f"{VACUOUS}: the subject derives its random numbers from a seed ({seeded}), "
                                   "which no forced value reaches; its laws decide")
     tried, notes, unreachable, unrepeatable = 0, set(), None, None
-    for value in ((None,) if name in UNFORCED else FORCED_VALUES):
-        result = search_property(subject, name, value, examples, seed, device, rule)
+    values = (None,) if name in UNFORCED else FORCED_VALUES
+    for position, value in enumerate(values):
+        result = search_property(subject, name, value, examples, seed, device, rule, deadline)
+        if result.out_of_time:
+            searched = ", ".join(str(v) for v in values[:position + 1]) if value is not None else "its cases"
+            notes.add(f"search stopped at the time budget (--max-seconds) in {searched}")
         tried += result.examples
         notes.add(result.note)
         unreachable = unreachable or result.unreachable
@@ -465,6 +477,8 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
             return PropertyResult(name, value, tried, result.failure, result.note)
         if value is not None and not result.forced:
             break  # no draw took the forced value: the other values would make the same calls
+        if result.out_of_time:
+            break
     if unrepeatable is not None:
         return PropertyResult(name, unrepeatable.value, tried, None, "; ".join(sorted(n for n in notes if n)),
                               unreachable, unrepeatable)
@@ -475,7 +489,8 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
-                    seed: int = 0, device="cpu", rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyResult:
+                    seed: int = 0, device="cpu", rule: RuleSpec | None | str = FROM_SUBJECT,
+                    deadline: float | None = None) -> PropertyResult:
     """Search ``examples`` cases for a reachable counterexample to one property under one forced
     value; shrink what is found. Failures whose trigger is below the reachability floor are kept
     apart (``PropertyResult.unreachable``) and the search goes on, until ``UNREACHABLE_ENOUGH``
@@ -489,6 +504,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     def check(case: VerifyCase) -> PropertyFailure | None:
         if len(unreachable) >= UNREACHABLE_ENOUGH:
             return None  # every counterexample so far needs a joint event: stop shrinking more
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _OutOfTime
         tried[0] += 1
         failure = check_property(subject, name, case, value, seed, draws, device, rule)
         if failure is not None and check_property(subject, name, case, value, seed, None, device, rule) is None:
@@ -499,16 +516,19 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
             return None
         return failure
 
-    def result(failure):
+    def result(failure, out_of_time=False):
         forced = draws["(controlled)"] > 0
         return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]),
                               unreachable[0] if unreachable else None,
-                              unrepeatable[0] if unrepeatable and failure is None else None, forced)
+                              unrepeatable[0] if unrepeatable and failure is None else None, forced, out_of_time)
 
-    for case in edge_corpus():  # deterministic first: each edge class, every time
-        failure = check(case)
-        if failure is not None:
-            return result(failure)
+    try:
+        for case in edge_corpus():  # deterministic first: each edge class, every time
+            failure = check(case)
+            if failure is not None:
+                return result(failure)
+    except _OutOfTime:
+        return result(None, out_of_time=True)
 
     def broken(case: VerifyCase) -> bool:
         failure = check(case)
@@ -522,6 +542,8 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         minimal = find(verify_cases(), broken, settings=config, random=random.Random(seed))
     except NoSuchExample:
         return result(None)
+    except _OutOfTime:
+        return result(failures[-1] if failures else None, out_of_time=True)  # found, not yet shrunk
     except (Flaky, FlakyFailure):  # a case failed once and passed when hypothesis ran it again
         unrepeatable.extend(failures[:1])
         return result(None)

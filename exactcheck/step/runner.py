@@ -70,6 +70,7 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     options = judged_by(options, subject)
+    begun = time.perf_counter()
     device = resolve_device(options.device)
     if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it
         options = replace(options, call_elements=device_max_elements(device))
@@ -79,10 +80,12 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
         fitted = plan_step_audit(options, measure_speed(subject, planned, device))
         options = replace(options, trials=tuple(sorted((w, n) for w, n in fitted.samples
                                                        if planned.world_samples(w) != n)) or None)
-    return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor)
+    until = None if options.max_seconds is None else begun + options.max_seconds
+    return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor, until)
 
 
 PILOT_TRIALS = 64  # trials per world that measure a subject's speed under ``max_seconds``
+MIN_PROPERTY_SECONDS = 5.0  # under ``max_seconds``: the least time each property search gets
 
 
 def measure_speed(subject, audit_plan: AuditPlan, device) -> dict[str, float]:
@@ -131,9 +134,11 @@ def shard_counts(subject, world, plans, size: int, seed: int, device: str,
 
 def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None = None,
              device: torch.device = torch.device("cpu"), progress: bool = True,
-             executor: Executor | None = None) -> AuditResult:
+             executor: Executor | None = None, until: float | None = None) -> AuditResult:
     """Execute a step-audit plan (``exactcheck.step.plan.plan_step_audit``) on ``subject`` on
-    ``device`` (resolved once by ``run_audit``)."""
+    ``device`` (resolved once by ``run_audit``). ``until`` (a ``time.perf_counter`` value, from
+    ``max_seconds``): the property searches share the time left, each at least
+    ``MIN_PROPERTY_SECONDS``, and stop at their deadlines."""
     options, budget = audit_plan.options, audit_plan.budget
     level, seed, stop_early = options.level, options.seed, options.stop_early
     name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
@@ -219,9 +224,13 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                                           device, reproduce(world.name), evident is not None, rule))
             bar.step(world.name)
 
-        for prop in searched if not interrupted else ():
+        for index, prop in enumerate(searched if not interrupted else ()):
             prop_seed = derive_seed(seed, f"{properties}/{prop}")
-            result = search(subject, prop, level.property_examples, prop_seed, device, rule)
+            deadline = None
+            if until is not None:  # an even share of the time left, for each property still to search
+                now = time.perf_counter()
+                deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
+            result = search(subject, prop, level.property_examples, prop_seed, device, rule, deadline)
             pending.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"),
                                             options.rule))
             bar.step(f"{properties}/{prop}")
