@@ -81,6 +81,17 @@ def _emitted(layout: dict) -> torch.Tensor:
     return torch.where(position < emitted[:, None], out, torch.full_like(out, PADDING))
 
 
+def _verify(kernel, draft_tokens: torch.Tensor, generator, row_generators, **arguments) -> torch.Tensor:
+    """One verify call through an SGLang kernel on a chain: its layout, its coins, the rows and
+    options in ``arguments``; the emitted tokens [B, k+1]."""
+    batch, k = draft_tokens.shape
+    layout = _chain(draft_tokens)
+    coins, final = _coins(batch, k + 1, generator, row_generators, draft_tokens.device)
+    kernel(**layout, uniform_samples=coins, uniform_samples_for_final_sampling=final, deterministic=True,
+           **arguments)
+    return _emitted(layout)
+
+
 def _softmaxed(rows: torch.Tensor) -> torch.Tensor:
     """Rows as SGLang's samplers make them: a float32 softmax of their logits (normalised)."""
     rows = rows.float()
@@ -108,14 +119,10 @@ class SglangChainVerifier:
     def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                  generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
                  ) -> torch.Tensor:
-        batch, k = draft_tokens.shape
-        layout = _chain(draft_tokens)
-        coins, final = _coins(batch, k + 1, generator, row_generators, target_probs.device)
         target = target_probs.to(torch.float32).contiguous()
-        self.kernel(**layout, uniform_samples=coins, uniform_samples_for_final_sampling=final, target_probs=target,
-                    draft_probs=torch.zeros_like(target), threshold_single=self.threshold_single,
-                    threshold_acc=self.threshold_acc, deterministic=True)
-        return _emitted(layout)
+        return _verify(self.kernel, draft_tokens, generator, row_generators, target_probs=target,
+                       draft_probs=torch.zeros_like(target), threshold_single=self.threshold_single,
+                       threshold_acc=self.threshold_acc)
 
 
 TRITON_MODULE = "sglang.kernels.ops.speculative.reject_sampling"
@@ -152,14 +159,9 @@ class SglangTritonChainVerifier:
     def __call__(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                  generator: torch.Generator, row_generators: list[torch.Generator | None] | None = None
                  ) -> torch.Tensor:
-        batch, k = draft_tokens.shape
-        layout = _chain(draft_tokens)
-        coins, final = _coins(batch, k + 1, generator, row_generators, target_probs.device)
         options = {"block_verification": True} if self.block_verification else {}
-        self.kernel(**layout, uniform_samples=coins, uniform_samples_for_final_sampling=final,
-                    target_probs=_softmaxed(target_probs), draft_probs=_softmaxed(draft_probs),
-                    threshold_single=1.0, threshold_acc=1.0, deterministic=True, **options)
-        return _emitted(layout)
+        return _verify(self.kernel, draft_tokens, generator, row_generators, target_probs=_softmaxed(target_probs),
+                       draft_probs=_softmaxed(draft_probs), threshold_single=1.0, threshold_acc=1.0, **options)
 
 
 def audit_chain_verifier(kernel=None, *, level: str = "quick", device: str | None = None, **options):

@@ -20,15 +20,10 @@ PLACEHOLDER_TOKEN_ID = -1
 GREEDY_TEMPERATURE = 0
 
 
-def _request_of_token(cu_num_draft_tokens, num_tokens):
-    return torch.searchsorted(cu_num_draft_tokens.to(torch.int64),
-                              torch.arange(num_tokens, device=cu_num_draft_tokens.device), right=True)
-
-
 def apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata):
     if sampling_metadata.all_greedy:
         return logits
-    request = _request_of_token(cu_num_draft_tokens, logits.shape[0])
+    request = v1._request_of_token(cu_num_draft_tokens, logits.shape[0])
     temperature = sampling_metadata.temperature.to(logits.dtype)
     temperature = torch.where(temperature == GREEDY_TEMPERATURE, torch.ones_like(temperature), temperature)
     logits = logits / temperature[request][:, None]
