@@ -467,10 +467,12 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
     for position, value in enumerate(values):
         result = search_property(subject, name, value, examples, seed, device, rule, deadline)
         if result.out_of_time:
-            searched = ", ".join(str(v) for v in values[:position + 1]) if value is not None else "its cases"
-            notes.add(f"search stopped at the time budget (--max-seconds) in {searched}")
+            reached = (f"in forced value {position + 1} of {len(values)} ({value})" if value is not None
+                       else "before its last case")
+            notes.add(f"search stopped at the time budget (--max-seconds) {reached}")
         tried += result.examples
-        notes.add(result.note)
+        if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
+            notes.add(result.note)
         unreachable = unreachable or result.unreachable
         unrepeatable = unrepeatable or result.unrepeatable
         if result.failure is not None:
