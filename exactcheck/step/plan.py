@@ -61,11 +61,13 @@ def fit_to_seconds(samples: dict[str, int], seconds_per_trial: dict[str, float],
     return {w: n if factor >= 1 else min(n, max(MIN_FITTED_TRIALS, int(n * factor))) for w, n in samples.items()}
 
 
-def plan_step_audit(options: AuditOptions, seconds_per_trial: dict[str, float] | None = None) -> AuditPlan:
+def plan_step_audit(options: AuditOptions, seconds_per_trial: dict[str, float] | None = None,
+                    law_seconds: float | None = None) -> AuditPlan:
     """The laws of every chosen world at its planned budget, the chain-rule tests of named large
     worlds, the properties, the invalid-input probe. With ``options.max_seconds`` and the
     subject's measured ``seconds_per_trial`` per world, each world's budget is cut to fit
-    ``LAW_SHARE`` of it (``fit_to_seconds``); the laws are planned at the trials that remain."""
+    ``law_seconds`` (default: ``LAW_SHARE`` of it; ``fit_to_seconds``); the laws are planned at the
+    trials that remain."""
     properties, inputs = PseudoWorld.PROPERTIES.value, PseudoWorld.INPUTS.value
     chosen, chains, searched = default_worlds(), [], list(PROPERTIES) if options.properties else []
     probe = options.properties
@@ -85,7 +87,8 @@ def plan_step_audit(options: AuditOptions, seconds_per_trial: dict[str, float] |
     checks, samples, laws = [], [], []
     trials = {world.name: plan.samples(world.name) for world in chosen}
     if options.max_seconds is not None and seconds_per_trial is not None:
-        trials = fit_to_seconds(trials, seconds_per_trial, LAW_SHARE * options.max_seconds)
+        seconds = LAW_SHARE * options.max_seconds if law_seconds is None else law_seconds
+        trials = fit_to_seconds(trials, seconds_per_trial, seconds)
     for world, n in options.trials or ():
         if world not in trials and world not in [w.name for w in default_worlds()]:
             raise UsageError(f"trials: unknown world {world!r}; known: {[w.name for w in default_worlds()]}")

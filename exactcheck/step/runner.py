@@ -29,7 +29,7 @@ from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.step.contract import Verifier
 from exactcheck.step.drive import drive
-from exactcheck.step.plan import judged_rule, plan_step_audit
+from exactcheck.step.plan import LAW_SHARE, judged_rule, plan_step_audit
 from exactcheck.step.properties import search
 from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_alternatives,
                                       law_verdict, property_verdict, rule_note)
@@ -77,15 +77,18 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     if options.max_seconds is not None and options.trials is None:
         # the budget becomes trials per world, fixed from here on: reproduce lines name them
         planned = plan_step_audit(options)
-        fitted = plan_step_audit(options, measure_speed(subject, planned, device))
+        speeds = measure_speed(subject, planned, device)
+        # the laws get their share of the budget less what measuring the speed took
+        law_seconds = max(0.0, LAW_SHARE * options.max_seconds - (time.perf_counter() - begun))
+        fitted = plan_step_audit(options, speeds, law_seconds)
         options = replace(options, trials=tuple(sorted((w, n) for w, n in fitted.samples
                                                        if planned.world_samples(w) != n)) or None)
     until = None if options.max_seconds is None else begun + options.max_seconds
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor, until)
 
 
-PILOT_TRIALS = 64  # trials per world that measure a subject's speed under ``max_seconds``
-MIN_PROPERTY_SECONDS = 5.0  # under ``max_seconds``: the least time each property search gets
+PILOT_TRIALS = 16  # trials per world that measure a subject's speed under ``max_seconds``
+MIN_PROPERTY_SECONDS = 10.0  # under ``max_seconds``: the least time each property search gets
 
 
 def measure_speed(subject, audit_plan: AuditPlan, device) -> dict[str, float]:
@@ -100,7 +103,7 @@ def measure_speed(subject, audit_plan: AuditPlan, device) -> dict[str, float]:
         world = audit_plan.world(world_name)
         seed = derive_seed(audit_plan.options.seed, f"speed/{world_name}")
         try:
-            drive(subject, world, 8, seed, device, audit_plan.options.max_elements)
+            drive(subject, world, 2, seed, device, audit_plan.options.max_elements)  # warm-up
             clock = time.perf_counter()
             drive(subject, world, PILOT_TRIALS, seed + 1, device, audit_plan.options.max_elements)
             seconds[world_name] = (time.perf_counter() - clock) / PILOT_TRIALS
