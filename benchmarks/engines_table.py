@@ -12,14 +12,24 @@ from pathlib import Path
 from exactcheck.adapters.engine_paths import PATHS
 
 
+def _reach(verdict: dict) -> str:
+    """A finding's reachability: the forced draw and its per-draw probability."""
+    reach = verdict.get("reachability") or {}
+    if reach.get("kind") != "forced":
+        return verdict["outcome"]
+    bits = {"float64": 53, "float32": 24}.get(reach.get("dtype"))
+    probability = f"2^-{bits}" if bits and reach["per_draw_probability"] == 2.0 ** -bits else f"{reach['per_draw_probability']:.2g}"
+    return (f"{verdict['outcome']}; {reach['draws']} {reach['dtype']} draw of {reach['draw_function']} at "
+            f"{reach['value']!r}: {probability} per draw")
+
+
 def row(path: str, data: dict) -> str:
     release, setting = PATHS[path]
     laws = [v for v in data["verdicts"] if v.get("check_kind") in ("law", "chain_rule") and v.get("detectable_tv")]
     tvs = sorted(v["detectable_tv"] for v in laws)
     trials = data["budget"]["samples_drawn"]
     failed = [v for v in data["verdicts"] if v["outcome"] in ("defect", "crashed", "contract_violation")]
-    findings = "; ".join(f"`{v['check']}` ({(v.get('reachability') or {}).get('summary', v['outcome'])})"
-                         for v in failed) or "none"
+    findings = "; ".join(f"`{v['check']}` ({_reach(v)})" for v in failed) or "none"
     exact = sum(v["outcome"] == "exact" for v in laws)
     rule = (data.get("rule") or {}).get("rule") or "undeclared"
     rule = "relaxed:topk=1,delta=0 (greedy)" if rule == "relaxed" else rule
