@@ -2,7 +2,8 @@
 calls), in pure torch, with vLLM V1's semantics:
 
 - ``rejection_sample``: per request, its drafts are accepted while ``draft_prob > 0 and
-  target_prob / draft_prob >= u`` with ``u`` a float32 uniform (the request's generator draws
+  target_prob / draft_prob >= u`` with ``u`` a float32 uniform (the stand-in's choice: vLLM draws
+  float64 uniforms, ``uniform_dtype=torch.float64`` as the 0.33 stand-in passes) (the request's generator draws
   its ``num_draft_tokens`` uniforms with ``Tensor.uniform_``; requests without one use torch's
   global generator); at the first rejection the recovered token is emitted; after every draft
   is accepted the bonus token handed in is appended; unused slots hold -1.
