@@ -250,7 +250,10 @@ def _world_trials(value) -> tuple[tuple[str, int], ...]:
     items = value.items() if isinstance(value, dict) else value
     out = {}
     for item in items:
-        world, n = item.split("=", 1) if isinstance(item, str) and "=" in item else (item if not isinstance(item, str) else (item, None))
+        if isinstance(item, str):
+            world, _, n = item.partition("=")
+        else:
+            world, n = item
         try:
             n = int(n)
         except (TypeError, ValueError):
