@@ -41,7 +41,7 @@ def main() -> int:
         cli(["audit", "exactcheck.step.mutants:bonus_argmax", "--level", "quick", "--world", "three_token",
              "--world", "random_v8_k4", "--world", "ctx_v4_l5_k4", "--no-stop-early", "--report", str(work),
              "--quiet"])
-        shoot(chromium, work / "audit-exactcheck-step-mutants-bonus_argmax.html",
+        shoot(chromium, work / "audit-exactcheck-step-mutants-bonus_argmax-quick-seed0.html",
               ROOT / "reports" / "html-report-failing-audit.png", 1600, work)
         page = work / "selftest.html"
         page.write_text(render_selftest_html(json.loads((ROOT / "reports" / "selftest-standard.json").read_text())))

@@ -231,7 +231,6 @@ def _print_and_write(result: AuditResult, report: str | None, stem: str, passing
 
 def _audit(args) -> int:
     from exactcheck.report.files import report_stem
-    from exactcheck.report.verdict import Outcome
     executor = _executor(args)
     try:
         result = audit_subject(SubjectKind.VERIFIER, args.subject, rule=args.rule, level=args.level, seed=args.seed,
@@ -242,13 +241,20 @@ def _audit(args) -> int:
                                max_seconds=args.max_seconds, trials=args.trials)
     finally:
         executor.close()
-    stem = report_stem("audit-", args.subject)
+    stem = report_stem("audit-", args.subject, args.level, args.seed)
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
+    return _exit_status(result, args.subject)
+
+
+def _exit_status(result: AuditResult, subject: str) -> int:
+    """0 passed, 1 a defect, 2 (with one error line and the subject's frames on stderr) a subject
+    that crashed on every world it was driven through: it could not be driven at all."""
+    from exactcheck.report.verdict import Outcome
     if result.undrivable:
         crash = next(v for v in result.verdicts if v.outcome is Outcome.CRASHED)
-        print(f"exactcheck: error: {args.subject} could not be driven: it crashed on every world "
+        print(f"exactcheck: error: {subject} could not be driven: it crashed on every world "
               f"({crash.summary})", file=sys.stderr)
         for frame in crash.traceback:
             print(f"  {frame}", file=sys.stderr)
@@ -256,8 +262,19 @@ def _audit(args) -> int:
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
 
+def _named(result: AuditResult, subject: str) -> AuditResult:
+    """``result`` naming its subject as the command line gave it when that was MODULE:CALLABLE
+    (the runners name a generator by its callable's ``__name__``); a built-in generator keeps its
+    own descriptive name."""
+    import dataclasses
+    if subject in BUILTIN_GENERATORS or subject.startswith("loop-mutant:") or ":" not in subject:
+        return result
+    lossy = " [lossy by design]"
+    return dataclasses.replace(result, subject=subject + (lossy if result.subject.endswith(lossy) else ""))
+
+
 def _selftest(args) -> int:
-    from exactcheck.report.files import write_report
+    from exactcheck.report.files import report_stem, write_report
     from exactcheck.report.json_md import selftest_to_json
     from exactcheck.report.terminal import selftest_footer, selftest_header, selftest_row
     from exactcheck.step.selftest import REFERENCE_NAME, run_selftest
@@ -274,7 +291,8 @@ def _selftest(args) -> int:
     print()
     print(selftest_footer(result, time.perf_counter() - start))
     if args.report:
-        for path in write_report(selftest_to_json(result), args.report, f"selftest-{args.level}"):
+        stem = report_stem("selftest-", "", args.level, args.seed)
+        for path in write_report(selftest_to_json(result), args.report, stem):
             print(f"report: {path}")
     return EXIT_PASS if result.passed else EXIT_DEFECT
 
@@ -293,11 +311,12 @@ def _e2e(args) -> int:
                                executor=executor if args.executor == "ray" else None)
     finally:
         executor.close()
-    stem = report_stem("e2e-", args.subject)
+    result = _named(result, args.subject)
+    stem = report_stem("e2e-", args.subject, args.level, args.seed)
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
-    return EXIT_PASS if result.passed else EXIT_DEFECT
+    return _exit_status(result, args.subject)
 
 
 def _grammar(args) -> int:
@@ -307,7 +326,8 @@ def _grammar(args) -> int:
     result = run_grammar_audit(load_generator(args.subject), prompts=args.prompts, samples=args.samples,
                                seed=args.seed, progress=not args.quiet, device=resolve_device(args.device),
                                subject_name=args.subject)
-    stem = report_stem("grammar-smollm2-", args.subject)
+    result = _named(result, args.subject)
+    stem = report_stem("grammar-smollm2-", args.subject, seed=args.seed)
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem, passing=True)
@@ -340,7 +360,8 @@ def _greedy(args) -> int:
     result = run_greedy_audit(load_generator(args.subject), args.model, prompts=args.prompts,
                               new_tokens=args.new_tokens, per_prompt=args.per_prompt, seed=args.seed,
                               progress=not args.quiet, device=resolve_device(args.device), subject_name=args.subject)
-    stem = report_stem(f"greedy-{args.model}-", args.subject)
+    result = _named(result, args.subject)
+    stem = report_stem(f"greedy-{args.model}-", args.subject, seed=args.seed)
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
@@ -371,7 +392,8 @@ def _cost(args) -> int:
                     seed=args.seed, exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
     print(cost_headline(data))
     if args.report:
-        for path in write_report(data, args.report, report_stem(f"cost-{model or args.world}-", args.subject)):
+        stem = report_stem(f"cost-{model or args.world}-", args.subject, seed=args.seed)
+        for path in write_report(data, args.report, stem):
             print(f"report: {path}")
     return EXIT_PASS
 
@@ -395,7 +417,8 @@ def _gate(args) -> int:
         written.append(f"json: {gate.write(args.json, gate.dumps(gate_to_json(results)))}")
     if args.report:
         for result in results:
-            paths = write_report(audit_to_json(result.audit), args.report, report_stem("audit-", result.subject.name))
+            stem = report_stem("audit-", result.subject.name, result.audit.level, result.audit.seed)
+            paths = write_report(audit_to_json(result.audit), args.report, stem)
             written += [f"report: {path}" for path in (paths[:1] if interrupted else paths)]
     if interrupted:
         files = ", ".join(line.split(": ", 1)[1] for line in written)

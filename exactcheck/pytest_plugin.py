@@ -154,7 +154,7 @@ class ExactcheckSession:
         if directory:
             from exactcheck.report.files import report_stem, write_report
             from exactcheck.report.json_md import audit_to_json
-            write_report(audit_to_json(result), directory, report_stem("audit-", spec.name))
+            write_report(audit_to_json(result), directory, report_stem("audit-", spec.name, result.level, result.seed))
         return result
 
     def report(self, spec: SubjectSpec, check: str) -> None:

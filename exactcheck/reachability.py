@@ -1,13 +1,18 @@
 """How likely a deterministic finding's trigger is in real use.
 
 A property breaks under forced random numbers; whether that matters depends on how often real
-draws produce the trigger. For a forced-value finding the trigger is a set of draws taking one
-value each: its probability per call is the product of the per-draw probabilities of those values
-in the draws' dtypes (a float32 uniform is exactly 0 with probability 2^-24, a float64 one with
-2^-53), over the *fewest* forced draws that still break the property (``exactcheck.step.properties``
-shrinks the forced set). A finding observed with ordinary random numbers (a law's impossible
-outcome, a cache breach) is reachable at its observed frequency. A structural finding (a row's
-output depends on its batch at identical random numbers) does not hinge on a rare value.
+draws produce the trigger. For a forced-value finding the trigger found is a set of draws taking
+one value each, the *fewest* forced draws that still break the property
+(``exactcheck.step.properties`` shrinks the forced set); the figure reported is the product of
+the per-draw probabilities of those values in the draws' dtypes (a float32 uniform is exactly 0
+with probability 2^-24, a float64 one with 2^-53). That is the probability of one way to trigger
+the finding; other draws of the call, or other values, may trigger it too. So for float32 and
+float64 draws, whose per-value probability is exact, it is a lower bound on the trigger's
+probability per call, and is printed as one ("probability at least 2^-24 per call"); for
+half-precision draws the per-draw figure is itself an upper bound, so the product is printed
+plainly. A finding observed with ordinary random numbers (a law's impossible outcome, a cache
+breach) is reachable at its observed frequency. A structural finding (a row's output depends on
+its batch at identical random numbers) does not hinge on a rare value.
 
 A trigger rarer than ``FLOOR`` per call (2^-60: at a billion calls a second, once in 36 years)
 is *unreachable boundary behaviour*: shown in reports, never failing an audit.
@@ -21,6 +26,8 @@ __all__ = ["Reachability", "FLOOR", "FLOOR_LOG2", "forced_draws", "observed_in",
 
 FLOOR_LOG2 = -60
 FLOOR = 2.0 ** FLOOR_LOG2
+# dtypes whose uniform draws take each value with an exact, known probability (2^-24, 2^-53)
+_EXACT_GRIDS = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,8 @@ class Reachability:
     ``kind``: ``forced`` (a set of forced draws; ``draws`` of them, ``per_draw_probability``
     each, ``dtype`` and ``draw_function`` naming them), ``observed`` (seen with ordinary random
     numbers in ``observed`` of ``trials``), or ``structural``. ``probability`` is per call (per
-    generation for observed findings); None for structural findings. ``minimal``: the forced set
+    generation for observed findings; for a forced set, a lower bound where ``lower_bound``);
+    None for structural findings. ``minimal``: the forced set
     could not be made smaller (False: the shrinking ran out of budget, so the true trigger may be
     likelier than stated)."""
 
@@ -50,13 +58,23 @@ class Reachability:
     def reachable(self) -> bool:
         return self.probability is None or self.probability >= FLOOR
 
+    @property
+    def lower_bound(self) -> bool:
+        """Whether ``probability`` is a lower bound on the trigger's probability per call, not its
+        value: a forced set's probability is that of one way to trigger the finding (the call's
+        other draws, or other values, may trigger it too), and bounds it from below where every
+        forced draw's per-value probability is exact (float32, float64; ``value_probability``)."""
+        return (self.kind == "forced" and self.draws > 0 and self.dtype is not None
+                and all(d.strip() in _EXACT_GRIDS for d in self.dtype.split(",")))
+
     def describe(self) -> str:
         if self.kind == "forced":
             if self.draws == 0:
                 return "reachable with ordinary random numbers: no forced draw is needed"
+            bound = "at least " if self.lower_bound else ""
             return (f"{self.draws} forced draw{'s' * (self.draws != 1)} of {self.draw_function} "
-                    f"({self.dtype}) at {self.value!r}: probability {_power(self.probability)} per call"
-                    + ("" if self.minimal else " (set not fully shrunk: at least this likely)")
+                    f"({self.dtype}) at {self.value!r}: probability {bound}{_power(self.probability)} per call"
+                    + ("" if self.minimal else " (set not fully shrunk: the trigger may be likelier still)")
                     + ("" if self.reachable else f", below the floor {_power(FLOOR)}: unreachable"))
         return self.detail
 

@@ -137,11 +137,13 @@ def cost_line(subject: str, model: str | None, world: str | None, draft_lengths:
     return reproduce_line("cost", subject, settings)
 
 
-def reproducer_path(check: str, subject: str = "") -> str:
+def reproducer_path(check: str, subject: str = "", level: str | None = None, seed: int | None = None) -> str:
     """Where a report directory keeps the reproducer of ``check`` of ``subject`` (one file per
-    subject and check, so subjects failing the same property in one gate keep theirs apart)."""
+    subject and check, so subjects failing the same property in one gate keep theirs apart; with
+    the audit's ``level`` and ``seed``, one per level and seed too, as the report files are)."""
     slug = "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in subject).strip("-")
-    return "reproducers/" + (f"{slug}--" if slug else "") + check.replace("/", "-") + ".json"
+    settings = (f"-{level}" if level else "") + ("" if seed is None else f"-seed{int(seed)}")
+    return "reproducers/" + (f"{slug}--" if slug else "") + check.replace("/", "-") + settings + ".json"
 
 
 REPORT_DIR = "REPORT_DIR"  # replaced by the report directory when the report is written

@@ -84,13 +84,13 @@ def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
 def test_replay_command(tmp_path, capsys):
     assert main(["audit", "exactcheck.step.mutants:zero_residual_to_vocab", "--level", "quick",
                  "--world", "properties/contract", "--report", str(tmp_path), "--quiet"]) == 1
-    path = tmp_path / "reproducers" / "exactcheck.step.mutants-zero_residual_to_vocab--properties-contract.json"
+    path = tmp_path / "reproducers" / "exactcheck.step.mutants-zero_residual_to_vocab--properties-contract-quick-seed0.json"
     record = json.loads(path.read_text())
     assert record["schema"] == "exactcheck.reproducer/2" and record["inputs"] is not None
     assert main(["replay", str(path)]) == 1
     assert "still fails" in capsys.readouterr().out
     assert main(["replay", str(path), "--subject", "exactcheck.step.reference:reference_verifier"]) == 0
-    assert main(["replay", str(tmp_path / "audit-exactcheck-step-mutants-zero_residual_to_vocab.json")]) == 1
+    assert main(["replay", str(tmp_path / "audit-exactcheck-step-mutants-zero_residual_to_vocab-quick-seed0.json")]) == 1
 
 
 def test_a_subject_without_row_generators_is_not_judged_on_them():

@@ -172,7 +172,7 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
     """(title, body parts) of one audit: verdict, failed laws, the checks (inconclusive ones
     folded), p-values, accepted lengths of worlds that drew samples, findings."""
     status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
-    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    counts = result.counts_text()
     env = result.environment
     head = ((f"level {result.level}, seed" if result.level else "seed") + f" {result.seed}, {result.alpha_text()}"
             + f"; {len(result.verdicts)} checks: {counts}; {result.duration_s:.1f} s; exactcheck "
@@ -190,7 +190,7 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
                 for v in result.verdicts if v.outcome.failed or v.outcome is Outcome.UNREACHABLE]
     sub = "h2" if heading == "h1" else "h3"
     body = [
-        f'<{heading}>exactcheck audit of <code>{_e(result.subject)}</code> '
+        f'<{heading}>exactcheck {_e(result.command)} <code>{_e(result.subject)}</code> '
         f'<span class="status" style="background:{"#1a7f37" if result.passed else "#cf222e"}">{status}</span></{heading}>',
         f"<p>{_e(head)}.</p><p>{_e(budget)}.</p>",
     ]
@@ -213,17 +213,16 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
                 "in 10 at its α share and sample size (a defect smaller than that can still be found, with lower "
                 "probability); certified TV ≤ bounds the true TV at confidence 1 − α. A check with no samples "
                 "shows –.</small></p>")
-    return f"exactcheck: {result.subject} {status}", body
+    return f"{result.title()}: {status}", body
 
 
 def render_pr_comment(data: dict, most: int = 10) -> str:
     """A short Markdown summary for a pull-request comment: status, counts, the failed checks."""
     result = audit_from_json(data)
     failed = result.ranked_failures()
-    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     icon = "✅" if result.passed else "❌"
-    lines = [f"### {icon} exactcheck: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
-             f"{len(result.verdicts)} checks ({counts}); {result.settings_text()}."]
+    lines = [f"### {icon} exactcheck {result.command}: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
+             f"{len(result.verdicts)} checks ({result.counts_text()}); {result.settings_text()}."]
     if failed:
         lines += ["", "| check | outcome | TV (95% interval) | adjusted p | reproduce |", "|---|---|---|---:|---|"]
         for v in failed[:most]:
@@ -234,6 +233,9 @@ def render_pr_comment(data: dict, most: int = 10) -> str:
             lines.append(f"| … {len(failed) - most} more | | | | |")
         lines += ["", "<details><summary>strongest finding</summary>", "", "```", failed[0].describe(), "```", "",
                   "</details>"]
+    if result.not_required:
+        lines += ["", "Non-gating findings (reported, not failing): " + ", ".join(
+            f"`{v.check}` ({v.category.value}; `--require {v.category.flag}` makes it fail)" for v in result.not_required)]
     return "\n".join(lines) + "\n"
 
 

@@ -96,11 +96,11 @@ def _p(x) -> str:
 def render_audit_markdown(data: dict) -> str:
     result = audit_from_json(data)
     status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
-    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
+    counts = result.counts_text()
     versions = (f"exactcheck {result.environment.get('exactcheck')}, torch {result.environment.get('torch')}"
                 + (f", transformers {result.environment['transformers']}" if "transformers" in result.environment else ""))
     lines = [
-        f"# exactcheck audit of `{result.subject}`: {status}",
+        f"# exactcheck {result.command} `{result.subject}`: {status}",
         "",
         (f"Level **{result.level}**, seed" if result.level else "Seed") + f" {result.seed}, {result.alpha_text()}; "
         f"{len(result.verdicts)} checks: {counts}. Device {result.device}, {result.duration_s:.1f} s, {versions}.",

@@ -42,6 +42,7 @@ class AuditResult:
 
     kind: ClassVar[AuditKind]
     unit: ClassVar[str]  # what a sample is: trials, generations, runs, outputs
+    command: ClassVar[str]  # the ``exactcheck`` command that runs this kind: what titles name
 
     subject: str
     level: str | None
@@ -90,6 +91,22 @@ class AuditResult:
     def count(self, outcome: Outcome) -> int:
         return sum(v.outcome is outcome for v in self.verdicts)
 
+    def counts_text(self) -> str:
+        """"3 exact, 2 defect, 1 non-gating finding": the checks by outcome, where a failed outcome
+        counts as such only if it gates this audit; failed checks in categories the audit does not
+        require (``not_required``, e.g. the step audit's ``properties/same_seed``) are counted
+        apart. Every headline (terminal, Markdown, HTML, pull-request comment) prints this."""
+        apart = set(map(id, self.not_required))
+        kept = [v for v in self.verdicts if id(v) not in apart]
+        parts = [f"{n} {o.value}" for o in Outcome if (n := sum(v.outcome is o for v in kept))]
+        if apart:
+            parts.append(f"{len(apart)} non-gating finding{'s' * (len(apart) != 1)}")
+        return ", ".join(parts)
+
+    def title(self) -> str:
+        """"exactcheck e2e mod:gen": the command and the subject, as a report's headline names them."""
+        return f"exactcheck {self.command} {self.subject}"
+
     def ranked_failures(self) -> list[Verdict]:
         """The failed verdicts, the one a user meets most often first (``exactcheck.report.ranking``)."""
         return rank_failures(self.failed)
@@ -128,6 +145,7 @@ class AuditResult:
 class StepAuditResult(AuditResult):
     kind: ClassVar[AuditKind] = AuditKind.STEP
     unit: ClassVar[str] = "trials"
+    command: ClassVar[str] = "audit"
 
     detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
     stop_early: bool = False
@@ -172,6 +190,7 @@ class StepAuditResult(AuditResult):
 class GeneratorAuditResult(AuditResult):
     kind: ClassVar[AuditKind] = AuditKind.END_TO_END
     unit: ClassVar[str] = "generations"
+    command: ClassVar[str] = "e2e"
 
     def budget_text(self) -> str:
         return f"end-to-end audit: {self.samples_drawn:,} generations driven ({self.samples_planned:,} planned), fixed budget"
@@ -181,6 +200,7 @@ class GeneratorAuditResult(AuditResult):
 class GreedyAuditResult(AuditResult):
     kind: ClassVar[AuditKind] = AuditKind.GREEDY
     unit: ClassVar[str] = "greedy runs"
+    command: ClassVar[str] = "greedy"
 
     def budget_text(self) -> str:
         return f"greedy identity: {self.samples_drawn:,} runs (prompt x draft length), each compared token for token"
@@ -190,6 +210,7 @@ class GreedyAuditResult(AuditResult):
 class GrammarAuditResult(AuditResult):
     kind: ClassVar[AuditKind] = AuditKind.GRAMMAR
     unit: ClassVar[str] = "sampled outputs"
+    command: ClassVar[str] = "grammar"
 
     def budget_text(self) -> str:
         return (f"grammar audit: {self.samples_drawn:,} of {self.samples_planned:,} sampled outputs, "

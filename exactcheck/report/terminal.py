@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from exactcheck.report.json_md import deterministic_finding
 from exactcheck.report.ranking import rank_failures
-from exactcheck.report.result import AuditKind, AuditResult
+from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Outcome
 
 if TYPE_CHECKING:
@@ -22,19 +22,14 @@ OTHER_LINES = 5  # inconclusive checks listed one per line before the rest becom
 NOT_RUN = "not run to its budget"
 
 
-_COMMAND = {AuditKind.STEP: "audit", AuditKind.END_TO_END: "e2e", AuditKind.GREEDY: "greedy",
-            AuditKind.GRAMMAR: "grammar"}
-
-
 def audit_summary(result: AuditResult, passing: bool = False) -> str:
     """One screen: the verdict line, then each gating finding with its evidence and reproduce
     line (the one a user meets most often first), then one-liners for the rest, inconclusive
     checks folded into counts, the budget, and with ``passing`` a line per check that passed."""
     status = "PASSED" if result.passed else "FAILED"
-    counts = ", ".join(f"{result.count(o)} {o.value}" for o in Outcome if result.count(o))
     failed = result.ranked_failures()
     first = f" on {failed[0].check} ({failed[0].outcome.value})" if failed else ""
-    lines = [f"exactcheck {_COMMAND[result.kind]} {result.subject}: {status}{first} ({counts}; {result.settings_text()}, "
+    lines = [f"{result.title()}: {status}{first} ({result.counts_text()}; {result.settings_text()}, "
              f"{result.duration_s:.1f} s)"]
     note = getattr(result, "rule_note", "")
     if note:

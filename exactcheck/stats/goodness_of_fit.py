@@ -17,7 +17,13 @@ value with probability 0.9.
 TV. The plug-in estimate 1/2 sum |N_i/n - p_i| is biased upward by sampling noise. Its
 interval uses the Bretagnolle-Huber-Carol inequality P(TV(p_hat, p) >= t) <= 2^K exp(-2 n t^2):
 the upper end on all K cells, the lower end on the pooled cells (TV on a coarser partition never
-exceeds the true TV), each at half the error. Certificates (``tv_certificate``) add tail merging.
+exceeds the true TV), each at half the error. Where the law has cells of probability 0, the TV
+is also at least the subject's mass z on them (TV = sup_A |q(A) - p(A)| >= q(Z) - p(Z) = z): the
+lower end is then the larger of the pooled Bretagnolle-Huber-Carol bound and the one-sided
+Clopper-Pearson lower bound on z from the k of n samples that fell there, each at half of the
+lower end's error (Bonferroni, decided from the law alone), so k > 0 gives a lower end above 0
+and the interval keeps its 95%. Laws without such cells get the interval as before.
+Certificates (``tv_certificate``) add tail merging.
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, stats
 
-__all__ = ["GoodnessOfFit", "goodness_of_fit", "pooling", "detectable_tv", "holm", "tv_certificate",
+__all__ = ["GoodnessOfFit", "goodness_of_fit", "impossible_mass_lower", "pooling", "detectable_tv", "holm",
+           "tv_certificate",
            "MIN_EXPECTED", "POWER", "INTERVAL_CONFIDENCE"]
 
 MIN_EXPECTED = 5.0
@@ -130,10 +137,25 @@ def tv_certificate(counts: np.ndarray, expected: np.ndarray, alpha: float) -> fl
     return min(1.0, merged + float(tail_mass[j]) + float(radius[j]))
 
 
+def impossible_mass_lower(k: int, n: int, error: float) -> float:
+    """The one-sided Clopper-Pearson lower confidence bound on a binomial probability from ``k``
+    successes in ``n`` trials: with probability at least 1 - ``error`` it is <= the true
+    probability. 0 for k = 0; above 0 for every k > 0."""
+    if k <= 0 or n <= 0:
+        return 0.0
+    return float(stats.beta.ppf(error, k, n - k + 1))
+
+
 def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,
                     power: float = POWER) -> GoodnessOfFit:
     """Test ``counts`` (int, [K]) against the exact law ``expected`` (float64, [K], sums to 1).
-    ``level`` is the significance level used for the detectable TV (the check's alpha share)."""
+    ``level`` is the significance level used for the detectable TV (the check's alpha share).
+
+    ``tv_interval`` covers the true TV with probability at least 95% (2.5% at each end). Its
+    lower end is the pooled Bretagnolle-Huber-Carol bound; where the law has cells of
+    probability 0 it is at least the Clopper-Pearson lower bound on the subject's mass there
+    (the k of n samples that fell on them: above 0 whenever k > 0), the two sharing the lower
+    end's 2.5% equally."""
     counts = np.asarray(counts, dtype=np.int64)
     expected = np.asarray(expected, dtype=np.float64)
     if counts.shape != expected.shape:
@@ -155,8 +177,11 @@ def goodness_of_fit(counts: np.ndarray, expected: np.ndarray, level: float,
     tv = 0.5 * float(np.abs(counts / n - expected).sum())
     tv_pooled = 0.5 * (float(np.abs(observed / n - pooled_p).sum()) + impossible / n)
     half = (1 - INTERVAL_CONFIDENCE) / 2
-    low = max(0.0, tv_pooled - _bhc_radius(groups + 1, n, half))
     high = min(1.0, tv + _bhc_radius(counts.size, n, half))
+    if (expected <= 0).any():  # TV >= the subject's mass on impossible cells: bound both, half the error each
+        low = max(0.0, tv_pooled - _bhc_radius(groups + 1, n, half / 2), impossible_mass_lower(impossible, n, half / 2))
+    else:
+        low = max(0.0, tv_pooled - _bhc_radius(groups + 1, n, half))
     return GoodnessOfFit(statistic, df, pvalue, n, counts.size, groups, impossible, tv,
                          (low, high), detectable_tv(n, df, level, power))
 
