@@ -51,6 +51,8 @@ LINES = (
     '  loop-mutant:mask_on_draft_only     The grammar mask is applied to the drafter only; verification uses the unmasked target.',
     '  loop-mutant:mask_after_acceptance  Verification uses the unmasked target; afterwards the first emitted token the grammar forbids is replaced by a...',
     '  loop-mutant:tokens_after_stop      Stop tokens do not end the generation: tokens are emitted after EOS.',
+    '  loop-mutant:inline_ratio_test      Verification written inline in the loop, as a popular package does: reject draft i when ``r > p(x)/q(x)`` with...',
+    "  loop-mutant:greedy_when_sampling   A sampled request decoded greedily: the policy's temperature is dropped and both models decode at temperature ...",
     'real models (`exactcheck greedy --model`): tiny-llama, tiny-gpt2, smollm2',
     'mutants:',
     '  trust_draft                Every draft token is accepted: the output follows q, not p.',

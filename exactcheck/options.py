@@ -370,6 +370,9 @@ class AuditPlan:
     worlds: tuple = ()
     # step audits: each law world's planned laws at its budget (``exactcheck.stats.laws.LawPlan``)
     laws: tuple[tuple[str, tuple], ...] = ()
+    # checks reported but not run, with why ("the generator declares no grammar masks"); they
+    # spend none of alpha
+    not_applicable: tuple[tuple[str, str], ...] = ()
 
     @property
     def names(self) -> list[str]:

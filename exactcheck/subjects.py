@@ -96,8 +96,9 @@ def _run_verifier(subject, options: AuditOptions, **keywords):
 
 
 def _plan_generator(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
+    from exactcheck.e2e.generator import capabilities_of
     from exactcheck.e2e.plan import plan_generator_audit
-    return plan_generator_audit(options, policies, greedy)
+    return plan_generator_audit(options, policies, greedy, capabilities_of(subject))
 
 
 def _run_generator(subject, options: AuditOptions, **keywords):

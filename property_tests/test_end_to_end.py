@@ -102,17 +102,35 @@ def test_a_crashing_or_misbehaving_generator_gets_a_verdict_not_a_traceback():
                          ids=["reference_loop", "transformers_assisted", "transformers_prompt_lookup"])
 def test_exact_generators_pass_the_end_to_end_audit(generator):
     result = run_generator_audit(generator, worlds=[WORLD.name], generations=600, seed=1, progress=False)
-    assert result.passed, [v.describe() for v in result.failed]
+    failed = [v for v in result.failed if not _transformers_boundary_finding(generator, v)]
+    assert not failed, [v.describe() for v in failed]
     checks = {v.law for v in result.verdicts}
-    assert checks == {"sequence", "first_token", "cache_rollback", "greedy_identity"}
-    assert all(v.outcome is Outcome.EXACT for v in result.verdicts)
+    assert checks == {"sequence", "first_token", "cache_rollback", "greedy_identity", "forced_no_forbidden_token",
+                      "forced_no_crash", "forced_greedy"} | ({"draft_follows_q"} if generator.name.startswith(
+                          "exactcheck reference") else set())
+    # transformers' generate draws nothing in greedy mode: its forced_greedy is not judged
+    assert all(v.outcome is Outcome.EXACT for v in result.verdicts
+               if not _transformers_boundary_finding(generator, v) and v.law != "forced_greedy")
+
+
+def _transformers_boundary_finding(generator, verdict) -> bool:
+    """transformers' ``_speculative_sampling`` accepts when ``r <= p/q``: a float32 uniform of
+    exactly 0 accepts a draft of target probability 0 (2^-24 per draw; the step audit's finding
+    on the same function). Its assisted generation is exact in law otherwise."""
+    if not isinstance(generator, AssistedGeneration) or verdict.law != "forced_no_forbidden_token":
+        return False
+    reach = verdict.evidence.reachability
+    return (verdict.outcome is Outcome.DEFECT and "torch.rand_like" in reach.draw_function
+            and 2.0 ** -26 <= reach.probability <= 2.0 ** -24)
 
 
 def test_temperature_policy_is_checked_against_the_transformed_law():
     hot = DecodingPolicy(0.5)
-    result = run_generator_audit(AssistedGeneration(2), worlds=[WORLD.name], generations=600, seed=2,
+    generator = AssistedGeneration(2)
+    result = run_generator_audit(generator, worlds=[WORLD.name], generations=600, seed=2,
                                  policies=(hot,), greedy=False, progress=False)
-    assert result.passed, [v.describe() for v in result.failed]
+    failed = [v for v in result.failed if not _transformers_boundary_finding(generator, v)]
+    assert not failed, [v.describe() for v in failed]
     assert {v.law for v in result.verdicts} >= {"sequence_t0.5", "first_token_t0.5"}
     # the same samples judged against the untransformed law fail
     run = drive_generator(AssistedGeneration(2), WORLD, 600, 3, hot, probe=False)

@@ -19,7 +19,7 @@ from exactcheck.executors import split
 from exactcheck.options import derive_seed
 from toy_models.hf_toy_lm import ModelWorld
 
-__all__ = ["GeneratorSamples", "drive_generator", "drive_generator_sharded", "merge_samples"]
+__all__ = ["GeneratorSamples", "DraftStatistics", "drive_generator", "drive_generator_sharded", "merge_samples"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class GeneratorSamples:
     final_caches_checked: int = 0
     cached_calls: int = 0  # forward calls that found a non-empty cache
     batched: bool = False  # driven through the batched contract: a forward call serves many generations
+    # the drafts the generator reported with their q (``Generation.drafts``): see ``DraftStatistics``
+    drafts: "DraftStatistics | None" = None
 
     @property
     def keeps_cache(self) -> bool:
@@ -46,6 +48,53 @@ class GeneratorSamples:
     @property
     def size(self) -> int:
         return len(self.outputs)
+
+
+@dataclass(frozen=True)
+class DraftStatistics:
+    """What the drafts a generator reported (token and q) say about whether the tokens follow q:
+    each draft's randomised PIT in descending-q order (ties by id; i.i.d. uniform when every draft
+    was drawn from its q given the past, Rosenblatt 1952), how many were q's argmax against the
+    expected count, and drafts whose own q gives them probability 0."""
+
+    pits: tuple[float, ...] = ()
+    argmax: int = 0
+    argmax_expected: float = 0.0
+    impossible: int = 0
+    generations: int = 0  # generations that reported drafts
+
+    @property
+    def count(self) -> int:
+        return len(self.pits)
+
+    def add(self, records, seed: int) -> "DraftStatistics":
+        """These statistics with one generation's ``DraftRecord``s added (randomised with ``seed``)."""
+        if not records:
+            return self
+        from exactcheck.stats.chain_rule import row_statistics
+        q = torch.stack([torch.as_tensor(r.q, dtype=torch.float64).reshape(-1).cpu() for r in records])
+        q = q / q.sum(1, keepdim=True)
+        tokens = torch.tensor([int(r.token) for r in records], dtype=torch.int64)
+        t = row_statistics(q, q, tokens)
+        v = torch.rand(tokens.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        pits = (t["below_p"] + v * t["p"]).clamp(0, 1)
+        return DraftStatistics(self.pits + tuple(pits.tolist()), self.argmax + int(t["agree"].sum()),
+                               self.argmax_expected + float(t["agree_mean"].sum()),
+                               self.impossible + int((t["p"] <= 0).sum()), self.generations + 1)
+
+    def merged(self, other: "DraftStatistics | None") -> "DraftStatistics":
+        if other is None:
+            return self
+        return DraftStatistics(self.pits + other.pits, self.argmax + other.argmax,
+                               self.argmax_expected + other.argmax_expected, self.impossible + other.impossible,
+                               self.generations + other.generations)
+
+
+def _with_drafts(drafts: "DraftStatistics | None", generation: Generation, seed: int, i: int):
+    records = generation.drafts
+    if records is None:
+        return drafts
+    return (drafts or DraftStatistics()).add(list(records), derive_seed(seed, f"draft_pit/{i}"))
 
 
 def generation_seed(seed: int, i: int) -> int:
@@ -77,6 +126,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = cached = 0
+    drafts = None
     for i in range(first, first + n):
         log = [] if probe else None
         target.calls = draft.calls = log
@@ -86,6 +136,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
         finally:
             target.calls = draft.calls = None
         outputs.append(tuple(new.tolist()))
+        drafts = _with_drafts(drafts, generation, seed, i)
         if probe:
             calls += len(log)
             cached += sum(1 for call in log if call.cached_tokens)
@@ -97,7 +148,8 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
         done = i + 1 - first
         if progress is not None and (done % 25 == 0 or done == n):
             progress(done % 25 or 25)  # generations finished since the last report
-    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached)
+    return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached,
+                            drafts=drafts)
 
 
 def _final_caches(target, draft, generation: Generation, final: torch.Tensor) -> list[Breach]:
@@ -116,6 +168,7 @@ def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: Deco
     outputs = []
     breaches: list[tuple[int, Breach]] = []
     calls = checked = cached = 0
+    drafts = None
     for start in range(first, first + n, batch):
         size = min(batch, first + n - start)
         log = [] if probe else None
@@ -128,6 +181,7 @@ def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: Deco
             target.calls = draft.calls = None
         for j, (new, generation) in enumerate(answers):
             outputs.append(tuple(new.tolist()))
+            drafts = _with_drafts(drafts, generation, seed, start + j)
             if probe:
                 found = _final_caches(target, draft, generation, torch.cat([prompt.cpu(), new]))
                 checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
@@ -138,7 +192,7 @@ def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: Deco
         if progress is not None:
             progress(size)
     return GeneratorSamples(world, policy, tuple(outputs), seed, calls, tuple(breaches), checked, cached,
-                            batched=True)
+                            batched=True, drafts=drafts)
 
 
 def drive_shard(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, device: str,
@@ -177,4 +231,14 @@ def merge_samples(parts: list[GeneratorSamples]) -> GeneratorSamples:
     return GeneratorSamples(first.world, first.policy, tuple(o for p in parts for o in p.outputs), first.seed,
                             sum(p.forward_calls for p in parts), tuple(b for p in parts for b in p.breaches),
                             sum(p.final_caches_checked for p in parts), sum(p.cached_calls for p in parts),
-                            any(p.batched for p in parts))
+                            any(p.batched for p in parts), _merged_drafts(parts))
+
+
+def _merged_drafts(parts: list[GeneratorSamples]) -> DraftStatistics | None:
+    reported = [p.drafts for p in parts if p.drafts is not None]
+    if not reported:
+        return None
+    out = reported[0]
+    for more in reported[1:]:
+        out = out.merged(more)
+    return out

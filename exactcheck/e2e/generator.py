@@ -12,14 +12,32 @@ message that says what was wrong.
 A generator that also has ``generate_batch`` takes the batched contract (``BatchedGenerator``):
 one call for many prompts and seeds; the audit then drives it in batches.
 
-A generator may carry two attributes: ``draft_length`` (a dataclass field, so checks can
-``dataclasses.replace`` it to sweep draft lengths) and ``lossy`` (True for a mode that targets
-another law on purpose, such as transformers' ``assistant_ensemble_weight``; the audit then
-reports its measured TV as the price of the mode instead of calling it exact).
+**Draft length.** A generator takes the draft length from the audit in one of two ways: a
+``draft_length`` keyword parameter of its ``__call__`` (``generator(..., seed, draft_length=k)``),
+or a ``draft_length`` dataclass field (the built-in adapters: the audit ``dataclasses.replace``s
+it; transformers' adapters map it to ``num_assistant_tokens``). ``draft_length_support`` says which;
+a generator with neither runs at its own setting, and the report says so.
+
+**Capabilities.** ``capabilities`` (optional): a ``Capabilities``, or a collection of its field
+names meaning "exactly these", saying what the generator supports (grammar masks, stop tokens,
+sampling transforms, batching, a cache, reporting its draft q). A world or check it declares it
+cannot take is reported "not applicable: the generator declares no ...", not run; undeclared means
+"everything", as before.
+
+**Reported draft q.** A ``Generation`` may carry ``drafts``: one ``DraftRecord`` per drafted
+token, the token and the row q it was (said to be) drawn from; the audit then checks that the
+tokens follow the rows (``draft_follows_q``), which names a drafter whose q is not the law it sampled
+from.
+
+``lossy`` (True for a mode that targets another law on purpose, such as transformers'
+``assistant_ensemble_weight``): the audit then reports its measured TV as the price of the mode
+instead of calling it exact.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,18 +46,78 @@ import torch
 from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
 from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
 
-__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "call_generator",
-           "call_generator_batch", "validated", "is_batched", "with_draft_length", "is_lossy", "generator_name"]
+__all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "DraftRecord",
+           "Capabilities", "capabilities_of", "call_generator", "call_generator_batch", "validated", "is_batched",
+           "with_draft_length", "draft_length_support", "is_lossy", "generator_name"]
+
+
+@dataclass(frozen=True)
+class DraftRecord:
+    """One drafted token and the law ``q`` ([V], any float dtype) the drafter reports it was drawn
+    from: the row the generator verified it with."""
+
+    token: int
+    q: torch.Tensor
 
 
 @dataclass
 class Generation:
-    """What a generator may return instead of bare ids: the ids and its final caches (the caches
-    are compared with a fresh recompute on the final sequence)."""
+    """What a generator may return instead of bare ids: the ids, its final caches (compared with a
+    fresh recompute on the final sequence) and, optionally, every drafted token with the q it was
+    verified with (``drafts``, in drafting order)."""
 
     sequences: torch.Tensor
     target_cache: Any = None
     draft_cache: Any = None
+    drafts: tuple[DraftRecord, ...] | list | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a generator declares it supports. ``grammar_masks``: a policy's per-prefix mask of
+    allowed tokens (``DecodingPolicy.mask``); ``stop_tokens``: ending at a stop token;
+    ``sampling_transforms``: top-k, top-p, min-p, logit bias and banned tokens; ``batching``: the
+    batched contract (``generate_batch``; False drives a batched generator one request at a time);
+    ``cache``: it keeps a KV cache (False: cache rollback is not applicable without looking; None:
+    not said, the probe decides); ``reports_draft_q``: its ``Generation.drafts`` carries the q of
+    every drafted token."""
+
+    grammar_masks: bool = True
+    stop_tokens: bool = True
+    sampling_transforms: bool = True
+    batching: bool = True
+    cache: bool | None = None
+    reports_draft_q: bool = False
+
+    @classmethod
+    def of(cls, declared) -> "Capabilities":
+        """A ``Capabilities`` from what a generator declares: one, or field names ("exactly these")."""
+        if isinstance(declared, Capabilities):
+            return declared
+        if isinstance(declared, str) or not hasattr(declared, "__iter__"):
+            raise TypeError(f"capabilities must be a Capabilities or a collection of its field names, "
+                            f"got {declared!r}")
+        names = set(declared)
+        known = {f.name for f in dataclasses.fields(cls)}
+        if names - known:
+            raise TypeError(f"unknown capabilities {sorted(names - known)}; known: {sorted(known)}")
+        return cls(**{name: name in names for name in known})
+
+    def missing_for(self, policy: DecodingPolicy) -> str | None:
+        """What this generator lacks to take ``policy`` ("grammar masks", ...), or None."""
+        if policy.mask is not None and not self.grammar_masks:
+            return "grammar masks"
+        if policy.stop_tokens and not self.stop_tokens:
+            return "stop tokens"
+        if policy.transformed and not self.sampling_transforms:
+            return "sampling transforms (top-k, top-p, min-p, logit bias, bans)"
+        return None
+
+
+def capabilities_of(generator) -> Capabilities | None:
+    """The generator's declared ``Capabilities``, or None when it declares none."""
+    declared = getattr(generator, "capabilities", None)
+    return None if declared is None else Capabilities.of(declared)
 
 
 class Generator(Protocol):
@@ -67,11 +145,53 @@ def is_lossy(generator) -> bool:
     return bool(getattr(generator, "lossy", False))
 
 
-def with_draft_length(generator, draft_length: int):
-    """``generator`` drafting ``draft_length`` tokens per step, when it has that setting."""
+def draft_length_support(generator) -> str | None:
+    """How ``generator`` takes a draft length: "field" (a ``draft_length`` dataclass field),
+    "keyword" (a ``draft_length`` parameter of its call), or None (it runs at its own setting)."""
     if dataclasses.is_dataclass(generator) and any(f.name == "draft_length" for f in dataclasses.fields(generator)):
+        return "field"
+    try:
+        parameters = inspect.signature(generator).parameters
+    except (TypeError, ValueError):
+        return None
+    takes = parameters.get("draft_length")
+    if takes is not None and takes.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return "keyword"
+    return None
+
+
+def with_draft_length(generator, draft_length: int):
+    """``generator`` drafting ``draft_length`` tokens per step: its field replaced, or a call that
+    passes ``draft_length=`` (``draft_length_support``)."""
+    support = draft_length_support(generator)
+    if support == "field":
         return dataclasses.replace(generator, draft_length=draft_length)
-    raise TypeError(f"{generator_name(generator)} has no draft_length field to sweep")
+    if support == "keyword":
+        return _WithDraftLength(generator, draft_length)
+    raise TypeError(f"{generator_name(generator)} takes no draft length (no draft_length field or keyword)")
+
+
+@dataclass(frozen=True)
+class _WithDraftLength:
+    """A generator called with ``draft_length=`` fixed; batched calls pass it too."""
+
+    generator: Any
+    draft_length: int
+
+    @property
+    def name(self) -> str:
+        return generator_name(self.generator)
+
+    def __getattr__(self, item):  # capabilities, lossy, max_batch ... are the generator's
+        if item in ("generator", "draft_length"):
+            raise AttributeError(item)
+        value = getattr(self.generator, item)
+        if item == "generate_batch":
+            return functools.partial(value, draft_length=self.draft_length)
+        return value
+
+    def __call__(self, *args):
+        return self.generator(*args, draft_length=self.draft_length)
 
 
 def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
@@ -87,8 +207,10 @@ def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor,
 
 
 def is_batched(generator) -> bool:
-    """Whether ``generator`` takes the batched contract (a ``generate_batch`` method)."""
-    return callable(getattr(generator, "generate_batch", None))
+    """Whether ``generator`` takes the batched contract (a ``generate_batch`` method), unless its
+    capabilities say ``batching=False``."""
+    capabilities = capabilities_of(generator)
+    return callable(getattr(generator, "generate_batch", None)) and (capabilities is None or capabilities.batching)
 
 
 def call_generator_batch(generator: "BatchedGenerator", target, draft, prompts: list[torch.Tensor],

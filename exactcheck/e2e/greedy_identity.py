@@ -29,7 +29,8 @@ from exactcheck.reachability import observed_in
 from exactcheck.options import CheckKind
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 
-__all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "TIE_TOLERANCE"]
+__all__ = ["Divergence", "GreedyIdentityResult", "target_greedy", "greedy_identity", "classify_divergence",
+           "TIE_TOLERANCE"]
 
 # float64 logit gap under which two tokens count as tied: a float32 forward of a small model
 # moves logits by ~1e-5 relative; 1e-3 absolute leaves a wide margin over that.
@@ -118,8 +119,8 @@ def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, policy=GREE
     return out
 
 
-def _classify(target, target64, prompt_length: int, prefix, expected: int, got: int, tie_tolerance: float,
-              policy) -> tuple[float, float, str]:
+def classify_divergence(target, target64, prompt_length: int, prefix, expected: int, got: int, policy,
+                        tie_tolerance: float = TIE_TOLERANCE) -> tuple[float, float, str]:
     """(float32 top-2 margin, float64 gap, classification) at ``prefix`` under ``policy``'s
     greedy scores (bias, bans and mask applied)."""
     generated = [tuple(prefix[prompt_length:].tolist())]
@@ -180,8 +181,8 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
             if target64 is None:
                 target64 = copy.deepcopy(target).double()
             prefix = torch.cat([prompt, torch.tensor(expected[i][:j], dtype=prompt.dtype, device=prompt.device)])
-            margin, gap, kind = _classify(target, target64, prompt.numel(), prefix, expected[i][j], got[j],
-                                          tie_tolerance, policy)
+            margin, gap, kind = classify_divergence(target, target64, prompt.numel(), prefix, expected[i][j], got[j],
+                                                    policy, tie_tolerance)
             divergences.append(Divergence(i, k, j, expected[i][j], got[j], margin, gap, kind))
         if progress is not None:
             progress(index + 1, len(pairs), generator_name(generator))

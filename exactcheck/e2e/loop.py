@@ -30,13 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.adapters.transformers_compat import forward, new_cache
-from exactcheck.e2e.generator import DecodingPolicy, Generation
+from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
 from exactcheck.step.reference import ReferenceVerifier
 
 __all__ = ["ReferenceSpeculativeLoop", "DilutedDraft", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",
            "CACHE_MUTANTS", "POLICY_MUTANTS", "PolicyOnDraftOnly", "PolicyOnBonusOnly", "TemperatureTwice",
-           "MaskOnDraftOnly", "MaskAfterAcceptance", "TokensAfterStop"]
+           "MaskOnDraftOnly", "MaskAfterAcceptance", "TokensAfterStop", "InlineRatioTest", "GreedyWhenSampling",
+           "FORCED_DRAW_MUTANTS"]
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class ReferenceSpeculativeLoop:
 
     draft_length: int = 4
     name: str = "exactcheck reference speculative loop"
+    # it keeps a cache and hands back the q of every draft (``Generation.drafts``)
+    capabilities = Capabilities(cache=True, reports_draft_q=True)
 
     def __call__(self, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
                  max_new_tokens: int, seed: int) -> Generation:
         device = target.device
         generator = torch.Generator(device=device).manual_seed(seed)
-        verifier = ReferenceVerifier()
+        records: list[DraftRecord] = []
         sequence = input_ids[0].to(device)
         prompt = sequence.numel()
         caches = {"target": new_cache(), "draft": new_cache()}
@@ -61,8 +64,9 @@ class ReferenceSpeculativeLoop:
             counters["prompt"] = prompt
             while sequence.numel() - prompt < max_new_tokens:
                 drafts, q = self.draft_tokens(draft, caches["draft"], counters, sequence, policy, generator)
+                records += [DraftRecord(int(x), row.cpu()) for x, row in zip(drafts.tolist(), q)]
                 p = self.target_rows(target, caches["target"], counters, sequence, drafts, policy)
-                out = verifier(p[None].float(), q[None].float(), drafts[None], generator)[0]
+                out = self.verify(p, q, drafts, generator)
                 emitted = self.commit(out[out >= 0], sequence[prompt:], drafts, p, policy, generator)
                 emitted = emitted[: max_new_tokens - (sequence.numel() - prompt)]
                 keep, stop = self.stop_at(emitted, policy)
@@ -71,9 +75,15 @@ class ReferenceSpeculativeLoop:
                 counters["known"] = sequence.numel() - 1
                 if stop:
                     break
-        return Generation(sequence[None], target_cache=caches["target"], draft_cache=caches["draft"])
+        return Generation(sequence[None], target_cache=caches["target"], draft_cache=caches["draft"],
+                          drafts=tuple(records))
 
     # -- steps -------------------------------------------------------------------------------
+    def verify(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator) -> torch.Tensor:
+        """The verifier's output row (accepted drafts, one more token, -1 padding) for target
+        rows ``p`` [k+1, V], draft rows ``q`` [k, V] and ``drafts`` [k]."""
+        return ReferenceVerifier()(p[None].float(), q[None].float(), drafts[None], generator)[0]
+
     def positions(self, cache, counters: dict, role: str, n: int, device) -> torch.Tensor:
         start = cache.get_seq_length()
         counters[role] += n
@@ -321,7 +331,51 @@ class TokensAfterStop(ReferenceSpeculativeLoop):
         return emitted.numel(), False
 
 
+# -- forced-draw and policy-level mutants (issue: an inline ``r > p/q`` in a generate loop; a
+#    sampled request decoded greedily, SGLang #31214, TensorRT-LLM #19390) ----------------------
+
+@dataclass(frozen=True)
+class InlineRatioTest(ReferenceSpeculativeLoop):
+    """Verification written inline in the loop, as a popular package does: reject draft i when
+    ``r > p(x)/q(x)`` with float32 uniforms ``r``. At ``r = 0`` exactly (probability 2^-24 per
+    draw) it accepts a draft the target gives probability 0; otherwise it is exact. Only forced
+    draws inside generate find it."""
+
+    name: str = "mutant: inline_ratio_test"
+
+    def verify(self, p, q, drafts, generator):
+        k = drafts.numel()
+        ratio = (p[torch.arange(k), drafts] / q[torch.arange(k), drafts]).float()
+        r = torch.rand(k, generator=generator, device=drafts.device)
+        rejected = (r > ratio).nonzero()
+        n = int(rejected[0, 0]) if rejected.numel() else k
+        if n < k:
+            residual = (p[n] - q[n]).clamp(min=0)
+            row = residual / residual.sum() if float(residual.sum()) > 0 else p[n]
+        else:
+            row = p[k]
+        extra = torch.multinomial(row, 1, generator=generator)
+        out = torch.full((k + 1,), -1, dtype=torch.int64, device=drafts.device)
+        out[:n] = drafts[:n]
+        out[n] = extra[0]
+        return out
+
+
+@dataclass(frozen=True)
+class GreedyWhenSampling(ReferenceSpeculativeLoop):
+    """A sampled request decoded greedily: the policy's temperature is dropped and both models
+    decode at temperature 0 (SGLang #31214, TensorRT-LLM #19390: a sampling setting silently
+    ignored)."""
+
+    name: str = "mutant: greedy_when_sampling"
+
+    def policy_rows(self, logits, policy, prefixes, role):
+        return dataclasses.replace(policy, temperature=0.0).probabilities(logits, prefixes)
+
+
+FORCED_DRAW_MUTANTS = (InlineRatioTest(),)
 CACHE_MUTANTS = (NoCropAfterRejection(), CropOffByOne(), PositionsNotRewound(), DraftCacheNotTrimmed())
 POLICY_MUTANTS = (PolicyOnDraftOnly(), PolicyOnBonusOnly(), TemperatureTwice(), MaskOnDraftOnly(),
                   MaskAfterAcceptance(), TokensAfterStop())
-LOOP_MUTANTS = CACHE_MUTANTS + (SoftmaxQGreedyDraft(), SoftmaxQTopKDraft()) + POLICY_MUTANTS
+LOOP_MUTANTS = (CACHE_MUTANTS + (SoftmaxQGreedyDraft(), SoftmaxQTopKDraft()) + POLICY_MUTANTS
+                + FORCED_DRAW_MUTANTS + (GreedyWhenSampling(),))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+from exactcheck.e2e.forced_draws import FORCED_CHECKS
+from exactcheck.e2e.generator import Capabilities
 from exactcheck.e2e.policy import SAMPLING, DecodingPolicy
 from toy_models.hf_toy_lm import ModelWorld, model_worlds
 
@@ -35,10 +37,14 @@ def world_policies(world: ModelWorld, policies) -> tuple[DecodingPolicy, ...]:
     return (world.policy,) if world.policy is not None else tuple(policies)
 
 
-def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
+def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True,
+                         capabilities: Capabilities | None = None) -> AuditPlan:
     """Per model world and policy, the law of whole outputs, its first-token marginal, the stop
-    position (with stop tokens) and the world's own marginals; validity on grammar worlds; cache
-    rollback once per world; greedy identity."""
+    position (with stop tokens) and the world's own marginals, and with ``reports_draft_q`` whether
+    the drafts follow their q; validity on grammar worlds; cache rollback once per world; greedy
+    identity; the forced-draw properties (``exactcheck.e2e.forced_draws``). With the generator's
+    declared ``capabilities``, the checks of a world or policy it cannot take are planned as not
+    applicable (``AuditPlan.not_applicable``) and spend none of alpha."""
     policies = tuple(policies) if policies else (SAMPLING,)
     worlds = all_model_worlds()
     if options.worlds:
@@ -47,33 +53,50 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
             raise UsageError(f"unknown model world(s) {sorted(unknown)}; known: {[w.name for w in worlds]}")
         worlds = [w for w in worlds if w.name in options.worlds]
     n = options.generations_per_world
-    checks, samples = [], []
+    checks, samples, skipped = [], [], []
+
+    def add(check: Check, missing: str | None) -> None:
+        checks.append(check)
+        if missing:
+            skipped.append((check.name, f"not applicable: the generator declares no {missing}"))
+
     for world in worlds:
+        world_missing = None
         for i, policy in enumerate(world_policies(world, policies)):
             suffix = policy_suffix(policy, world)
+            missing = capabilities.missing_for(policy) if capabilities is not None else None
+            world_missing = world_missing or (missing if world.policy is not None else None)
             laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
             laws += [name for name, _, _ in world.marginals]
-            checks += [Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix)
-                       for law in laws]
+            for law in laws:
+                add(Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix), missing)
+            if capabilities is not None and capabilities.reports_draft_q:
+                add(Check(f"{world.name}/draft_follows_q{suffix}", CheckKind.GENERATOR_LAW, world.name,
+                          "draft_follows_q" + suffix), missing)
             if world.validate is not None:
-                checks.append(Check(f"{world.name}/valid_outputs", CheckKind.VALIDITY, world.name, "valid_outputs"))
+                add(Check(f"{world.name}/valid_outputs", CheckKind.VALIDITY, world.name, "valid_outputs"), missing)
             if i == 0:
-                checks.append(Check(f"{world.name}/cache_rollback", CheckKind.CACHE_INVARIANT, world.name,
-                                    "cache_rollback"))
-            samples.append((f"{world.name}{suffix}", n))
+                add(Check(f"{world.name}/cache_rollback", CheckKind.CACHE_INVARIANT, world.name, "cache_rollback"),
+                    missing)
+            if not missing:
+                samples.append((f"{world.name}{suffix}", n))
         if greedy:
-            checks.append(Check(f"{world.name}/greedy_identity", CheckKind.GREEDY_IDENTITY, world.name,
-                                "greedy_identity"))
-    m = sum(c.kind.statistical for c in checks)
+            add(Check(f"{world.name}/greedy_identity", CheckKind.GREEDY_IDENTITY, world.name, "greedy_identity"),
+                world_missing)
+        for name in FORCED_CHECKS:
+            add(Check(f"{world.name}/{name}", CheckKind.PROPERTY, world.name, name), world_missing)
+    skipped_names = {name for name, _ in skipped}
+    m = sum(c.kind.statistical and c.name not in skipped_names for c in checks)
     return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, m, stop_early=False), tuple(samples),
-                     worlds=tuple(worlds))
+                     worlds=tuple(worlds), not_applicable=tuple(skipped))
 
 
-def planned_generator_checks(worlds: list[str] | None = None, policies=(SAMPLING,), greedy: bool = True) -> list[str]:
+def planned_generator_checks(worlds: list[str] | None = None, policies=(SAMPLING,), greedy: bool = True,
+                             capabilities: Capabilities | None = None) -> list[str]:
     """The names of the checks an end-to-end audit with these options reports, in order. A world
     where the generator crashes or breaks its contract is reported by one ``WORLD/contract``
     verdict per policy in place of its laws."""
-    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy).names
+    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy, capabilities).names
 
 
 def plan_greedy_audit(model: str) -> AuditPlan:

@@ -60,6 +60,13 @@ class DecodingPolicy:
         """Sampling at temperature 1 with no transform: the model's own law."""
         return self == SAMPLING
 
+    @property
+    def transformed(self) -> bool:
+        """Whether it truncates or reshapes the model's law beyond temperature: top-k, top-p,
+        min-p, a logit bias or banned tokens (a mask and stop tokens are stated apart)."""
+        return (self.top_k is not None or self.top_p is not None or bool(self.min_p) or bool(self.logit_bias)
+                or bool(self.banned_tokens))
+
     def label(self) -> str:
         """A short name for check names (``sequence@<label>``)."""
         if self.name:

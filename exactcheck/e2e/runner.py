@@ -8,9 +8,17 @@ For every model world (``toy_models.hf_toy_lm.model_worlds``):
 - ``cache_rollback``: the invariants of ``exactcheck.e2e.cache_invariants`` on every forward call of
   those generations, and any final cache the generator hands back (deterministic: an exact
   generator never breaks them, so a breach spends none of alpha);
-- ``greedy_identity``: greedy generations from several prompts at draft lengths 1..8 equal the
-  target's own greedy decode (``exactcheck.e2e.greedy_identity``); a divergence that float64 shows
-  to be a numerical tie is reported, not failed.
+- ``greedy_identity``: greedy generations from several prompts at draft lengths 1..8 (passed as
+  the generator takes them: ``exactcheck.e2e.generator.draft_length_support``) equal the target's
+  own greedy decode (``exactcheck.e2e.greedy_identity``); a divergence that float64 shows to be a
+  numerical tie is reported, not failed;
+- ``draft_follows_q`` (a generator that declares ``reports_draft_q``): its drafted tokens follow
+  the q it reported for them (a failure names the cause in the world's law verdicts);
+- ``forced_no_forbidden_token``, ``forced_no_crash``, ``forced_greedy``: generations with every
+  draw forced to a boundary value (``exactcheck.e2e.forced_draws``).
+
+A generator's declared ``capabilities`` make the checks of a world or policy it cannot take "not
+applicable" (reported, not run, no alpha spent).
 
 A generator that declares itself lossy (``lossy = True``, e.g. ``assistant_ensemble_weight`` in
 (0, 1)) is audited the same way; its sequence verdicts say "lossy by design" and carry the
@@ -22,15 +30,17 @@ import dataclasses
 import datetime as _dt
 import time
 
-from exactcheck.core import (apply_holm, failure_verdict, keep_plots_where_needed, resolve_device, run_environment,
-                             unreached_verdicts)
+from exactcheck.core import (apply_holm, failure_verdict, keep_plots_where_needed, not_run_verdict, resolve_device,
+                             run_environment, unreached_verdicts)
 from exactcheck.e2e.drive import drive_generator, drive_generator_sharded
-from exactcheck.e2e.generator import SAMPLING, DecodingPolicy, generator_name, is_lossy
+from exactcheck.e2e.forced_draws import forced_draw_verdicts
+from exactcheck.e2e.generator import SAMPLING, DecodingPolicy, capabilities_of, generator_name, is_lossy
 from exactcheck.e2e.plan import plan_generator_audit, policy_suffix, world_policies
-from exactcheck.e2e.verdicts import generation_law_verdicts, greedy_verdict, rollback_verdict, validity_verdict
+from exactcheck.e2e.verdicts import (draft_q_verdict, generation_law_verdicts, greedy_verdict, name_causes,
+                                    rollback_verdict, validity_verdict)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import Executor, LocalExecutor
-from exactcheck.options import AuditOptions, derive_seed
+from exactcheck.options import AuditOptions, CheckKind, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import GeneratorAuditResult
 from exactcheck.report.verdict import Verdict
@@ -57,13 +67,16 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     options = dataclasses.replace(options, device=str(device))  # the report and reproduce lines name it as torch does
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
-    plan = plan_generator_audit(options, policies, greedy)
+    capabilities = capabilities_of(generator)
+    plan = plan_generator_audit(options, policies, greedy, capabilities)
+    not_applicable = dict(plan.not_applicable)
     level, seed, budget = options.level, options.seed, plan.budget
     n = options.generations_per_world
     chosen = list(plan.worlds)
     name = generator_name(generator)
     lossy = name if is_lossy(generator) else None
-    runs = {w.name: world_policies(w, policies) for w in chosen}
+    runs = {w.name: tuple(p for p in world_policies(w, policies)
+                          if f"{w.name}/sequence{policy_suffix(p, w)}" not in not_applicable) for w in chosen}
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     bar = Progress(n * sum(len(runs[w.name]) for w in chosen), unit="generation",
@@ -99,18 +112,36 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
                     continue
                 drawn += run.size
                 pending.extend(generation_law_verdicts(run, budget.first_share, budget.alpha, base, lossy))
+                if capabilities is not None and capabilities.reports_draft_q:
+                    pending.append(draft_q_verdict(run, base, suffix))
                 if world.validate is not None:
                     pending.append(validity_verdict(run, base))
-                if policy is runs[world.name][0]:
-                    pending.append(rollback_verdict(run, base))
+                if policy is world_policies(world, policies)[0]:
+                    pending.append(rollback_verdict(run, base, capabilities))
+            if f"{world.name}/forced_no_crash" in not_applicable:
+                continue
             if greedy:
                 bar.step(f"{world.name}/greedy_identity", 0)
                 pending.append(greedy_verdict(generator, world, world_seed, base, lossy, device))
+            if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in pending):
+                continue  # its contract verdict stands for the checks of a world it cannot be driven on
+            bar.step(f"{world.name}/forced_draws", 0)
+            pending.extend(forced_draw_verdicts(generator, world, policies, derive_seed(world_seed, "forced"), base,
+                                                device, capabilities))
     except KeyboardInterrupt:
         interrupted = True
         pending += unreached_verdicts(plan, pending, seed, reproduce_in)
     bar.close()
-    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+    reached = {v.check for v in pending}
+    pending += [not_run_verdict(c, derive_seed(seed, c.world), reproduce_in(c.world), not_applicable[c.name])
+                for c in plan.checks if c.name in not_applicable and c.name not in reached]
+    order = {name: i for i, name in enumerate(plan.names)}
+    first = {}
+    for c in plan.checks:
+        first.setdefault(c.world, order[c.name])
+    # the plan's order; a world's contract verdict where its checks would be
+    pending.sort(key=lambda v: order.get(v.check, first.get(v.world, len(order)) - 0.5))
+    verdicts = keep_plots_where_needed(name_causes(apply_holm(pending, budget)))
     return GeneratorAuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
                                 alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
                                 duration_s=time.perf_counter() - clock, environment=run_environment(),

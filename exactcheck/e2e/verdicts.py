@@ -12,7 +12,7 @@ import torch
 
 from exactcheck.core import STATISTIC_NAME, deviating_cells, plot_cells
 from exactcheck.e2e.drive import GeneratorSamples
-from exactcheck.e2e.generator import GREEDY
+from exactcheck.e2e.generator import GREEDY, draft_length_support
 from exactcheck.e2e.greedy_identity import greedy_identity
 from exactcheck.e2e.plan import policy_suffix
 from exactcheck.options import CheckKind, derive_seed
@@ -22,7 +22,8 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan, policy_sequence_law
 from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
 
-__all__ = ["generation_law_verdicts", "validity_verdict", "rollback_verdict", "greedy_verdict", "GREEDY_PROMPTS",
+__all__ = ["generation_law_verdicts", "validity_verdict", "rollback_verdict", "greedy_verdict", "draft_q_verdict",
+           "name_causes", "DRAFT_Q_CAUSE", "GREEDY_PROMPTS",
            "GREEDY_DRAFT_LENGTHS", "GREEDY_NEW_TOKENS"]
 
 # greedy identity: prompts x draft lengths, new tokens per run
@@ -72,6 +73,7 @@ def generation_law_verdicts(run: GeneratorSamples, share: float, alpha: float, b
                      np.array([position.get(cell(o), len(cells)) for o in run.outputs], dtype=np.int64),
                      lambda i, cells=cells: str(cells[i]) if i < len(cells) else "any other"))
     suffix = policy_suffix(policy, run.world)
+    greedily = _decoded_greedily(run, law)
     verdicts = []
     for name, condition, expected, index_, label in laws:
         counts = np.bincount(index_, minlength=expected.size).astype(np.int64)
@@ -81,6 +83,8 @@ def generation_law_verdicts(run: GeneratorSamples, share: float, alpha: float, b
             summary = f"{gof.impossible:,} generations fell on outcomes of exact probability 0"
         else:
             summary = f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
+        if greedily and not lossy:
+            summary = f"{greedily}; {summary}"
         if lossy:
             low, high = gof.tv_interval
             summary = (f"lossy by design ({lossy}): TV {gof.tv_estimate:.4f}, 95% interval {low:.4f} to "
@@ -99,6 +103,57 @@ def generation_law_verdicts(run: GeneratorSamples, share: float, alpha: float, b
     return verdicts
 
 
+def _decoded_greedily(run: GeneratorSamples, law: dict) -> str | None:
+    """Under a sampled policy whose law is not a point mass: "decoded greedily: ..." when every
+    output is the policy's greedy path (each token the argmax of the policy's scores), else None.
+    Only words: the test decides the verdict."""
+    policy = run.policy
+    if policy.greedy or run.size < 2 or len(set(run.outputs)) != 1:
+        return None
+    greedy_law = policy_sequence_law(run.world.world, dataclasses.replace(policy, temperature=0.0),
+                                     run.world.new_tokens)
+    path = max(greedy_law, key=greedy_law.get)
+    probability = law.get(path, 0.0)
+    if run.outputs[0] != path or probability >= 1.0:
+        return None
+    return (f"decoded greedily: all {run.size:,} generations are the greedy path {list(path)} (its probability "
+            f"under {policy.describe()} is {probability:.4f}): the sampling settings were not applied")
+
+
+DRAFT_Q_CAUSE = ("draft tokens do not follow the reported q: the drafter samples from another law than the q it "
+                 "reports and verifies with (q from logits before a transform, or an argmax or top-k draft "
+                 "reported with its full softmax: transformers #32867, #47932), so the verification is lossy")
+
+
+def draft_q_verdict(run: GeneratorSamples, base: dict, suffix: str) -> Verdict:
+    """Whether the generator's reported drafts follow the q it reported for them: a
+    Kolmogorov-Smirnov test of their randomised PITs against U(0, 1) (statistical, through Holm),
+    or a deterministic finding when a draft has probability 0 under its own q."""
+    from scipy import stats
+    name = run.world.name
+    common = dict(base, check=f"{name}/draft_follows_q{suffix}", law="draft_follows_q" + suffix,
+                  kind=CheckKind.GENERATOR_LAW)
+    d = run.drafts
+    if d is None or d.count == 0:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, condition="the drafts of every generation",
+                       summary=("not judged: the generator declares reports_draft_q but returned no drafts "
+                                "(Generation.drafts)"), evidence=LawEvidence(Evidence.NONE), **common)
+    condition = f"{d.count:,} drafts of {d.generations:,} generations, {run.policy.describe()}"
+    share = f"{d.argmax / d.count:.1%} were their q's most likely token (exact {d.argmax_expected / d.count:.1%})"
+    if d.impossible:
+        return Verdict(outcome=Outcome.EXACT, samples=d.count, condition=condition, summary=(
+            f"{DRAFT_Q_CAUSE}: {d.impossible:,} drafts have probability 0 under their own q; {share}"),
+            evidence=LawEvidence(Evidence.DETERMINISTIC, pvalue=0.0, reachability=observed_in(
+                d.impossible, d.count, "drafts of probability 0 under their own q:")), **common)
+    u = np.asarray(d.pits)
+    ks = stats.kstest(u, "uniform")
+    return Verdict(outcome=Outcome.EXACT, samples=d.count, condition=condition, summary=(
+        f"PIT of each draft in its q (descending order): mean {u.mean():.4f} (exact 0.5), KS D {ks.statistic:.4f}, "
+        f"p = {ks.pvalue:.3g}; {share}"), evidence=LawEvidence(
+        Evidence.FIXED_BUDGET, statistic=float(ks.statistic), statistic_name="Kolmogorov-Smirnov D",
+        pvalue=float(ks.pvalue)), **common)
+
+
 def validity_verdict(run: GeneratorSamples, base: dict) -> Verdict:
     """Every output of a grammar world must be valid (deterministic: spends none of alpha)."""
     invalid = [o for o in run.outputs if not run.world.validate(o)]
@@ -114,7 +169,7 @@ def validity_verdict(run: GeneratorSamples, base: dict) -> Verdict:
                    summary=f"{run.size:,} of {run.size:,} outputs valid", **common)
 
 
-def rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
+def rollback_verdict(run: GeneratorSamples, base: dict, capabilities=None) -> Verdict:
     name = run.world.name
     common = dict(base, check=f"{name}/cache_rollback", law="cache_rollback", samples=run.size,
                   condition=f"{run.forward_calls:,} forward calls, {run.final_caches_checked:,} final caches",
@@ -136,10 +191,16 @@ def rollback_verdict(run: GeneratorSamples, base: dict) -> Verdict:
             f"serves many generations ({run.final_caches_checked:,} final caches compared"
             + (", all matched" if run.final_caches_checked else "") + "); audit its cache through __call__"
             " (batch-1) to check rollback"), **common)
+    declared = None if capabilities is None else capabilities.cache
     if not run.keeps_cache:
+        if declared:
+            return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+                f"not judged: the generator declares a cache, but each of its {run.forward_calls:,} forward calls "
+                "started from an empty one and it handed none back"), **common)
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
-            f"not applicable: the generator keeps no cache (each of its {run.forward_calls:,} forward "
-            "calls recomputed its prefix from an empty cache); the laws decide"), **common)
+            f"not applicable: the generator {'declares no cache and ' if declared is False else ''}keeps none "
+            f"(each of its {run.forward_calls:,} forward calls recomputed its prefix from an empty cache); the laws "
+            "decide"), **common)
     return Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
         "every forward call saw the committed prefix with contiguous positions"
         + (", and every final cache matched a fresh recompute" if run.final_caches_checked else "")), **common)
@@ -150,12 +211,32 @@ def greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: s
     target, draft = (m.to(device) for m in world.models())
     prompts = [torch.tensor(prompt_for_state(world.world, len(world.prompt), derive_seed(seed, f"prompt/{i}"))[0])
                for i in range(GREEDY_PROMPTS)]
-    has_length = hasattr(generator, "draft_length")
-    lengths = GREEDY_DRAFT_LENGTHS if has_length else (None,)
+    support = draft_length_support(generator)
+    lengths = GREEDY_DRAFT_LENGTHS if support else (None,)
     policy = GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
     new_tokens = GREEDY_NEW_TOKENS if world.policy is None else world.new_tokens
     result = greedy_identity(generator, target, draft, prompts, lengths, new_tokens, seed, world.vocab_size,
                              policy=policy)
-    condition = (f"{len(prompts)} prompts x draft lengths {'1..8' if has_length else '(its own)'}, "
-                 f"{new_tokens} new tokens, {policy.describe()}")
+    swept = {"field": "draft lengths 1..8 (its draft_length field)",
+             "keyword": "draft lengths 1..8 (passed as draft_length=)",
+             None: "its own draft length (it takes no draft_length keyword or field)"}[support]
+    condition = f"{len(prompts)} prompts x {swept}, {new_tokens} new tokens, {policy.describe()}"
     return result.verdict(f"{world.name}/greedy_identity", condition, lossy, **base)
+
+
+def name_causes(verdicts: list[Verdict]) -> list[Verdict]:
+    """After Holm: a world whose ``draft_follows_q`` failed gets that cause named in its failed
+    law verdicts (the TV on the output laws is its effect), and the failed check itself leads with
+    the cause."""
+    failed_q = {v.world for v in verdicts if v.law.startswith("draft_follows_q") and v.outcome.failed}
+    out = []
+    for v in verdicts:
+        if v.world in failed_q and v.outcome.failed:
+            if v.law.startswith("draft_follows_q"):
+                if not v.summary.startswith(DRAFT_Q_CAUSE):
+                    v = dataclasses.replace(v, summary=f"{DRAFT_Q_CAUSE}; {v.summary}")
+            elif v.kind is CheckKind.GENERATOR_LAW:
+                v = dataclasses.replace(v, summary=f"{v.summary}; likely cause: draft tokens do not follow the "
+                                                   f"reported q (see {v.world}/draft_follows_q)")
+        out.append(v)
+    return out

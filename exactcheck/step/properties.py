@@ -59,7 +59,7 @@ from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
 __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
            "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
-           "UNFORCED", "tie_margin", "RULE_PROPERTIES", "FROM_SUBJECT"]
+           "UNFORCED", "tie_margin", "RULE_PROPERTIES", "FROM_SUBJECT", "fewest_forced"]
 
 REPRODUCER_SCHEMA = "exactcheck.reproducer/2"
 FROM_SUBJECT = object()  # a property's rule: the one the subject declares (``acceptance_rule``)
@@ -251,7 +251,7 @@ def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> R
     for draw in log.draws:
         inside = [i for i in chosen if offset <= i < offset + draw.numel]
         if inside:
-            probabilities += [value_probability(draw.value, draw.dtype)] * len(inside)
+            probabilities += [draw.element_probability] * len(inside)
             dtypes += [str(draw.dtype).replace("torch.", "")] * len(inside)
             functions.append(draw.entry)
             value = draw.value
@@ -264,43 +264,56 @@ def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> R
 
 def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: DrawLog,
                    options: dict, device="cpu") -> tuple[tuple[int, ...], Reachability]:
-    """The fewest forced elements that still break ``name`` (delta debugging over element
-    indices, the other draws coming from the generator), and its reachability."""
-    calls = [0]
+    """The fewest forced elements that still break ``name`` (the other draws coming from the
+    generator), and its reachability."""
 
-    def fails(only, s=seed) -> bool:
-        calls[0] += 1
+    def fails(only, s) -> bool:
         tensors = case.tensors(device)
         out, log = _forced_call(subject, tensors, c, s, only=frozenset(only), **options)
         return _broken_output(name, out, tensors, log) is not None
 
-    if fails(()):
+    return fewest_forced(fails, full, seed)
+
+
+def fewest_forced(fails, full: DrawLog, seed: int, budget: int = SHRINK_CALLS) -> tuple[tuple[int, ...], Reachability]:
+    """Delta debugging over the element indices of a fully forced call (``full``): the fewest
+    forced elements ``only`` such that ``fails(only, seed)`` still holds (the other draws come
+    from the subject's generator seeded ``seed``), confirmed under ``CONFIRM_SEEDS - 1`` more
+    seeds; and that set's reachability (``exactcheck.reachability``). Shared by the step
+    properties and the end-to-end forced draws (``exactcheck.e2e.forced_draws``)."""
+    calls = [0]
+
+    def attempt(only, s=seed) -> bool:
+        calls[0] += 1
+        return fails(only, s)
+
+    if attempt(()):
         return (), forced_draws([], [], [], None)
     current = list(range(full.elements))
     n = 2
-    while len(current) >= 2 and calls[0] < SHRINK_CALLS:
+    while len(current) >= 2 and calls[0] < budget:
         size = math.ceil(len(current) / n)
         chunks = [current[i:i + size] for i in range(0, len(current), size)]
         for chunk in chunks:
-            if calls[0] >= SHRINK_CALLS:
+            if calls[0] >= budget:
                 break
-            if fails(chunk):
+            if attempt(chunk):
                 current, n = chunk, 2
                 break
         else:
             for chunk in chunks if n > 2 else ():
-                if calls[0] >= SHRINK_CALLS:
+                if calls[0] >= budget:
                     break
                 rest = [i for i in current if i not in set(chunk)]
-                if fails(rest):
+                if attempt(rest):
                     current, n = rest, max(n - 1, 2)
                     break
             else:
                 if n >= len(current):
                     break
                 n = min(2 * n, len(current))
-    minimal = len(current) <= 1 or calls[0] < SHRINK_CALLS
-    confirmed = (1 + sum(fails(current, seed + 1 + i) for i in range(CONFIRM_SEEDS - 1))) / CONFIRM_SEEDS
+    minimal = len(current) <= 1 or calls[0] < budget
+    confirmed = (1 + sum(attempt(current, seed + 1 + i) for i in range(CONFIRM_SEEDS - 1))) / CONFIRM_SEEDS
     return tuple(current), _reachability_of(full, current, minimal, confirmed)
 
 

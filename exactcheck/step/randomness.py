@@ -6,7 +6,8 @@ random one, whether called with a ``torch.Generator`` or not:
 * ``torch.rand``, ``torch.rand_like``, ``Tensor.uniform_``: the uniform itself;
 * ``Tensor.exponential_``: ``-log(1 - u)``, the exponential its inverse-CDF draw would give;
 * ``torch.multinomial``: the token the inverse CDF gives at ``u`` on each row (first token of
-  positive mass at u = 0, last at u just below 1).
+  positive mass at u = 0, last at u just below 1); a real draw returns that token with its mass in
+  the row, which is what a finding's reachability counts for it (``Draw.element_probability``).
 
 **The value delivered is one the draw can return.** A float32 uniform is a multiple of 2^-24 in
 [0, 1) and a float64 one a multiple of 2^-53 (torch's CPU generator); a requested value is rounded
@@ -24,6 +25,12 @@ forced is then *not judged* on that case, never failed. A reseed or restore of a
 during the call (``torch.manual_seed``, ``torch.set_rng_state``, numpy's and ``random``'s) is
 watched: what moved before it is an escape too, so seeding from the handed generator, drawing
 unforced and restoring does not hide the draw.
+
+**Generators the subject creates.** An end-to-end generator is handed a seed, not a generator, and
+makes its own (``torch.Generator(device).manual_seed(seed)``). With ``watch_created=True`` every
+``torch.Generator`` made inside the block is recorded (``isinstance`` checks still see
+``torch.Generator``), and one whose state at the end is not that of a fresh generator with its
+``initial_seed()`` moved without a forced draw: an escape, like a handed generator that moved.
 
 **Partial forcing** (``only=`` a set of element indices, counted over the controlled draws of the
 call in order) forces just those elements; the rest come from the subject's own generator as
@@ -112,6 +119,17 @@ class Draw:
     numel: int
     value: float
     forced: int  # how many of its elements were forced (all, unless partial forcing)
+    # the probability that one element takes its delivered outcome, where it is not the
+    # uniform's (a multinomial's token: its mass in the row, any u in its CDF step gives it; the
+    # smallest over the rows); None: ``value_probability(value, dtype)``
+    outcome_probability: float | None = None
+
+    @property
+    def element_probability(self) -> float:
+        """The probability that one real draw of this kind returns what was delivered."""
+        if self.outcome_probability is not None:
+            return self.outcome_probability
+        return value_probability(self.value, self.dtype)
 
 
 @dataclass
@@ -263,13 +281,50 @@ def _entropy_counter(log: DrawLog, owner, name: str, label: str):
     return fn
 
 
+_TORCH_GENERATOR = torch.Generator
+
+
+def _recording_generator_class(created: list):
+    """A ``torch.Generator`` subclass that records every instance made, and that ``isinstance``
+    treats as ``torch.Generator`` itself (so code checking a generator made outside still works)."""
+
+    class _Meta(type(_TORCH_GENERATOR)):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, _TORCH_GENERATOR)
+
+    class Generator(_TORCH_GENERATOR, metaclass=_Meta):
+        def __new__(cls, *args, **kwargs):
+            made = _TORCH_GENERATOR.__new__(cls, *args, **kwargs)
+            created.append(made)
+            return made
+
+    return Generator
+
+
+def _created_moved(created: list) -> list[str]:
+    """The generators made during a forced call whose state is not a fresh one's at their seed."""
+    out = []
+    for g in created:
+        try:
+            fresh = _TORCH_GENERATOR(device=g.device).manual_seed(g.initial_seed())
+            moved = not torch.equal(fresh.get_state(), g.get_state())
+        except RuntimeError:  # a device whose generator state cannot be read: not trusted
+            moved = True
+        if moved:
+            out.append(f"a generator the subject created (seed {g.initial_seed()}) moved without a forced draw "
+                       "(a draw inside TorchScript, a compiled kernel or an entry point exactcheck does not "
+                       "wrap, or a set_state)")
+    return out
+
+
 @contextlib.contextmanager
 def controlled_randomness(value: str | float, poison_empty: bool = True, *, only=None,
-                          generators=()):
+                          generators=(), watch_created: bool = False):
     """Force the controllable draws to ``value`` for the duration of the block; yields a
     ``DrawLog``. ``only``: force just these element indices (others drawn as usual).
     ``generators``: the generators handed to the subject, checked for escaped draws when the
     block ends (with ``only`` set, draws are expected to move them and nothing is checked).
+    ``watch_created``: also check the ``torch.Generator``s made inside the block.
     Not thread-safe: it swaps attributes of the torch and numpy modules."""
     log = DrawLog()
     saved: dict[tuple[object, str], object] = {}
@@ -289,7 +344,7 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         input, but neither the subject's generator nor the global one moves."""
         key = str(torch.device(device if device is not None else "cpu"))
         if key not in scratch:
-            scratch[key] = torch.Generator(device=key)
+            scratch[key] = _TORCH_GENERATOR(device=key)
         return scratch[key]
 
     def place(out: torch.Tensor, entry: str, fill_value) -> torch.Tensor:
@@ -354,8 +409,10 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         else:
             chosen = range(rows.numel())
             result = token.clone().to(rows.device)
+        mass = (probs.gather(1, token[:, :1]) / cdf[:, -1:]).min()
         log.controlled["torch.multinomial"] += 1
-        log.draws.append(Draw("torch.multinomial", dtype, rows.numel(), c, len(chosen)))
+        log.draws.append(Draw("torch.multinomial", dtype, rows.numel(), c, len(chosen),
+                              outcome_probability=float(mass) if math.isfinite(float(mass)) else None))
         return result if input.dim() == 2 else result[0]
 
     def counting(owner, name, label):
@@ -386,6 +443,9 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         swap(torch, "empty_like", poisoned(torch, "empty_like"))
         swap(torch.Tensor, "new_empty", poisoned(torch.Tensor, "new_empty"))
     snapshot = None if partial else RNGSnapshot(generators)
+    created: list = []
+    if watch_created and not partial:
+        swap(torch, "Generator", _recording_generator_class(created))
 
     def reseeding(owner, name):
         entry = f"{owner.__name__}.{name}"
@@ -409,6 +469,7 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
             setattr(owner, name, fn)
         if snapshot is not None:
             log.escaped.extend(snapshot.moved())
+            log.escaped.extend(_created_moved(created))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,236 @@
+"""Forced random numbers inside an end-to-end generator: boundary values reach a verifier written
+inline in a generate loop.
+
+The step audit forces a verifier's draws (``exactcheck.step.randomness``); a generator whose
+verification lives inside its loop (``r > p/q`` on float32 uniforms, as one popular package
+writes it) cannot be audited at step level, and its sampled laws cannot show a trigger of
+probability 2^-24. Here a whole generation runs inside ``controlled_randomness``: every
+``torch.rand``, ``rand_like``, ``uniform_``, ``exponential_`` and ``multinomial`` it makes, on
+torch's global generator or on a ``torch.Generator`` it created from its seed, returns one boundary
+value, delivered as the draw's dtype can return it (0.0, or 1 - 2^-24 in float32 and 1 - 2^-53 in
+float64). Generators it creates are watched (``watch_created``): one that moved, like a global
+source that moved, is an escape, and the run names it.
+
+Three properties per world, each deterministic (an exact generator keeps them at every value a
+draw can return, so a failure spends none of alpha):
+
+* ``forced_no_forbidden_token``: under sampled policies that truncate the target (top-k, top-p, or
+  the world's own grammar mask) no generated token has probability 0 under the policy at its
+  prefix (the exact float64 law of ``exactcheck.stats.laws.policy_sequence_law``);
+* ``forced_no_crash``: no generation crashes or breaks the generator contract (a zero residual
+  after a forced rejection, an all-masked row);
+* ``forced_greedy``: greedy generations equal the target's own greedy decode
+  (``exactcheck.e2e.greedy_identity.target_greedy``; a float64 tie is not a defect).
+
+These are judged on outputs alone, so a draw that escaped the forcing does not void them: every
+value it took was one a real draw returns. A failure is re-run forcing fewer draws
+(``exactcheck.step.properties.fewest_forced``, the others drawn from the generator's own seed) to
+the smallest set that still breaks it; its reachability is that set's probability per generation.
+A world where no draw went through a forced entry point is not judged ("nothing was forced").
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.e2e.generator import GREEDY, Capabilities, DecodingPolicy, call_generator
+from exactcheck.e2e.greedy_identity import classify_divergence, target_greedy
+from exactcheck.errors import SubjectCrashed, SubjectError
+from exactcheck.options import CheckKind, derive_seed
+from exactcheck.reachability import Reachability
+from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
+from exactcheck.stats.laws import policy_sequence_law
+from exactcheck.step.properties import fewest_forced
+from exactcheck.step.randomness import DrawLog, controlled_randomness
+from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
+
+__all__ = ["FORCED_CHECKS", "FORCED_VALUES", "FORCED_PROMPTS", "TRUNCATING_POLICIES", "forced_policies",
+           "forced_draw_verdicts", "ForcedRun"]
+
+FORCED_CHECKS = ("forced_no_forbidden_token", "forced_no_crash", "forced_greedy")
+FORCED_VALUES = ("zero", "one_minus_ulp")
+FORCED_PROMPTS = 4
+# sampled policies with zeros in the target's law, so an accepted forbidden draft can show
+TRUNCATING_POLICIES = (DecodingPolicy(1.0, top_k=2), DecodingPolicy(1.0, top_p=0.5))
+SHRINK_BUDGET = 60  # generations spent shrinking one failure's forced set
+SHRINK_TRIES = 3  # failing generations shrunk, at most, looking for a reachable trigger
+
+
+@dataclass(frozen=True)
+class ForcedRun:
+    """One generation under a forced value: what came out, or how it failed."""
+
+    policy: DecodingPolicy
+    prompt: int
+    value: str
+    seed: int
+    log: DrawLog
+    output: tuple[int, ...] | None
+    error: SubjectError | None = None
+
+
+def forced_policies(world: ModelWorld, policies, capabilities: Capabilities | None) -> tuple[DecodingPolicy, ...]:
+    """The sampled policies a world's forced generations run under: its own (a grammar world), or
+    the audit's with the truncating ones added; minus any the generator declares it cannot take."""
+    chosen = (world.policy,) if world.policy is not None else tuple(dict.fromkeys(
+        [p for p in policies if not p.greedy] + list(TRUNCATING_POLICIES)))
+    return tuple(p for p in chosen if capabilities is None or capabilities.missing_for(p) is None)
+
+
+def _greedy_policy(world: ModelWorld) -> DecodingPolicy:
+    return GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
+
+
+class _Laws:
+    """The exact law of a world's outputs from each prompt state under each policy, cached."""
+
+    def __init__(self, world: ModelWorld):
+        self.world, self.cache = world, {}
+
+    def forbidden_at(self, state: int, policy: DecodingPolicy, output: tuple[int, ...]) -> int | None:
+        """The first position of ``output`` whose prefix has probability 0, or None."""
+        key = (state, policy)
+        if key not in self.cache:
+            law = policy_sequence_law(dataclasses.replace(self.world.world, prompt_state=state), policy,
+                                      self.world.new_tokens)
+            prefixes: dict = {}
+            for outcome, prob in law.items():
+                for j in range(1, len(outcome) + 1):
+                    prefixes[outcome[:j]] = prefixes.get(outcome[:j], 0.0) + prob
+            self.cache[key] = prefixes
+        prefixes = self.cache[key]
+        for j in range(1, len(output) + 1):
+            if prefixes.get(output[:j], 0.0) <= 0:
+                return j - 1
+        return None
+
+
+def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base: dict, device,
+                         capabilities: Capabilities | None = None) -> list[Verdict]:
+    """The three forced-draw verdicts of ``world`` (``FORCED_CHECKS``, in order)."""
+    target, draft = (m.to(device) for m in world.models())
+    prompts = [prompt_for_state(world.world, len(world.prompt), derive_seed(seed, f"forced/prompt/{i}"))
+               for i in range(FORCED_PROMPTS)]
+    prompt_ids = [torch.tensor(p, dtype=torch.int64, device=target.device) for p, _ in prompts]
+    laws = _Laws(world)
+    greedy = _greedy_policy(world)
+    expected_greedy: dict[int, list[int]] = {}
+
+    def generate(policy, i, value, run_seed, only=None) -> ForcedRun:
+        with controlled_randomness(value, only=only, watch_created=True) as log:
+            try:
+                new, _ = call_generator(generator, target, draft, prompt_ids[i][None], policy, world.new_tokens,
+                                        run_seed, world.vocab_size)
+                output, error = tuple(new.tolist()), None
+            except SubjectError as exc:
+                output, error = None, exc
+        return ForcedRun(policy, i, value, run_seed, log, output, error)
+
+    def broken(run: ForcedRun) -> tuple[str, str] | None:
+        """(check, what went wrong) for a run that breaks a property, or None."""
+        if run.error is not None:
+            return "forced_no_crash", str(run.error)
+        if run.policy.greedy:
+            want = expected_greedy[run.prompt]
+            if list(run.output) == want:
+                return None
+            j = next((t for t in range(min(len(want), len(run.output))) if want[t] != run.output[t]), None)
+            if j is None:
+                return "forced_greedy", f"output {list(run.output)}, the target's greedy decode {want}"
+            prefix = torch.cat([prompt_ids[run.prompt], torch.tensor(want[:j], dtype=torch.int64, device=target.device)])
+            _, gap, kind = classify_divergence(target, _float64(target, cache), prompt_ids[run.prompt].numel(),
+                                               prefix, want[j], run.output[j], run.policy)
+            if kind != "defect":
+                return None
+            return "forced_greedy", (f"new token {j} is {run.output[j]}, the target's greedy token {want[j]} "
+                                     f"(float64 logit gap {gap:.3g})")
+        j = laws.forbidden_at(prompts[run.prompt][1], run.policy, run.output)
+        if j is None:
+            return None
+        return "forced_no_forbidden_token", (f"output {list(run.output)}: token {run.output[j]} at position {j} "
+                                             f"has probability 0 under {run.policy.describe()}")
+
+    cache: dict = {}
+    runs: list[ForcedRun] = []
+    sampled = forced_policies(world, policies, capabilities)
+    for policy in (*sampled, greedy):
+        for i in range(FORCED_PROMPTS):
+            if policy.greedy and i not in expected_greedy:
+                expected_greedy[i] = target_greedy(target, prompt_ids[i], world.new_tokens, policy)
+            for value in FORCED_VALUES:
+                runs.append(generate(policy, i, value, derive_seed(seed, f"forced/{policy.label()}/{i}/{value}")))
+
+    found: dict[str, list[tuple[ForcedRun, str]]] = {}
+    for run in runs:
+        failure = broken(run)
+        if failure is not None:
+            found.setdefault(failure[0], []).append((run, failure[1]))
+
+    def shrink(run: ForcedRun, check: str) -> tuple[tuple[int, ...], Reachability]:
+        def fails(only, s) -> bool:
+            again = generate(run.policy, run.prompt, run.value, s, only=frozenset(only))
+            failure = broken(again)
+            return failure is not None and failure[0] == check
+        return fewest_forced(fails, run.log, run.seed, budget=SHRINK_BUDGET)
+
+    values = " and ".join({"zero": "0", "one_minus_ulp": "1 - ulp"}[v] for v in FORCED_VALUES)
+    sampled_names = ", ".join(p.describe() for p in sampled) or "none"
+    escapes = sorted({e for r in runs for e in r.log.escaped} | {n for r in runs for n in r.log.uncontrolled})
+    escaped_note = ("; draws that escaped the forcing (judged anyway, on outputs): " + "; ".join(escapes)
+                    if escapes else "")
+    out = []
+    for check in FORCED_CHECKS:
+        mine = [r for r in runs if (check == "forced_greedy") == r.policy.greedy or check == "forced_no_crash"]
+        if check == "forced_no_forbidden_token" and not sampled:
+            mine = []
+        condition = {
+            "forced_no_forbidden_token": f"{len(mine)} generations under {sampled_names}, every draw forced to {values}",
+            "forced_no_crash": f"{len(mine)} generations, sampled and greedy, every draw forced to {values}",
+            "forced_greedy": f"{len(mine)} greedy generations from {FORCED_PROMPTS} prompts, every draw forced to {values}",
+        }[check]
+        common = dict(base, check=f"{world.name}/{check}", law=check, condition=condition, samples=len(mine),
+                      kind=CheckKind.PROPERTY)
+        if check in found:
+            for run, message in found[check][:SHRINK_TRIES]:  # the first reachable trigger, if any
+                forced, reach = shrink(run, check)
+                if reach.reachable:
+                    break
+            crashed = isinstance(run.error, SubjectCrashed)
+            outcome = (Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION) if run.error is not None \
+                else Outcome.DEFECT
+            if not reach.reachable:
+                outcome = Outcome.UNREACHABLE
+            summary = (f"with every draw forced to {run.value.replace('_', ' ')}, prompt {run.prompt}, "
+                       f"{run.policy.describe()}: {message}; the fewest forced draws that still do it: "
+                       f"{len(forced)} ({reach.describe()})")
+            out.append(Verdict(outcome=outcome, summary=summary, evidence=FindingEvidence(
+                pvalue=0.0, reachability=reach,
+                traceback=run.error.frames if crashed else ()), **common))
+            continue
+        forced_mine = [r for r in mine if r.log.draws]
+        if not mine:
+            out.append(Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+                "not applicable: the generator declares no sampling transforms and the world has no mask"),
+                evidence=FindingEvidence(), **common))
+        elif not forced_mine:
+            out.append(Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+                f"not judged: none of its {len(mine)} generations drew through a forced entry point"
+                + (f" (it drew through: {'; '.join(escapes)})" if escapes else
+                   " (it drew no random number" + ("; greedy_identity decides)" if check == "forced_greedy" else ")"))),
+                evidence=FindingEvidence(), **common))
+        else:
+            draws = sum(r.log.elements for r in forced_mine)
+            out.append(Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
+                f"held in {len(mine)} of {len(mine)} generations ({len(forced_mine)} drew, {draws:,} draws "
+                f"forced){escaped_note}"), **common))
+    return out
+
+
+def _float64(target, cache: dict):
+    """A float64 copy of the target (made once per world, for tie classification)."""
+    if "target64" not in cache:
+        import copy
+        cache["target64"] = copy.deepcopy(target).double()
+    return cache["target64"]
