@@ -12,8 +12,9 @@ audits with a statistical false alarm (must be consistent with alpha: at most ab
 audits with a conformance finding (the member fits no registered exact rule: a false alarm too,
 deterministic ones included),
 reproducibility findings (expected only for the members that ignore their generator),
-unreachable boundary behaviours, and inconclusive checks. Prints a table; ``--json FILE`` keeps
-the per-audit rows.
+unreachable boundary behaviours, inconclusive checks, and a generator's known boundary finding
+(``exactcheck.corpus.generators.KNOWN_FINDINGS``: transformers' ``r <= p/q`` at r = 0, counted
+apart, expected in every audit). Prints a table; ``--json FILE`` keeps the per-audit rows.
 """
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
         from exactcheck.e2e.runner import run_generator_audit
         audit = run_generator_audit(correct_generators()[name], level=level, seed=seed, progress=False)
     failed = [v for v in audit.verdicts if v.outcome.failed]
+    known = []
+    if kind == "generator":  # a member's own true boundary finding is expected, and counted apart
+        from exactcheck.corpus.generators import KNOWN_FINDINGS
+        known = [v for v in failed if v.law in KNOWN_FINDINGS.get(name, ())]
+        failed = [v for v in failed if v not in known]
     exactness = [v for v in failed if v.category is Category.EXACTNESS]
     conformance = [v for v in failed if v.category is Category.CONFORMANCE]
     return {
@@ -53,6 +59,7 @@ def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
         "inconclusive": [v.check for v in audit.verdicts if v.outcome is Outcome.INCONCLUSIVE
                          and "not run to its budget" not in v.summary],
         "messages": [v.summary for v in exactness + conformance],
+        "known": [v.check for v in known],
     }
 
 
@@ -90,7 +97,7 @@ def main() -> None:
     print(f"correct {kind}s, level {args.level}, seeds {seeds.start}-{seeds.stop - 1}, "
           f"{time.perf_counter() - start:.0f} s")
     head = (f"{'member':<28} {'audits':>6} {'determ.':>7} {'stat. FA':>8} {'conform.':>8} {'reprod.':>7} "
-            f"{'inputs':>6} {'unreach.':>8} {'inconcl.':>8} {'s/audit':>7}  rule named")
+            f"{'inputs':>6} {'unreach.':>8} {'inconcl.':>8} {'known':>5} {'s/audit':>7}  rule named")
     print(head)
     print("-" * len(head))
     for name in names:
@@ -101,6 +108,7 @@ def main() -> None:
         print(f"{name:<28} {len(mine):>6} {count('deterministic'):>7} {count('statistical'):>8} "
               f"{count('conformance'):>8} {count('reproducibility'):>7} {count('input_handling'):>6} "
               f"{count('unreachable'):>8} {sum(len(r['inconclusive']) for r in mine) / len(mine):>8.1f} "
+              f"{sum(bool(r.get('known')) for r in mine):>5} "
               f"{sum(r['seconds'] for r in mine) / len(mine):>7.1f}  {', '.join(named)}")
     for r in rows:
         for check, message in zip(r["deterministic"] + r["statistical"] + r["conformance"], r["messages"]):

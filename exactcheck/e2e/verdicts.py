@@ -198,7 +198,7 @@ def rollback_verdict(run: GeneratorSamples, base: dict, capabilities=None) -> Ve
                 f"not judged: the generator declares a cache, but each of its {run.forward_calls:,} forward calls "
                 "started from an empty one and it handed none back"), **common)
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
-            f"not applicable: the generator {'declares no cache and ' if declared is False else ''}keeps none "
+            f"not applicable: the generator {'declares no cache and keeps none' if declared is False else 'keeps no cache'} "
             f"(each of its {run.forward_calls:,} forward calls recomputed its prefix from an empty cache); the laws "
             "decide"), **common)
     return Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
