@@ -15,7 +15,7 @@ EXAMPLE = ["audit", "exactcheck.step.mutants:bonus_argmax", "--level", "quick", 
 
 
 def figures() -> str:
-    selftest = json.loads((ROOT / "reports" / "selftest-standard.json").read_text())
+    selftest = json.loads((ROOT / "reports" / "selftest-standard-seed0.json").read_text())
     ref = selftest["reference"]
     mutants = selftest["mutants"]
     detected = sum(m["detected"] for m in mutants)
@@ -29,7 +29,7 @@ def figures() -> str:
         f"per audit): the reference verifier passes {ref['summary']['exact']} of {ref['summary']['checks']} checks "
         f"({ref['duration_s']:.0f} s, torch "
         f"{ref['environment']['torch']}); {detected} of {len(mutants)} mutants detected "
-        f"([reports/selftest-standard.md](reports/selftest-standard.md)).",
+        f"([reports/selftest-standard-seed0.md](reports/selftest-standard-seed0.md)).",
         f"- Budget at that level: {budget['samples_planned']:,} trials planned to detect TV ≥ "
         f"{budget['detect_tv']:g} at power 0.9 on every law; {budget['samples_drawn']:,} drawn.",
         f"- {hf['subject']}: {len(hf_findings)} findings of {hf['summary']['checks']} checks "

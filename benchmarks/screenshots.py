@@ -6,7 +6,7 @@
   ``bonus_argmax`` (a planted defect: the bonus token is the target's argmax), run to its budget
   on three worlds;
 * ``reports/html-report-selftest.png``: the selftest page rendered from the committed
-  ``reports/selftest-standard.json``.
+  ``reports/selftest-standard-seed0.json``.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def main() -> int:
         shoot(chromium, work / "audit-exactcheck-step-mutants-bonus_argmax-quick-seed0.html",
               ROOT / "reports" / "html-report-failing-audit.png", 1600, work)
         page = work / "selftest.html"
-        page.write_text(render_selftest_html(json.loads((ROOT / "reports" / "selftest-standard.json").read_text())))
+        page.write_text(render_selftest_html(json.loads((ROOT / "reports" / "selftest-standard-seed0.json").read_text())))
         shoot(chromium, page, ROOT / "reports" / "html-report-selftest.png", 1500, work)
     return 0
 

@@ -1,7 +1,7 @@
 """Power, measured: the selftest passes the reference and detects every mutant by the check
 family expected to catch it, every check run to its budget. The default run does it at level quick
 (50,000 trials per world); the slow run (``-m slow``) repeats it at level standard, the level of
-the README's main command and of reports/selftest-standard.json."""
+the README's main command and of reports/selftest-standard-seed0.json."""
 import pytest
 
 from exactcheck import MUTANTS, Outcome
