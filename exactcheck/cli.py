@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
     replay.add_argument("--subject", metavar="MODULE:CALLABLE",
                         help="the subject to run it against (default: the one that failed)")
+    tree = sub.add_parser("tree", help="audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
+                                       "verify call) by its output law, and by its declared tree rule")
+    tree.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
+                                      "MODULE:CALLABLE (the tree contract: docs/checks.md)")
+    tree.add_argument("--world", action="append", metavar="NAME", help="only this tree world (repeatable)")
+    _common(tree)
     e2e = sub.add_parser("e2e", help="audit an end-to-end generator (transformers generate, a loop) on the "
                                      "toy model worlds: sequence laws, cache rollback, greedy identity")
     e2e.add_argument("subject", help="a built-in generator (" + ", ".join(BUILTIN_GENERATORS) + ", or "
@@ -316,6 +322,18 @@ def _e2e(args) -> int:
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
+    return _exit_status(result, args.subject)
+
+
+def _tree(args) -> int:
+    from exactcheck.report.files import report_stem
+    from exactcheck.tree.runner import run_tree_audit
+    from exactcheck.tree.subjects import load_tree_verifier
+    result = run_tree_audit(load_tree_verifier(args.subject), subject_name=args.subject, level=args.level,
+                            seed=args.seed, alpha=args.alpha, worlds=args.world, device=args.device,
+                            detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
+                            progress=not args.quiet)
+    result = _print_and_write(result, args.report, report_stem("tree-", args.subject, args.level, args.seed))
     return _exit_status(result, args.subject)
 
 
@@ -546,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render, "rules": _rules,
                 "lossy": _lossy,
-                "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy,
+                "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy, "tree": _tree,
                 "gate": _gate, "grammar": _grammar, "cost": _cost}[args.command](args)
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)

@@ -89,6 +89,7 @@ class Violation(enum.Enum):
     DRAFT_MISMATCH = "an emitted draft position differs from the draft token given"
     PROMPT_CHANGED = "the generated sequence does not start with the prompt"
     WRONG_LENGTH = "the generator did not return exactly the requested number of new tokens"
+    NOT_A_TREE_PATH = "the emitted tokens do not follow a root-to-node path of the tree"
 
 
 class ContractViolation(SubjectError):

@@ -23,7 +23,7 @@ from exactcheck.options import DEFAULT_REQUIRE, CheckKind
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult",
+__all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
            "GrammarAuditResult", "result_type"]
 
 
@@ -32,6 +32,7 @@ class AuditKind(enum.Enum):
     END_TO_END = "end-to-end"
     GREEDY = "greedy"
     GRAMMAR = "grammar"
+    TREE = "tree"
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,19 @@ class GrammarAuditResult(AuditResult):
                 "plus the greedy runs, fixed budget")
 
 
-_TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult)}
+@dataclass(frozen=True)
+class TreeAuditResult(AuditResult):
+    kind: ClassVar[AuditKind] = AuditKind.TREE
+    unit: ClassVar[str] = "trials"
+    command: ClassVar[str] = "tree"
+
+    def budget_text(self) -> str:
+        return (f"tree audit: {self.samples_drawn:,} trials through the speculative loop "
+                f"({self.samples_planned:,} planned), fixed budget")
+
+
+_TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult,
+                              TreeAuditResult)}
 
 
 def result_type(data: dict) -> type[AuditResult]:

@@ -1,0 +1,165 @@
+"""Tree verifiers with one defect each, from the bug classes engines shipped (field notes, section
+5), and one that is exact but wasteful.
+
+* ``residual_from_draft_q`` (TensorRT-LLM #15098): deterministic top-k siblings verified with the
+  i.i.d. formula: accepted with min(1, r/q), residual max(r - q, 0) with the draft row q, so the
+  residual is not the target's leftover law;
+* ``duplicates_double_counted``: target-only verification of i.i.d. siblings that adds a
+  duplicate sibling's target mass again (nothing tests duplicate siblings in SGLang's kernel);
+* ``lone_child_greedy`` (TensorRT-LLM #15842: a K = 1 "tree" diverges from the chain): a node
+  with a single child accepts it only if it is the target row's argmax;
+* ``tree_read_as_chain`` (TensorRT-LLM #18210: a dynamic tree silently verified as a linear
+  chain): nodes 1..N taken as one chain, whatever their parents;
+* ``mask_of_32_slots`` (the out-of-bounds read past 32 siblings flagged in #15098's review): the
+  tried-token mask holds 32 slots, so sibling j >= 32 zeroes sibling j - 32's token instead of its
+  own and a rejected token can come back as the correction;
+* ``correction_ignores_residual``: after every child is rejected, the correction is drawn from
+  the node's target row instead of the residual.
+
+``first_branch_only`` verifies the first child chain and ignores the other siblings: exact in law
+(the first branch alone is a chain drawn from q), fewer tokens accepted. It belongs to the corpus
+of correct subjects, not here: it shows that exactness is judged by the output law.
+"""
+from __future__ import annotations
+
+import torch
+
+from exactcheck.tree.reference import _gather, _multi_round_children, _normalised, inverse_cdf, walk_tree
+
+__all__ = ["TREE_MUTANTS", "first_branch_only"]
+
+
+def _residual_from_draft_q(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children)
+
+
+_residual_from_draft_q.sibling_sampling = "top_k"
+
+
+def _double_counting_children(p, q, kid_tokens, valid, generator):
+    b, k = kid_tokens.shape
+    u = torch.rand(b, dtype=torch.float64, generator=generator, device=p.device)
+    slot = torch.full((b,), -1, dtype=torch.int64, device=p.device)
+    seen = torch.zeros_like(p, dtype=torch.bool)
+    cumulative = torch.zeros(b, dtype=torch.float64, device=p.device)
+    for j in range(k):
+        x = kid_tokens[:, j]
+        cumulative = cumulative + torch.where(valid[:, j], _gather(p, x), 0.0)  # duplicates counted again
+        accept = valid[:, j] & (slot < 0) & (u < cumulative)
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        seen = seen | (torch.nn.functional.one_hot(x, p.shape[1]).bool() & valid[:, j:j + 1])
+    return slot, _normalised(p.masked_fill(seen, 0.0), p)
+
+
+def _duplicates_double_counted(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, None, tokens, parents, generator, _double_counting_children)
+
+
+_duplicates_double_counted.sibling_sampling = "iid"
+_duplicates_double_counted.takes_draft_probs = False
+
+
+def _lone_child_children(p, q, kid_tokens, valid, generator):
+    alone = valid[:, 0] & ~valid[:, 1:].any(1) if valid.shape[1] > 1 else valid[:, 0]
+    slot, r = _multi_round_children(p, q, kid_tokens, valid & ~alone[:, None], generator)
+    greedy = alone & (kid_tokens[:, 0] == p.argmax(1))
+    slot = torch.where(greedy, torch.zeros_like(slot), slot)
+    r = torch.where((alone & ~greedy)[:, None], _normalised(p.scatter(1, kid_tokens[:, :1], 0.0), p), r)
+    return slot, r
+
+
+def _lone_child_greedy(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _lone_child_children)
+
+
+_lone_child_greedy.sibling_sampling = "iid"
+
+
+def _tree_read_as_chain(target_probs, draft_probs, tokens, parents, generator):
+    """Token-wise chain verification of nodes 1..N in index order, rows as handed in."""
+    b, m, _ = target_probs.shape
+    depth = 0
+    par = parents[0].tolist()
+    for i in range(1, m):
+        d, j = 0, i
+        while par[j] >= 0:
+            j, d = par[j], d + 1
+        depth = max(depth, d)
+    p, q = target_probs.double(), draft_probs.double()
+    out = torch.full((b, depth + 1), -1, dtype=torch.int64, device=tokens.device)
+    live = torch.ones(b, dtype=torch.bool, device=tokens.device)
+    for i in range(depth):
+        x = tokens[:, i + 1]
+        u = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
+        accept = live & (u * _gather(q[:, i], x) < _gather(p[:, i], x))
+        out[:, i] = torch.where(accept, x, out[:, i])
+        ending = live & ~accept
+        v = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
+        correction = inverse_cdf(_normalised((p[:, i] - q[:, i]).clamp(min=0), p[:, i]), v)
+        out[:, i] = torch.where(ending, correction, out[:, i])
+        live = accept
+    v = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
+    out[:, depth] = torch.where(live, inverse_cdf(p[:, depth], v), out[:, depth])
+    return out
+
+
+_tree_read_as_chain.sibling_sampling = "iid"
+
+
+def _mask_of_32_children(p, q, kid_tokens, valid, generator):
+    r = p.clone()
+    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for j in range(kid_tokens.shape[1]):
+        trying = valid[:, j] & (slot < 0)
+        x = kid_tokens[:, j]
+        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
+        accept = trying & (u < _gather(r, x))
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        reject = trying & ~accept
+        zeroed = kid_tokens[:, j % 32]  # the slot wraps: past 32 it zeroes an earlier sibling's token
+        r = torch.where(reject[:, None], _normalised(r.scatter(1, zeroed[:, None], 0.0), r), r)
+    return slot, r
+
+
+def _mask_of_32_slots(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _mask_of_32_children)
+
+
+_mask_of_32_slots.sibling_sampling = "top_k"
+
+
+def _ignoring_residual_children(p, q, kid_tokens, valid, generator):
+    slot, _ = _multi_round_children(p, q, kid_tokens, valid, generator)
+    return slot, p
+
+
+def _correction_ignores_residual(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _ignoring_residual_children)
+
+
+_correction_ignores_residual.sibling_sampling = "iid"
+
+
+def _first_branch_children(p, q, kid_tokens, valid, generator):
+    only_first = valid.clone()
+    only_first[:, 1:] = False
+    return _multi_round_children(p, q, kid_tokens, only_first, generator)
+
+
+def first_branch_only(target_probs, draft_probs, tokens, parents, generator):
+    """Exact but wasteful: the first child chain verified token-wise, the other siblings ignored."""
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _first_branch_children)
+
+
+first_branch_only.sibling_sampling = "iid"
+
+TREE_MUTANTS = {
+    "residual_from_draft_q": _residual_from_draft_q,
+    "duplicates_double_counted": _duplicates_double_counted,
+    "lone_child_greedy": _lone_child_greedy,
+    "tree_read_as_chain": _tree_read_as_chain,
+    "mask_of_32_slots": _mask_of_32_slots,
+    "correction_ignores_residual": _correction_ignores_residual,
+}
+for _name, _fn in TREE_MUTANTS.items():
+    _fn.__name__ = _name

@@ -1,0 +1,185 @@
+"""Exact tree verifiers: one per way siblings are drawn, each written from its paper.
+
+All walk the tree from the root. At a node, its children are tried in index order against a
+residual ``r`` that starts as the node's target row; the first accepted child is emitted and the
+walk descends into it with a fresh residual (its own target row); when every child is rejected (or
+the node is a leaf) one token is drawn from ``r`` and the step ends.
+
+* ``multi_round`` (SpecInfer, EAGLE; siblings i.i.d. from the node's draft row q): child x is
+  accepted with probability min(1, r(x)/q(x)); on rejection r <- norm(max(r - q, 0)).
+* ``without_replacement`` (recursive speculative decoding; siblings drawn one after another
+  from q with the earlier ones removed): sibling j was drawn from q_j (q without siblings
+  1..j-1, renormalised); accepted with min(1, r(x)/q_j(x)); on rejection r <- norm(max(r - q_j,
+  0)).
+* ``deterministic`` (TensorRT-LLM's dynamic tree after #15098; siblings fixed, e.g. top-k): each
+  sibling is a point mass, accepted with probability r(x); on rejection x is zeroed in r and r
+  renormalised ("zeroing tried tokens"). Draft rows are not used.
+* ``target_only`` (SGLang's tree kernel, exact at thresholds 1): one coin u per level; the first
+  sibling whose cumulative target mass (each distinct token counted once) exceeds u is accepted;
+  if none, the correction is drawn from the target row with the siblings' tokens zeroed. Called
+  without draft rows.
+
+Uniforms are float64 from the generator handed in; corrections by inverse CDF on float64 uniforms.
+"""
+from __future__ import annotations
+
+import torch
+
+from exactcheck.tree.contract import children_table, tree_depths
+
+__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS",
+           "walk_tree", "inverse_cdf"]
+
+
+def inverse_cdf(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token at uniform ``u`` [B] under ``rows`` [B, V] (unnormalised), never one of mass 0."""
+    cdf = rows.cumsum(1)
+    token = (cdf <= u[:, None] * cdf[:, -1:]).sum(1)
+    last = (cdf < cdf[:, -1:]).sum(1)
+    return torch.minimum(token, last)
+
+
+def _normalised(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    total = rows.sum(1, keepdim=True)
+    return torch.where(total > 0, rows / torch.where(total > 0, total, 1.0), fallback)
+
+
+def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_children) -> torch.Tensor:
+    """The common walk: ``try_children(p, q, kid_tokens, kid_valid, generator) -> (accepted child
+    slot or -1 [B], residual [B, V])`` decides at one node for every row; the rest is shared."""
+    b, m, vocab = target_probs.shape
+    device = target_probs.device
+    p_all = target_probs.double()
+    q_all = draft_probs.double() if draft_probs is not None else None
+    table = children_table(parents)
+    depth = int(tree_depths(parents).max())
+    out = torch.full((b, depth + 1), -1, dtype=torch.int64, device=device)
+    rows = torch.arange(b, device=device)
+    node = torch.zeros(b, dtype=torch.int64, device=device)
+    live = torch.ones(b, dtype=torch.bool, device=device)
+    for level in range(depth + 1):
+        kids = table[rows, node]  # [B, K]
+        valid = kids >= 0
+        kid_tokens = torch.where(valid, tokens.gather(1, kids.clamp(min=0)), 0)
+        p = p_all[rows, node]
+        q = q_all[rows, node] if q_all is not None else None
+        slot, residual = try_children(p, q, kid_tokens, valid & live[:, None], generator)
+        accepted = live & (slot >= 0)
+        chosen = kids.gather(1, slot.clamp(min=0)[:, None])[:, 0].clamp(min=0)
+        out[:, level] = torch.where(accepted, tokens.gather(1, chosen[:, None])[:, 0], out[:, level])
+        ending = live & ~accepted
+        u = torch.rand(b, dtype=torch.float64, generator=generator, device=device)
+        correction = inverse_cdf(residual, u)
+        out[:, level] = torch.where(ending, correction, out[:, level])
+        node = torch.where(accepted, chosen, node)
+        live = accepted
+        if not live.any():
+            break
+    return out
+
+
+def _gather(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return rows.gather(1, tokens[:, None])[:, 0]
+
+
+def _multi_round_children(p, q, kid_tokens, valid, generator):
+    r = p.clone()
+    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for j in range(kid_tokens.shape[1]):
+        trying = valid[:, j] & (slot < 0)
+        x = kid_tokens[:, j]
+        rx, qx = _gather(r, x), _gather(q, x)
+        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
+        accept = trying & (u * qx < rx)  # u < r/q without dividing (q(x) > 0: x was drawn from q)
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        reject = trying & ~accept
+        r = torch.where(reject[:, None], _normalised((r - q).clamp(min=0), r), r)
+    return slot, r
+
+
+def _without_replacement_children(p, q, kid_tokens, valid, generator):
+    r, qj = p.clone(), q.clone()
+    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for j in range(kid_tokens.shape[1]):
+        trying = valid[:, j] & (slot < 0)
+        x = kid_tokens[:, j]
+        qj = _normalised(qj, qj)
+        rx, qx = _gather(r, x), _gather(qj, x)
+        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
+        accept = trying & (u * qx < rx)
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        reject = trying & ~accept
+        r = torch.where(reject[:, None], _normalised((r - qj).clamp(min=0), r), r)
+        qj = torch.where(valid[:, j:j + 1], qj.scatter(1, x[:, None], 0.0), qj)  # sibling j+1 excludes x
+    return slot, r
+
+
+def _deterministic_children(p, q, kid_tokens, valid, generator):
+    r = p.clone()
+    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for j in range(kid_tokens.shape[1]):
+        trying = valid[:, j] & (slot < 0)
+        x = kid_tokens[:, j]
+        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
+        accept = trying & (u < _gather(r, x))
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        reject = trying & ~accept
+        r = torch.where(reject[:, None], _normalised(r.scatter(1, x[:, None], 0.0), r), r)
+    return slot, r
+
+
+def _target_only_children(p, q, kid_tokens, valid, generator):
+    b, k = kid_tokens.shape
+    u = torch.rand(b, dtype=torch.float64, generator=generator, device=p.device)
+    slot = torch.full((b,), -1, dtype=torch.int64, device=p.device)
+    seen = torch.zeros_like(p, dtype=torch.bool)
+    cumulative = torch.zeros(b, dtype=torch.float64, device=p.device)
+    for j in range(k):
+        x = kid_tokens[:, j]
+        fresh = valid[:, j] & ~seen.gather(1, x[:, None])[:, 0]  # a duplicate sibling adds nothing
+        cumulative = cumulative + torch.where(fresh, _gather(p, x), 0.0)
+        accept = fresh & (slot < 0) & (u < cumulative)
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        seen = seen | (torch.nn.functional.one_hot(x, p.shape[1]).bool() & valid[:, j:j + 1])
+    residual = _normalised(p.masked_fill(seen, 0.0), p)
+    return slot, residual
+
+
+def multi_round(target_probs, draft_probs, tokens, parents, generator):
+    """SpecInfer / EAGLE multi-round speculative sampling (siblings i.i.d. from q)."""
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children)
+
+
+multi_round.sibling_sampling = "iid"
+multi_round.tree_rule = "multi_round"
+
+
+def without_replacement(target_probs, draft_probs, tokens, parents, generator):
+    """Recursive rejection sampling for siblings drawn without replacement."""
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _without_replacement_children)
+
+
+without_replacement.sibling_sampling = "without_replacement"
+without_replacement.tree_rule = "without_replacement"
+
+
+def deterministic(target_probs, draft_probs, tokens, parents, generator):
+    """Deterministic siblings (top-k) as point masses; tried tokens zeroed (TensorRT-LLM #15098's fix)."""
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _deterministic_children)
+
+
+deterministic.sibling_sampling = "top_k"
+deterministic.tree_rule = "deterministic"
+
+
+def target_only(target_probs, draft_probs, tokens, parents, generator):
+    """SGLang's target-only recursion at thresholds 1: one coin per level over the siblings' target mass."""
+    return walk_tree(target_probs, None, tokens, parents, generator, _target_only_children)
+
+
+target_only.sibling_sampling = "top_k"
+target_only.takes_draft_probs = False
+target_only.tree_rule = "target_only"
+
+REFERENCE_TREE_VERIFIERS = {"multi_round": multi_round, "without_replacement": without_replacement,
+                            "deterministic": deterministic, "target_only": target_only}

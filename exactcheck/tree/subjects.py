@@ -1,0 +1,34 @@
+"""Tree verifiers by name: the references, the mutants, SGLang's adapter, or MODULE:CALLABLE."""
+from __future__ import annotations
+
+from exactcheck.errors import UsageError
+
+__all__ = ["load_tree_verifier", "builtin_tree_verifiers"]
+
+
+def builtin_tree_verifiers() -> dict:
+    from exactcheck.adapters.sglang_tree import SglangTreeTargetOnly
+    from exactcheck.tree.mutants import TREE_MUTANTS, first_branch_only
+    from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
+    out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
+    out["tree-corpus:first_branch_only"] = first_branch_only
+    out.update({f"tree-mutant:{name}": v for name, v in TREE_MUTANTS.items()})
+    out["sglang-tree-target-only"] = SglangTreeTargetOnly("layout")
+    out["sglang-tree-target-only-cuda"] = SglangTreeTargetOnly("cuda")
+    return out
+
+
+def load_tree_verifier(name: str):
+    builtin = builtin_tree_verifiers()
+    if name in builtin:
+        subject = builtin[name]
+        if name.endswith("-cuda"):
+            from exactcheck.adapters.sglang_tree import cuda_kernel_available
+            why = cuda_kernel_available()
+            if why:
+                raise UsageError(f"{name}: {why} (sglang-tree-target-only runs the same walk in torch)")
+        return subject
+    if name.startswith(("tree-reference:", "tree-mutant:", "tree-corpus:")):
+        raise UsageError(f"unknown tree verifier {name!r}; built in: {sorted(builtin)}")
+    from exactcheck.subjects import load_subject
+    return load_subject(name)

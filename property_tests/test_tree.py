@@ -1,0 +1,172 @@
+"""Tree verification: the contract, the exact step laws (against Monte Carlo and against the chain
+rule's own law), the reference tree verifiers passing, every mutant found by the check expected,
+SGLang's layout through the adapter, and the command."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from exactcheck.adapters.sglang_tree import SglangTreeTargetOnly, cuda_kernel_available, sglang_tree_layout
+from exactcheck.cli import main
+from exactcheck.errors import ContractViolation, Violation
+from exactcheck.rules import rule_spec
+from exactcheck.stats.goodness_of_fit import goodness_of_fit
+from exactcheck.tree.contract import children_table, validate_tree_output
+from exactcheck.tree.drive import drive_tree
+from exactcheck.tree.laws import RULE_SIBLINGS, first_token_law, step_law
+from exactcheck.tree.mutants import TREE_MUTANTS, first_branch_only
+from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
+from exactcheck.tree.runner import run_tree_audit
+from toy_models.tree_worlds import tree_topology, tree_worlds
+
+WORLDS = {w.name: w for w in tree_worlds()}
+
+
+def test_topology_is_breadth_first_with_parents_before_children():
+    parents, depths = tree_topology((2, 2))
+    assert parents == (-1, 0, 0, 1, 1, 2, 2) and depths == (0, 1, 1, 2, 2, 2, 2)
+    table = children_table(torch.tensor([parents]))
+    assert table[0, 0].tolist() == [1, 2] and table[0, 1].tolist() == [3, 4] and table[0, 3].tolist() == [-1, -1]
+
+
+def test_the_contract_names_a_path_that_is_not_in_the_tree():
+    parents = torch.tensor([[-1, 0, 0, 1, 2]])
+    tokens = torch.tensor([[-1, 5, 5, 1, 2]])  # duplicate siblings: both token 5
+    validate_tree_output(torch.tensor([[5, 2, 7]]), tokens, parents, 8)  # through the second 5
+    validate_tree_output(torch.tensor([[5, 1, 0]]), tokens, parents, 8)  # through the first
+    with pytest.raises(ContractViolation) as caught:
+        validate_tree_output(torch.tensor([[5, 3, 0]]), tokens, parents, 8)
+    assert caught.value.violation is Violation.NOT_A_TREE_PATH
+    with pytest.raises(ContractViolation) as caught:
+        validate_tree_output(torch.tensor([[5, -1, 0]]), tokens, parents, 8)
+    assert caught.value.violation is Violation.TOKEN_AFTER_PADDING
+    with pytest.raises(ContractViolation) as caught:
+        validate_tree_output(torch.tensor([[5, 1]]), tokens, parents, 8)
+    assert caught.value.violation is Violation.WRONG_SHAPE
+
+
+@pytest.mark.parametrize("world", sorted(WORLDS), ids=str)
+def test_every_exact_step_law_sums_to_one_and_emits_the_target_first(world):
+    w = WORLDS[world]
+    for rule, siblings in RULE_SIBLINGS.items():
+        if siblings != w.siblings:
+            continue
+        law = step_law(w, w.world.prompt_state, rule)
+        assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+        first = np.zeros(w.vocab_size)
+        for outcome, prob in law.items():
+            first[outcome[0]] += prob
+        np.testing.assert_allclose(first, first_token_law(w, w.world.prompt_state), atol=1e-12)
+
+
+def test_a_k1_tree_has_the_chain_law():
+    """The K = 1 tree's step law (this module's recursion) equals the token-wise chain law computed
+    by ``exactcheck.rules`` (another implementation) over every draft sequence."""
+    w = WORLDS["tree_iid_k1_v3_1x1x1"]
+    cw, vocab, k = w.world, w.vocab_size, w.depth
+    p_rows, q_rows = cw.target.law(), cw.draft.law()
+    tree = step_law(w, cw.prompt_state, "multi_round")
+    chain: dict = {}
+    token_wise = rule_spec("token-wise")
+    for drafts in itertools.product(range(vocab), repeat=k):
+        states = [cw.prompt_state]
+        for x in drafts:
+            states.append(int(cw.next_state(states[-1], x)))
+        weight = float(np.prod([q_rows[states[i]][x] for i, x in enumerate(drafts)]))
+        p = p_rows[states][None]
+        q = q_rows[states[:-1]][None]
+        accept, final = token_wise.rule.emission(p, q, np.array([drafts]), token_wise.values)
+        for j in range(k + 1):
+            for x in range(vocab):
+                key = tuple(drafts[:j]) + (x,)
+                chain[key] = chain.get(key, 0.0) + weight * accept[0, j] * final[0, j, x]
+    chain = {o: v for o, v in chain.items() if v > 0}
+    assert set(tree) == set(chain)
+    for outcome in tree:
+        assert tree[outcome] == pytest.approx(chain[outcome], abs=1e-12)
+
+
+@pytest.mark.parametrize("rule", sorted(REFERENCE_TREE_VERIFIERS))
+def test_the_enumerated_step_law_matches_monte_carlo(rule):
+    """Each reference verifier's first-step emitted tuples against its enumerated law: a fixed
+    seed and a chi-square at alpha 1e-4 (the reference is exact, so this fails 1 run in 10,000)."""
+    siblings = RULE_SIBLINGS[rule]
+    w = next(w for w in tree_worlds() if w.siblings == siblings and w.vocab_size <= 4 and w.depth == 2)
+    law = step_law(w, w.world.prompt_state, rule)
+    samples = drive_tree(REFERENCE_TREE_VERIFIERS[rule], w, 20_000, seed=11)
+    outcomes = sorted(law)
+    index = {o: i for i, o in enumerate(outcomes)}
+    counts = np.bincount([index.get(o, len(outcomes)) for o in samples.first_steps], minlength=len(outcomes) + 1)
+    gof = goodness_of_fit(counts, np.array([law[o] for o in outcomes] + [0.0]), 1e-4)
+    assert gof.impossible == 0 and gof.pvalue > 1e-4, (rule, gof)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_TREE_VERIFIERS))
+def test_each_reference_tree_verifier_passes_a_quick_audit(name):
+    result = run_tree_audit(REFERENCE_TREE_VERIFIERS[name], level="quick", seed=3, progress=False,
+                            max_samples=10_000)  # the 50-seed figures at the full quick budget: docs/checks.md
+    assert result.passed, [v.describe() for v in result.failed]
+    laws = {v.law for v in result.verdicts}
+    assert {"sequence", "first_token", f"step_law@{name}"} <= laws
+
+
+EXPECTED = {  # mutant -> (a world it must fail on, the check that finds it)
+    "residual_from_draft_q": ("tree_topk_v4_3x1", "sequence"),
+    "duplicates_double_counted": ("tree_iid_dup_v2_3x2", "sequence"),
+    "lone_child_greedy": ("tree_iid_k1_v3_1x1x1", "sequence"),
+    "tree_read_as_chain": ("tree_iid_v3_3x1", "contract"),
+    "mask_of_32_slots": ("tree_topk_wide_v40_36", "first_token"),
+    "correction_ignores_residual": ("tree_iid_v3_3x1", "sequence"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREE_MUTANTS))
+def test_each_tree_mutant_is_found_by_the_check_expected(name):
+    world, law = EXPECTED[name]
+    result = run_tree_audit(TREE_MUTANTS[name], level="quick", seed=4, progress=False, worlds=[world])
+    verdict = {v.law: v for v in result.verdicts}[law]
+    assert verdict.outcome.failed, verdict.describe()
+
+
+def test_a_tree_verifier_that_ignores_siblings_is_exact_in_law_and_accepts_less():
+    exact = run_tree_audit(first_branch_only, level="quick", seed=5, progress=False, worlds=["tree_iid_v3_3x1"])
+    assert exact.passed
+    w = WORLDS["tree_iid_v3_3x1"]
+    wasteful = drive_tree(first_branch_only, w, 4000, seed=6)
+    full = drive_tree(REFERENCE_TREE_VERIFIERS["multi_round"], w, 4000, seed=6)
+    assert wasteful.accepted < full.accepted
+
+
+def test_sglang_layout_of_a_tree():
+    parents = torch.tensor([[-1, 0, 0, 1, 2]])
+    tokens = torch.tensor([[-1, 4, 5, 6, 7]])
+    candidates, index, next_token, next_sibling = sglang_tree_layout(tokens, parents, root_token=9)
+    assert candidates.tolist() == [[9, 4, 5, 6, 7]]
+    assert next_token.tolist() == [[1, 3, 4, -1, -1]]
+    assert next_sibling.tolist() == [[-1, 2, -1, -1, -1]]
+    assert index.tolist() == [[0, 1, 2, 3, 4]]
+
+
+def test_sglang_target_only_walk_through_the_adapter_is_exact_and_conforms():
+    result = run_tree_audit(SglangTreeTargetOnly("layout"), level="quick", seed=7, progress=False,
+                            worlds=["tree_topk_v3_2x2"], max_samples=20_000)
+    assert result.passed, [v.describe() for v in result.failed]
+    assert {v.law for v in result.verdicts} == {"sequence", "first_token", "step_law@target_only"}
+
+
+@pytest.mark.skipif(cuda_kernel_available() is not None, reason=str(cuda_kernel_available()))
+def test_sglang_cuda_tree_kernel_through_the_adapter():  # run by benchmarks/gpu_session.sh where CUDA is
+    result = run_tree_audit(SglangTreeTargetOnly("cuda"), level="quick", seed=8, progress=False)
+    assert result.passed, [v.describe() for v in result.failed]
+
+
+def test_the_tree_command_exits_1_on_a_mutant_and_2_on_a_missing_kernel(capsys):
+    assert main(["tree", "tree-mutant:tree_read_as_chain", "--quiet", "--world", "tree_iid_v3_3x1"]) == 1
+    out = capsys.readouterr().out
+    assert "contract" in out and "exactcheck tree tree-mutant:tree_read_as_chain" in out
+    if cuda_kernel_available() is not None:
+        assert main(["tree", "sglang-tree-target-only-cuda", "--quiet"]) == 2
+        assert "CUDA" in capsys.readouterr().err
