@@ -5,7 +5,8 @@
 #   1. every engine path of exactcheck.adapters.engine_paths: the full quick audit on CUDA (no time
 #      budget), and the standard audit of vLLM V1 at temperature 1 and V2 standard
 #   2. SGLang's CUDA tree kernel (sgl-kernel's tree_speculative_sampling_target_only) on a chain,
-#      where sgl-kernel imports
+#      where sgl-kernel imports, and on the top-k tree worlds through the tree contract
+#      (`exactcheck tree sglang-tree-target-only-cuda`: exit 2 with one line where it cannot run)
 #   3. the default test suite under the machine's torch/transformers
 # vLLM 0.33 and SGLang 0.5.23 must import: installed on the machine, or unpacked (pip download
 # --no-deps, unzip) into $ENGINES_SITE, which is put on the path.
@@ -45,6 +46,10 @@ step() { echo "== $(date +%T) $*"; }
   else
     echo "sgl-kernel does not import here: not run"
   fi
+  step "SGLang's CUDA tree kernel on trees (tree_speculative_sampling_target_only through the tree contract)"
+  time timeout "${TREE_S:-120}" python3 -m exactcheck tree sglang-tree-target-only-cuda --level quick --quiet \
+      --report "$OUT/reports/quick"
+  echo "rc=$?"
 } > "$OUT/engines-cuda.txt" 2>&1
 
 {

@@ -31,7 +31,7 @@ from exactcheck.options import Level
 from exactcheck.suite import default_worlds
 from toy_models import ContextWorld, StepWorld
 
-__all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "plan_budget", "default_plan", "law_detectable_tv",
+__all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "plan_budget", "default_plan", "law_detectable_tv", "trials_to_detect",
            "MIN_SAMPLES"]
 
 # Fewest trials planned for any world by default: below this the conditional laws drop out of
@@ -134,6 +134,12 @@ def _needed(expected: np.ndarray, rate: float, eps: float, share: float, power: 
         else:
             low = mid
     return high
+
+
+def trials_to_detect(expected: np.ndarray, eps: float, share: float, cap: int, power: float = POWER) -> int | None:
+    """Fewest trials (within 2%) at which a pooled chi-square of a law ``expected`` seen on every
+    trial detects TV ``eps`` with ``power`` at its ``share`` of alpha; None when ``cap`` do not."""
+    return _needed(expected, 1.0, eps, share, power, cap)
 
 
 def _round_up(n: int) -> int:

@@ -29,7 +29,7 @@ from exactcheck.report.result import TreeAuditResult
 from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVariation, Verdict
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan
-from exactcheck.stats.planning import POWER, _needed
+from exactcheck.stats.planning import trials_to_detect
 from exactcheck.tree.contract import sibling_sampling
 from exactcheck.tree.drive import TreeSamples, drive_tree
 from exactcheck.tree.laws import RULE_SIBLINGS, step_law
@@ -73,7 +73,7 @@ def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str
     budget = AlphaBudget(options.alpha, len(checks), stop_early=False)
     trials = {}
     for w in worlds:
-        needed = _needed(w.world.sequence_law(), 1.0, options.target_tv, budget.first_share, POWER, options.cap)
+        needed = trials_to_detect(w.world.sequence_law(), options.target_tv, budget.first_share, options.cap)
         trials[w.name] = int(max(MIN_TRIALS, min(options.cap, needed or options.cap)))
     return AuditPlan(options, tuple(checks), budget, tuple(trials.items()), worlds=tuple(worlds)), trials
 
