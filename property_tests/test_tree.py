@@ -170,3 +170,10 @@ def test_the_tree_command_exits_1_on_a_mutant_and_2_on_a_missing_kernel(capsys):
     if cuda_kernel_available() is not None:
         assert main(["tree", "sglang-tree-target-only-cuda", "--quiet"]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_sglang_greedy_tree_walk_through_the_adapter_keeps_the_greedy_path():
+    from exactcheck.adapters.sglang_tree import SglangTreeGreedy
+    result = run_tree_audit(SglangTreeGreedy("layout"), level="quick", seed=9, progress=False, max_samples=1000)
+    assert result.passed and {v.world for v in result.verdicts} == {"tree_topk_greedy_v4_3x1",
+                                                                     "tree_topk_greedy_v8_4x2x1"}

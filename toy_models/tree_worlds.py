@@ -11,6 +11,10 @@ siblings are drawn from their parent's draft row is part of the world (``sibling
 * ``top_k``: deterministically, the parent row's most likely tokens (ties by id: EAGLE-2/3 dynamic
   trees, SGLang, TensorRT-LLM).
 
+A ``greedy`` world's target decodes greedily (one-hot rows at the argmax): its sequence law is a
+point mass on the greedy path, so any other output is a deterministic finding (greedy tree
+verifiers, e.g. SGLang's ``verify_tree_greedy``, run on these worlds only).
+
 Nodes are numbered breadth-first, so ``parents[i] < i``. Through the speculative loop
 (``exactcheck.tree.drive``) an exact tree verifier emits the target's law of the first ``length``
 tokens whatever its rule: ``ContextWorld.sequence_law`` is the expected law, enumerated in
@@ -55,6 +59,7 @@ class TreeWorld:
     world: ContextWorld
     branching: tuple[int, ...]
     siblings: str = "iid"
+    greedy: bool = False  # the target decodes greedily: its rows are one-hot at the table's argmax
 
     def __post_init__(self):
         if self.siblings not in SIBLING_MODES:
@@ -65,6 +70,19 @@ class TreeWorld:
     @property
     def vocab_size(self) -> int:
         return self.world.vocab_size
+
+    def target_law(self) -> np.ndarray:
+        """The float64 law of the target's row at every state: the table's, or one-hot at its argmax
+        (lowest id on a tie) for a greedy world."""
+        rows = self.world.target.law()
+        if not self.greedy:
+            return rows
+        return np.eye(rows.shape[1])[rows.argmax(1)]
+
+    def sequence_law(self) -> np.ndarray:
+        """The exact law of the first ``length`` tokens through the loop: the target's (a point mass
+        on the greedy path for a greedy world)."""
+        return self.world.sequence_law(self.target_law())
 
     @property
     def length(self) -> int:
@@ -86,8 +104,8 @@ class TreeWorld:
     @property
     def description(self) -> str:
         shape = " x ".join(str(b) for b in self.branching)
-        return (f"tree {shape} ({self.nodes - 1} candidates, depth {self.depth}), siblings {self.siblings}; "
-                f"{self.world.description}")
+        return (f"tree {shape} ({self.nodes - 1} candidates, depth {self.depth}), siblings {self.siblings}"
+                f"{', greedy target' if self.greedy else ''}; {self.world.description}")
 
     def draw_tree(self, states: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         """Trees for trials in ``states`` [B]: (target_probs [B, N+1, V] float32, draft_probs
@@ -97,7 +115,9 @@ class TreeWorld:
         parents, depths = self.topology
         b = states.shape[0]
         device = states.device
-        target, draft = self.world.target.table.to(device), self.world.draft.table.to(device)
+        target = (torch.tensor(self.target_law(), dtype=torch.float32) if self.greedy
+                  else self.world.target.table).to(device)
+        draft = self.world.draft.table.to(device)
         node_states = torch.empty((b, self.nodes), dtype=torch.int64, device=device)
         tokens = torch.full((b, self.nodes), -1, dtype=torch.int64, device=device)
         node_states[:, 0] = states
@@ -121,9 +141,9 @@ class TreeWorld:
         return target[node_states], draft[node_states], tokens, parent_ids, node_states
 
 
-def _tree_world(name, vocab, states, length, branching, siblings, agreement, seed) -> TreeWorld:
+def _tree_world(name, vocab, states, length, branching, siblings, agreement, seed, greedy=False) -> TreeWorld:
     world = make_context_world(name, vocab, states, length, len(branching), agreement, seed)
-    return TreeWorld(name, world, tuple(branching), siblings)
+    return TreeWorld(name, world, tuple(branching), siblings, greedy)
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,9 +161,9 @@ def tree_worlds() -> tuple[TreeWorld, ...]:
         _tree_world("tree_topk_v3_2x2", 3, 13, 4, (2, 2), "top_k", 0.3, 48),
         _tree_world("tree_topk_k1_v3_1x1x1", 3, 13, 5, (1, 1, 1), "top_k", 0.6, 49),
         _tree_world("tree_topk_wide_v40_36", 40, 41, 2, (36,), "top_k", 0.0, 50),
+        _tree_world("tree_topk_greedy_v4_3x1", 4, 17, 6, (3, 1), "top_k", 0.5, 51, greedy=True),
+        _tree_world("tree_topk_greedy_v8_4x2x1", 8, 67, 6, (4, 2, 1), "top_k", 0.3, 52, greedy=True),
+        _tree_world("tree_iid_greedy_v4_3x1", 4, 17, 6, (3, 1), "iid", 0.5, 53, greedy=True),
     )
 
 
-def world_law(world: TreeWorld) -> np.ndarray:
-    """The exact float64 law of the first ``length`` tokens through the loop (the target's)."""
-    return world.world.sequence_law()

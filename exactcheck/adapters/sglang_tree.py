@@ -18,6 +18,10 @@ rejected siblings. It writes ``predicts`` (at each accepted node's index the nex
   comparison ``coin < prob_acc``, the overwrite, the final inverse CDF with its last-valid-id
   fallback), so the layout conversion and the decoding are audited on CPU; like the kernel it
   adds a duplicate sibling's mass again (EAGLE's top-k siblings never repeat);
+* ``SglangTreeGreedy``: greedy tree verification (``verify_tree_greedy``): SGLang's Triton kernel
+  ``verify_tree_greedy_kernel_triton`` (``sglang/kernels/ops/speculative/spec_tree.py``; it runs
+  under Triton's interpreter on a CPU, so the engines step audits it), or its walk in torch
+  (``layout_greedy``); judged on the greedy tree worlds;
 * ``SglangTreeTargetOnly``: the subject; ``kernel="cuda"`` calls SGLang's CUDA kernel (sgl-kernel or
   SGLang's JIT module: CUDA only; without a GPU ``cuda_kernel_available()`` says why), ``"layout"``
   the torch walk above.
@@ -30,7 +34,8 @@ import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
 
-__all__ = ["sglang_tree_layout", "layout_target_only", "SglangTreeTargetOnly", "cuda_kernel_available"]
+__all__ = ["sglang_tree_layout", "layout_target_only", "SglangTreeTargetOnly", "cuda_kernel_available",
+           "layout_greedy", "SglangTreeGreedy"]
 
 
 def sglang_tree_layout(tokens: torch.Tensor, parents: torch.Tensor, root_token: int = 0):
@@ -159,4 +164,70 @@ class SglangTreeTargetOnly:
         keep = positions <= accept_num[:, None]
         picked = predicts[accept_index.clamp(min=0)]
         out[keep] = picked[keep]
+        return out
+
+
+def layout_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                  retrive_next_sibling, target_predict) -> None:
+    """``verify_tree_greedy_kernel_triton``'s walk in torch: at each level the first sibling equal to
+    the target's argmax after the last accepted node is accepted; the argmax there ends the step."""
+    b, n = candidates.shape
+    spec = accept_index.shape[1]
+    flat_target = target_predict.reshape(-1)
+    for bx in range(b):
+        last = int(retrive_index[bx, 0])
+        accept_index[bx, 0] = last
+        accepted = 0
+        cur = 0
+        for _ in range(1, spec):
+            cur = int(retrive_next_token[bx, cur])
+            target = int(flat_target[last])
+            matched = False
+            while cur != -1:
+                if int(candidates[bx, cur]) == target:
+                    predicts[last] = target
+                    accepted += 1
+                    accept_index[bx, accepted] = int(retrive_index[bx, cur])
+                    last = int(retrive_index[bx, cur])
+                    matched = True
+                    break
+                cur = int(retrive_next_sibling[bx, cur])
+            if not matched:
+                break
+        accept_token_num[bx] = accepted
+        predicts[last] = int(flat_target[last])
+
+
+def _triton_greedy():
+    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
+    return verify_tree_greedy_triton
+
+
+@dataclass(frozen=True)
+class SglangTreeGreedy:
+    """SGLang's greedy tree verification behind the tree contract: the target's argmax per node
+    (``target_predict``) is what it compares candidates with; top-k siblings; greedy worlds only."""
+
+    kernel: str = "layout"  # "triton": SGLang's Triton kernel; "layout": its walk in torch
+    sibling_sampling = "top_k"
+    takes_draft_probs = False
+    greedy = True
+
+    @property
+    def __name__(self) -> str:
+        return f"sglang verify_tree_greedy ({self.kernel})"
+
+    def __call__(self, target_probs, draft_probs, tokens, parents, generator):
+        b, m, _ = target_probs.shape
+        depth = int(tree_depths(parents).max())
+        candidates, index, next_token, next_sibling = sglang_tree_layout(tokens, parents)
+        target_predict = target_probs.argmax(-1).to(torch.int64)  # [B, N+1], by node = by flat index
+        predicts = torch.full((b * m,), -1, dtype=torch.int64, device=tokens.device)
+        accept_index = torch.full((b, depth + 1), -1, dtype=torch.int64, device=tokens.device)
+        accept_num = torch.zeros(b, dtype=torch.int64, device=tokens.device)
+        run = _triton_greedy() if self.kernel == "triton" else layout_greedy
+        run(predicts, accept_index, accept_num, candidates, index, next_token, next_sibling, target_predict)
+        out = torch.full((b, depth + 1), -1, dtype=torch.int64, device=tokens.device)
+        keep = torch.arange(depth + 1, device=tokens.device)[None] <= accept_num[:, None]
+        out[keep] = predicts[accept_index.clamp(min=0)][keep]
         return out

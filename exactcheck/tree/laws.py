@@ -38,7 +38,7 @@ def step_law(world: TreeWorld, state: int, rule: str) -> dict[tuple[int, ...], f
     if RULE_SIBLINGS[rule] != world.siblings:
         raise ValueError(f"rule {rule} is defined for {RULE_SIBLINGS[rule]} siblings; {world.name} draws "
                          f"{world.siblings}")
-    p_rows, q_rows = world.world.target.law(), world.world.draft.law()
+    p_rows, q_rows = world.target_law(), world.world.draft.law()
     depth = world.depth
     out: dict[tuple[int, ...], float] = {}
 
@@ -103,4 +103,4 @@ def step_law(world: TreeWorld, state: int, rule: str) -> dict[tuple[int, ...], f
 
 def first_token_law(world: TreeWorld, state: int) -> np.ndarray:
     """The law of any exact rule's first emitted token: the target's row at ``state``."""
-    return world.world.target.law()[state]
+    return world.target_law()[state]

@@ -41,9 +41,11 @@ MIN_TRIALS = 2_000
 
 
 def tree_worlds_for(subject) -> list[TreeWorld]:
-    """The built-in tree worlds whose siblings are drawn as ``subject`` declares."""
+    """The built-in tree worlds whose siblings are drawn as ``subject`` declares; only the greedy
+    ones for a subject that verifies greedily (``greedy = True``)."""
     mode = sibling_sampling(subject)
-    return [w for w in tree_worlds() if w.siblings == mode]
+    greedy_only = bool(getattr(subject, "greedy", False))
+    return [w for w in tree_worlds() if w.siblings == mode and (w.greedy or not greedy_only)]
 
 
 def _rule(subject) -> str | None:
@@ -73,8 +75,8 @@ def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str
     budget = AlphaBudget(options.alpha, len(checks), stop_early=False)
     trials = {}
     for w in worlds:
-        needed = trials_to_detect(w.world.sequence_law(), options.target_tv, budget.first_share, options.cap)
-        trials[w.name] = int(max(MIN_TRIALS, min(options.cap, needed or options.cap)))
+        needed = trials_to_detect(w.sequence_law(), options.target_tv, budget.first_share, options.cap)
+        trials[w.name] = int(min(options.cap, max(MIN_TRIALS, needed or options.cap)))  # a cap given wins
     return AuditPlan(options, tuple(checks), budget, tuple(trials.items()), worlds=tuple(worlds)), trials
 
 
@@ -106,7 +108,7 @@ def tree_verdicts(samples: TreeSamples, rule: str | None, share: float, alpha: f
     w = samples.world
     vocab, length = w.vocab_size, w.length
     seq = samples.sequences.numpy()
-    law = w.world.sequence_law()
+    law = w.sequence_law()
     verdicts = [
         _law_verdict(w.name, "sequence", f"whole sequences of {length} tokens through the loop", law,
                      _codes(seq, vocab), lambda i: str([int(x) for x in np.unravel_index(i, (vocab,) * length)]),

@@ -7,7 +7,7 @@ __all__ = ["load_tree_verifier", "builtin_tree_verifiers"]
 
 
 def builtin_tree_verifiers() -> dict:
-    from exactcheck.adapters.sglang_tree import SglangTreeTargetOnly
+    from exactcheck.adapters.sglang_tree import SglangTreeGreedy, SglangTreeTargetOnly
     from exactcheck.tree.mutants import TREE_MUTANTS, first_branch_only
     from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
     out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
@@ -15,6 +15,8 @@ def builtin_tree_verifiers() -> dict:
     out.update({f"tree-mutant:{name}": v for name, v in TREE_MUTANTS.items()})
     out["sglang-tree-target-only"] = SglangTreeTargetOnly("layout")
     out["sglang-tree-target-only-cuda"] = SglangTreeTargetOnly("cuda")
+    out["sglang-tree-greedy"] = SglangTreeGreedy("layout")
+    out["sglang-tree-greedy-triton"] = SglangTreeGreedy("triton")
     return out
 
 
