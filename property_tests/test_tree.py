@@ -177,3 +177,20 @@ def test_sglang_greedy_tree_walk_through_the_adapter_keeps_the_greedy_path():
     result = run_tree_audit(SglangTreeGreedy("layout"), level="quick", seed=9, progress=False, max_samples=1000)
     assert result.passed and {v.world for v in result.verdicts} == {"tree_topk_greedy_v4_3x1",
                                                                      "tree_topk_greedy_v8_4x2x1"}
+
+
+def test_tensorrt_llm_dynamic_tree_walk_is_exact_up_to_32_siblings_and_not_past():
+    """TensorRT-LLM's post-#15098 dynamic-tree rejection sampling, as read from its kernel and run in
+    torch (``exactcheck.adapters.trtllm_tree``): exact on the top-k trees; on the 36-sibling tree
+    its 32-entry tried-token list leaves rejected siblings 33..36 in the correction's residual."""
+    from exactcheck.adapters.trtllm_tree import TrtllmDynamicTree, trtllm_tree_layout
+    drafts, next_token, next_sibling = trtllm_tree_layout(torch.tensor([[-1, 4, 5, 6]]),
+                                                          torch.tensor([[-1, 0, 0, 1]]))
+    assert drafts.tolist() == [[4, 5, 6]] and next_token.tolist() == [[1, 3, -1, -1]]
+    assert next_sibling.tolist() == [[-1, 2, -1, -1]]
+    narrow = run_tree_audit(TrtllmDynamicTree(), level="quick", seed=10, progress=False, max_samples=10_000,
+                            worlds=["tree_topk_v4_3x1", "tree_topk_v3_2x2", "tree_topk_greedy_v8_4x2x1"])
+    assert narrow.passed, [v.describe() for v in narrow.failed]
+    wide = run_tree_audit(TrtllmDynamicTree(), level="quick", seed=10, progress=False,
+                          worlds=["tree_topk_wide_v40_36"])
+    assert {v.law for v in wide.failed} >= {"first_token"}

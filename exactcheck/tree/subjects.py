@@ -17,6 +17,8 @@ def builtin_tree_verifiers() -> dict:
     out["sglang-tree-target-only-cuda"] = SglangTreeTargetOnly("cuda")
     out["sglang-tree-greedy"] = SglangTreeGreedy("layout")
     out["sglang-tree-greedy-triton"] = SglangTreeGreedy("triton")
+    from exactcheck.adapters.trtllm_tree import TrtllmDynamicTree
+    out["trtllm-dynamic-tree"] = TrtllmDynamicTree()
     return out
 
 
