@@ -120,6 +120,7 @@ EXPECTED = {  # mutant -> (a world it must fail on, the check that finds it)
     "tree_read_as_chain": ("tree_iid_v3_3x1", "contract"),
     "mask_of_32_slots": ("tree_topk_wide_v40_36", "first_token"),
     "correction_ignores_residual": ("tree_iid_v3_3x1", "sequence"),
+    "correction_from_parent_row": ("tree_iid_v3_3x1", "sequence"),
 }
 
 

@@ -14,7 +14,9 @@
   tried-token mask holds 32 slots, so sibling j >= 32 zeroes sibling j - 32's token instead of its
   own and a rejected token can come back as the correction;
 * ``correction_ignores_residual``: after every child is rejected, the correction is drawn from
-  the node's target row instead of the residual.
+  the node's target row instead of the residual;
+* ``correction_from_parent_row``: the correction (or bonus) is drawn from the row of the node
+  before the one reached (an off-by-one in the row index: the wrong node's row).
 
 ``first_branch_only`` verifies the first child chain and ignores the other siblings: exact in law
 (the first branch alone is a chain drawn from q), fewer tokens accepted. It belongs to the corpus
@@ -140,6 +142,14 @@ def _correction_ignores_residual(target_probs, draft_probs, tokens, parents, gen
 _correction_ignores_residual.sibling_sampling = "iid"
 
 
+def _correction_from_parent_row(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children,
+                     correction_row=lambda residual, parent_row: parent_row)
+
+
+_correction_from_parent_row.sibling_sampling = "iid"
+
+
 def _first_branch_children(p, q, kid_tokens, valid, generator):
     only_first = valid.clone()
     only_first[:, 1:] = False
@@ -160,6 +170,7 @@ TREE_MUTANTS = {
     "tree_read_as_chain": _tree_read_as_chain,
     "mask_of_32_slots": _mask_of_32_slots,
     "correction_ignores_residual": _correction_ignores_residual,
+    "correction_from_parent_row": _correction_from_parent_row,
 }
 for _name, _fn in TREE_MUTANTS.items():
     _fn.__name__ = _name

@@ -44,9 +44,12 @@ def _normalised(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, rows / torch.where(total > 0, total, 1.0), fallback)
 
 
-def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_children) -> torch.Tensor:
+def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_children, correction_row=None) -> torch.Tensor:
     """The common walk: ``try_children(p, q, kid_tokens, kid_valid, generator) -> (accepted child
-    slot or -1 [B], residual [B, V])`` decides at one node for every row; the rest is shared."""
+    slot or -1 [B], residual [B, V])`` decides at one node for every row; the rest is shared.
+    ``correction_row(residual, parent_row)`` (mutants only) replaces the row the correction is
+    drawn from; ``parent_row`` is the target row of the node before the current one (the root's
+    own at the root)."""
     b, m, vocab = target_probs.shape
     device = target_probs.device
     p_all = target_probs.double()
@@ -57,6 +60,7 @@ def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_childre
     rows = torch.arange(b, device=device)
     node = torch.zeros(b, dtype=torch.int64, device=device)
     live = torch.ones(b, dtype=torch.bool, device=device)
+    parent_row = p_all[:, 0]
     for level in range(depth + 1):
         kids = table[rows, node]  # [B, K]
         valid = kids >= 0
@@ -69,8 +73,11 @@ def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_childre
         out[:, level] = torch.where(accepted, tokens.gather(1, chosen[:, None])[:, 0], out[:, level])
         ending = live & ~accepted
         u = torch.rand(b, dtype=torch.float64, generator=generator, device=device)
+        if correction_row is not None:
+            residual = correction_row(residual, parent_row)
         correction = inverse_cdf(residual, u)
         out[:, level] = torch.where(ending, correction, out[:, level])
+        parent_row = torch.where(accepted[:, None], p, parent_row)
         node = torch.where(accepted, chosen, node)
         live = accepted
         if not live.any():
