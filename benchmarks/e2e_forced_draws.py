@@ -68,17 +68,19 @@ def main() -> None:
     for name in members():
         cells = []
         for check in FORCED_CHECKS:
-            count = len(seen[(name, check)])
+            count = len(seen.get((name, check), ()))
             known = check in KNOWN_FINDINGS.get(name, ())
             cells.append(f"{count:>3} of {args.seeds} seeds" + (" (known)" if known else "") + " " * (0 if known else 8))
         inconclusive = sum(r["outcome"] == "inconclusive" for r in rows if r["member"] == name)
         print(f"{name:<26} " + " ".join(f"{c:>26}" for c in cells) + f"  {inconclusive}")
-    for (name, check), seeds in sorted(seen.items()):
-        first = next(r for r in rows if r["member"] == name and r["check"] == check and r["failed"])
-        print(f"  {name} {check}: seeds {sorted(seeds)}; first: {first['world']}: {first['reachability']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    for (name, check), seeds in sorted(seen.items()):
+        if not seeds:
+            continue
+        first = next(r for r in rows if r["member"] == name and r["check"] == check and r["failed"])
+        print(f"  {name} {check}: seeds {sorted(seeds)}; first: {first['world']}: {first['reachability']}")
 
 
 if __name__ == "__main__":
