@@ -200,3 +200,17 @@ def test_forced_checks_are_planned_for_every_world():
 def test_a_generator_that_returns_a_generation_with_drafts_keeps_the_contract():
     out = ReferenceSpeculativeLoop(2)(*WORLD.models(), WORLD.prompt_ids(), SAMPLING, 3, 0)
     assert isinstance(out, Generation) and out.drafts and isinstance(out.drafts[0], DraftRecord)
+
+
+def test_a_wrong_capabilities_declaration_is_a_usage_error():
+    from exactcheck.e2e.generator import capabilities_of
+    from exactcheck.errors import UsageError
+
+    class Declares:
+        capabilities = {"grammar"}
+
+        def __call__(self, *args):
+            raise AssertionError("not called")
+
+    with pytest.raises(UsageError, match="unknown capabilities"):
+        capabilities_of(Declares())

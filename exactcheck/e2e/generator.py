@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError, Violation
 from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "DraftRecord",
@@ -117,7 +117,12 @@ class Capabilities:
 def capabilities_of(generator) -> Capabilities | None:
     """The generator's declared ``Capabilities``, or None when it declares none."""
     declared = getattr(generator, "capabilities", None)
-    return None if declared is None else Capabilities.of(declared)
+    if declared is None:
+        return None
+    try:
+        return Capabilities.of(declared)
+    except TypeError as exc:  # the user's declaration: one line, exit 2
+        raise UsageError(f"{generator_name(generator)}: {exc}") from None
 
 
 class Generator(Protocol):
