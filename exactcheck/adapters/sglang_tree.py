@@ -55,6 +55,16 @@ def sglang_tree_layout(tokens: torch.Tensor, parents: torch.Tensor, root_token: 
     return candidates, index, next_token, next_sibling
 
 
+def _emitted(predicts, accept_index, accept_num, device) -> torch.Tensor:
+    """The contract's output [B, D+1] from SGLang's: ``predicts`` at the accepted nodes' indices
+    (the next token at each), up to ``accept_num`` + 1 tokens, then -1."""
+    predicts, accept_index, accept_num = (x.to(device).long() for x in (predicts, accept_index, accept_num))
+    keep = torch.arange(accept_index.shape[1], device=device)[None] <= accept_num[:, None]
+    out = torch.full(accept_index.shape, -1, dtype=torch.int64, device=device)
+    out[keep] = predicts[accept_index.clamp(min=0)][keep]
+    return out
+
+
 def layout_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                        retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
                        draft_probs, threshold_single: float = 1.0, threshold_acc: float = 1.0) -> None:
@@ -158,13 +168,7 @@ class SglangTreeTargetOnly:
         run = _cuda_kernel() if self.kernel == "cuda" else layout_target_only
         run(predicts, accept_index, accept_num, candidates, index, next_token, next_sibling, coins, final, p, q,
             threshold_single=self.threshold_single, threshold_acc=self.threshold_acc)
-        predicts, accept_index, accept_num = (x.to(tokens.device).long() for x in (predicts, accept_index, accept_num))
-        out = torch.full((b, depth + 1), -1, dtype=torch.int64, device=tokens.device)
-        positions = torch.arange(depth + 1, device=tokens.device)[None]
-        keep = positions <= accept_num[:, None]
-        picked = predicts[accept_index.clamp(min=0)]
-        out[keep] = picked[keep]
-        return out
+        return _emitted(predicts, accept_index, accept_num, tokens.device)
 
 
 def layout_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
@@ -227,7 +231,4 @@ class SglangTreeGreedy:
         accept_num = torch.zeros(b, dtype=torch.int64, device=tokens.device)
         run = _triton_greedy() if self.kernel == "triton" else layout_greedy
         run(predicts, accept_index, accept_num, candidates, index, next_token, next_sibling, target_predict)
-        out = torch.full((b, depth + 1), -1, dtype=torch.int64, device=tokens.device)
-        keep = torch.arange(depth + 1, device=tokens.device)[None] <= accept_num[:, None]
-        out[keep] = predicts[accept_index.clamp(min=0)][keep]
-        return out
+        return _emitted(predicts, accept_index, accept_num, tokens.device)

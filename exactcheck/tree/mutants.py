@@ -24,9 +24,12 @@ of correct subjects, not here: it shows that exactness is judged by the output l
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from exactcheck.tree.reference import _gather, _multi_round_children, _normalised, inverse_cdf, walk_tree
+from exactcheck.tree.reference import (_deterministic_children, _gather, _multi_round_children, _normalised,
+                                       _target_only_children, inverse_cdf, walk_tree)
 
 __all__ = ["TREE_MUTANTS", "first_branch_only"]
 
@@ -38,23 +41,9 @@ def _residual_from_draft_q(target_probs, draft_probs, tokens, parents, generator
 _residual_from_draft_q.sibling_sampling = "top_k"
 
 
-def _double_counting_children(p, q, kid_tokens, valid, generator):
-    b, k = kid_tokens.shape
-    u = torch.rand(b, dtype=torch.float64, generator=generator, device=p.device)
-    slot = torch.full((b,), -1, dtype=torch.int64, device=p.device)
-    seen = torch.zeros_like(p, dtype=torch.bool)
-    cumulative = torch.zeros(b, dtype=torch.float64, device=p.device)
-    for j in range(k):
-        x = kid_tokens[:, j]
-        cumulative = cumulative + torch.where(valid[:, j], _gather(p, x), 0.0)  # duplicates counted again
-        accept = valid[:, j] & (slot < 0) & (u < cumulative)
-        slot = torch.where(accept, torch.full_like(slot, j), slot)
-        seen = seen | (torch.nn.functional.one_hot(x, p.shape[1]).bool() & valid[:, j:j + 1])
-    return slot, _normalised(p.masked_fill(seen, 0.0), p)
-
-
 def _duplicates_double_counted(target_probs, draft_probs, tokens, parents, generator):
-    return walk_tree(target_probs, None, tokens, parents, generator, _double_counting_children)
+    return walk_tree(target_probs, None, tokens, parents, generator,
+                     functools.partial(_target_only_children, count_duplicates=True))
 
 
 _duplicates_double_counted.sibling_sampling = "iid"
@@ -108,23 +97,9 @@ def _tree_read_as_chain(target_probs, draft_probs, tokens, parents, generator):
 _tree_read_as_chain.sibling_sampling = "iid"
 
 
-def _mask_of_32_children(p, q, kid_tokens, valid, generator):
-    r = p.clone()
-    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
-    for j in range(kid_tokens.shape[1]):
-        trying = valid[:, j] & (slot < 0)
-        x = kid_tokens[:, j]
-        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
-        accept = trying & (u < _gather(r, x))
-        slot = torch.where(accept, torch.full_like(slot, j), slot)
-        reject = trying & ~accept
-        zeroed = kid_tokens[:, j % 32]  # the slot wraps: past 32 it zeroes an earlier sibling's token
-        r = torch.where(reject[:, None], _normalised(r.scatter(1, zeroed[:, None], 0.0), r), r)
-    return slot, r
-
-
 def _mask_of_32_slots(target_probs, draft_probs, tokens, parents, generator):
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _mask_of_32_children)
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator,
+                     functools.partial(_deterministic_children, tried_slots=32))
 
 
 _mask_of_32_slots.sibling_sampling = "top_k"

@@ -121,7 +121,9 @@ def _without_replacement_children(p, q, kid_tokens, valid, generator):
     return slot, r
 
 
-def _deterministic_children(p, q, kid_tokens, valid, generator):
+def _deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int | None = None):
+    """Point-mass siblings; ``tried_slots`` (mutants only): the tried-token mask has that many
+    slots, so sibling j zeroes sibling j mod slots's token."""
     r = p.clone()
     slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
     for j in range(kid_tokens.shape[1]):
@@ -131,11 +133,14 @@ def _deterministic_children(p, q, kid_tokens, valid, generator):
         accept = trying & (u < _gather(r, x))
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
-        r = torch.where(reject[:, None], _normalised(r.scatter(1, x[:, None], 0.0), r), r)
+        zeroed = x if tried_slots is None else kid_tokens[:, j % tried_slots]
+        r = torch.where(reject[:, None], _normalised(r.scatter(1, zeroed[:, None], 0.0), r), r)
     return slot, r
 
 
-def _target_only_children(p, q, kid_tokens, valid, generator):
+def _target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: bool = False):
+    """One coin per level over the siblings' target mass; ``count_duplicates`` (mutants only) adds
+    a duplicate sibling's mass again."""
     b, k = kid_tokens.shape
     u = torch.rand(b, dtype=torch.float64, generator=generator, device=p.device)
     slot = torch.full((b,), -1, dtype=torch.int64, device=p.device)
@@ -143,7 +148,7 @@ def _target_only_children(p, q, kid_tokens, valid, generator):
     cumulative = torch.zeros(b, dtype=torch.float64, device=p.device)
     for j in range(k):
         x = kid_tokens[:, j]
-        fresh = valid[:, j] & ~seen.gather(1, x[:, None])[:, 0]  # a duplicate sibling adds nothing
+        fresh = valid[:, j] & (count_duplicates | ~seen.gather(1, x[:, None])[:, 0])  # a duplicate adds nothing
         cumulative = cumulative + torch.where(fresh, _gather(p, x), 0.0)
         accept = fresh & (slot < 0) & (u < cumulative)
         slot = torch.where(accept, torch.full_like(slot, j), slot)
