@@ -44,53 +44,17 @@ from exactcheck.step.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMas
                                 ScaledAcceptance)
 from exactcheck.step.reference import reference_verifier
 from exactcheck.stats.sequential import EProcess, batch_schedule
-from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, pooling
+from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm
 from exactcheck.options import derive_seed
 from toy_models.step_worlds import long_tail
+
+from peers import trtllm_kl_fails, vllm_l2_fails, vllm_v2_chi2_fails
 
 ALPHA = 1e-3
 CRITERIA = ("exactcheck", "exactcheck-seq", "vllm-l2", "trtllm-kl", "vllm-v2-chi2")
 
 
-# ---- the engines' criteria (True = the criterion reports a problem) -------------------------
-
-def vllm_l2_fails(first: np.ndarray, p: np.ndarray, n: int, rng: np.random.Generator) -> bool:
-    vocab = p.size
-    reference = torch.softmax(torch.from_numpy(rng.random((100, vocab))), -1).numpy()
-    sizes = [s for s in (10 ** j for j in range(1, 12)) if s < n] + [n]
-    to_target, to_reference = [], []
-    for size in sizes:
-        hist = np.bincount(first[:size], minlength=vocab) / size
-        to_target.append(float(np.linalg.norm(p - hist)))
-        to_reference.append(float(np.linalg.norm(reference - hist[None, :])) / reference.shape[0])
-    target_ratio = to_target[0] / max(to_target[-1], 1e-300)
-    reference_ratio = to_reference[0] / to_reference[-1]
-    return not target_ratio > 20 * reference_ratio
-
-
-def _kl_from(hist: np.ndarray, p: np.ndarray) -> float:
-    seen = hist > 0
-    with np.errstate(divide="ignore"):
-        return float((hist[seen] * np.log(hist[seen] / p[seen])).sum()) if (p[seen] > 0).all() else math.inf
-
-
-def trtllm_kl_fails(first: np.ndarray, p: np.ndarray, n: int, rng: np.random.Generator) -> bool:
-    spec = np.bincount(first[:n], minlength=p.size) / n
-    plain = rng.multinomial(n, p) / n
-    return not abs(_kl_from(spec, p) - _kl_from(plain, p)) < 0.01
-
-
-def vllm_v2_chi2_fails(first: np.ndarray, p: np.ndarray, n: int) -> bool:
-    counts = np.bincount(first[:n], minlength=p.size)
-    if (counts[p == 0] > 0).any():
-        return True
-    group = pooling(p, n)
-    cells = int(group.max()) + 1
-    observed = np.bincount(group[group >= 0], weights=counts[group >= 0], minlength=cells)
-    expected = np.bincount(group[group >= 0], weights=p[group >= 0], minlength=cells) * n
-    df = cells - 1
-    statistic = float(((observed - expected) ** 2 / expected).sum())
-    return statistic > df + 10 * math.sqrt(2 * df)
+# the engines' criteria (True = the criterion reports a problem): benchmarks/peers.py
 
 
 # ---- exactcheck on this world ----------------------------------------------------------------
