@@ -54,7 +54,14 @@ def test_batch_schedule_covers_the_budget_exactly():
     for budget in (1, 499, 500, 5_000, 123_457, 1_000_000):
         sizes = batch_schedule(budget)
         assert sum(sizes) == budget and all(s > 0 for s in sizes)
-        assert sizes[0] == min(budget, max(500, math.ceil(budget / 256)))
+        totals = np.cumsum(sizes)
+        # looks after 1, 2, 4, ... trials until the old first look (1/256 of the budget, at least
+        # 500), then growing by 1.5: a gross defect is seen within twice the trials it needs
+        doubling = min(budget, max(500, math.ceil(budget / 256)))
+        assert sizes[0] == 1
+        early = totals[totals <= doubling]
+        assert list(early) == [min(2 ** i, budget) for i in range(len(early))]
+        assert len(sizes) <= 30
 
 
 def test_e_process_is_a_martingale_with_mean_one():
