@@ -39,6 +39,7 @@ REPEATS = {"python -c pass (floor)": 5, "exactcheck --help": 5}
 
 
 def wall(command: list[str], directory: str) -> tuple[float, int]:
+    """Seconds the command took (a fresh process), and its exit status; reports go to ``directory``."""
     clock = time.perf_counter()
     done = subprocess.run(command + (["--report", directory] if "--level" in command else []),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -99,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", default="standard", help="the selftest's level in the breakdown")
     parser.add_argument("--skip", action="append", default=[], help="a command to leave out")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--reports", help="keep the commands' reports in this folder (default: a temporary one)")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     results = {}
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.reports or scratch
         for label, command in COMMANDS.items():
             if label in args.skip:
                 continue

@@ -164,6 +164,11 @@ class AuditOptions:
     # worlds; ``max_seconds`` resolves to this when the audit starts, so a report's reproduce
     # lines draw the same trials on any machine (``--trials WORLD=N``)
     trials: tuple[tuple[str, int], ...] | None = None
+    # step audits under early stopping, without ``max_seconds``: search the properties before any
+    # trial and skip the laws when one shows a defect (the selftest's mutants, where the question
+    # is whether each is found; an audit of a real subject keeps its laws whatever the properties
+    # find, since a boundary finding says nothing of the output law)
+    properties_first: bool = False
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":

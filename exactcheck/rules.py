@@ -34,7 +34,8 @@ import numpy as np
 
 __all__ = ["Parameter", "Rule", "RuleSpec", "RULES", "rule_spec", "declared_rule", "EXACT_RULES", "StepLaws",
            "step_laws", "completion_law", "product_law", "loop_sequence_law", "reference_sequence_law", "output_tv",
-           "Oracle", "LEGACY_NAMES", "reference_rows"]
+           "Oracle", "LEGACY_NAMES", "reference_rows", "chain_law", "normalised_rows", "draft_ratios",
+           "block_stop_probabilities"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _up_to_first_failure(accepted: np.ndarray, m: int) -> np.ndarray:
     return np.arange(m)[None] <= np.minimum(accepted, m - 1)[:, None]
 
 
-def _normalised(rows: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+def normalised_rows(rows: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     """Rows over the last axis normalised; a row of zero mass is replaced by ``fallback``."""
     mass = rows.sum(-1, keepdims=True)
     return np.where(mass > 0, rows / np.where(mass > 0, mass, 1.0), fallback)
@@ -133,14 +134,14 @@ class Rule:
         return None
 
 
-def _ratios(p, q, d):
+def draft_ratios(p, q, d):
     """p_i(d_i) / q_i(d_i) at each draft (inf where q = 0)."""
     pi, qi = _gather(p[:, :-1], d), _gather(q, d)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(qi > 0, pi / np.where(qi > 0, qi, 1.0), np.inf), pi, qi
 
 
-def _chain(accept_prob: np.ndarray) -> np.ndarray:
+def chain_law(accept_prob: np.ndarray) -> np.ndarray:
     """P(N = j) [D, k+1] for independent per-position acceptance probabilities [D, k]."""
     reach = np.concatenate([np.ones_like(accept_prob[:, :1]), np.cumprod(accept_prob, 1)], 1)
     return reach * np.concatenate([1 - accept_prob, np.ones_like(accept_prob[:, :1])], 1)
@@ -151,13 +152,13 @@ class TokenWise(Rule):
         return np.minimum(p[:-1], q).sum(1), np.clip(p[:-1] - q, 0, None)
 
     def emission(self, p, q, d, values):
-        ratio, _, _ = _ratios(p, q, d)
-        accept = _chain(np.minimum(ratio, 1.0))
-        final = np.concatenate([_normalised(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
+        ratio, _, _ = draft_ratios(p, q, d)
+        accept = chain_law(np.minimum(ratio, 1.0))
+        final = np.concatenate([normalised_rows(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
         return accept, final
 
     def oracle(self, p, q, d, values):
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         k = d.shape[1]
         return Oracle(ratio, _leading, lambda accepted: _up_to_first_failure(accepted, k), "p/q")
 
@@ -172,13 +173,13 @@ class TargetOnly(Rule):
         return pi
 
     def emission(self, p, q, d, values):
-        _, pi, _ = _ratios(p, q, d)
+        _, pi, _ = draft_ratios(p, q, d)
         rest = p[:, :-1].copy()  # after a rejection: p without the rejected draft
         np.put_along_axis(rest, d[..., None], 0.0, axis=-1)
-        return _chain(self._accept(pi, values)), np.concatenate([_normalised(rest, p[:, :-1]), p[:, -1:]], 1)
+        return chain_law(self._accept(pi, values)), np.concatenate([normalised_rows(rest, p[:, :-1]), p[:, -1:]], 1)
 
     def oracle(self, p, q, d, values):
-        _, pi, _ = _ratios(p, q, d)
+        _, pi, _ = draft_ratios(p, q, d)
         k = d.shape[1]
         return Oracle(pi, _leading, lambda accepted: _up_to_first_failure(accepted, k), "p")
 
@@ -188,7 +189,7 @@ def block_stop_probabilities(p, q, d) -> tuple[np.ndarray, np.ndarray]:
     p_j(d_j) / q_j(d_j))) and stop probabilities h_j = R_j / (R_j + 1 - w_j) with
     R_j = sum_x max(w_j p_j(x) - q_j(x), 0) over row j (h = 1 where the denominator is 0; it
     is never the last to pass then), h_k = w_k. Shapes [D, k+1]."""
-    ratio, _, _ = _ratios(p, q, d)
+    ratio, _, _ = draft_ratios(p, q, d)
     k = d.shape[1]
     weights = np.ones((d.shape[0], k + 1))
     for j in range(k):
@@ -209,7 +210,7 @@ class Block(Rule):
         later = np.concatenate([np.cumprod((1 - stop)[:, :0:-1], 1)[:, ::-1], np.ones_like(stop[:, :1])], 1)
         accept = stop * later  # tau = j: the last j whose u_j passes h_j
         raw = np.clip(weights[:, :k, None] * p[:, :k] - q, 0, None)
-        return accept, np.concatenate([_normalised(raw, p[:, :k]), p[:, k:]], 1)
+        return accept, np.concatenate([normalised_rows(raw, p[:, :k]), p[:, k:]], 1)
 
     def oracle(self, p, q, d, values):
         _, stop = block_stop_probabilities(p, q, d)
@@ -239,7 +240,7 @@ class SglangThreshold(TargetOnly):
         return np.where(forced, 1.0, np.minimum(1.0, pi / max(values["acc"], 1e-9))) * (pi > 0)
 
     def oracle(self, p, q, d, values):
-        _, pi, _ = _ratios(p, q, d)
+        _, pi, _ = draft_ratios(p, q, d)
         k = d.shape[1]
         threshold = np.where((pi >= values["single"]) & (pi > 0), 2.0, np.where(pi > 0, pi / max(values["acc"], 1e-9), -1.0))
         return Oracle(threshold, _leading, lambda accepted: _up_to_first_failure(accepted, k),
@@ -262,7 +263,7 @@ class Typical(Rule):
         return (pi > typical_threshold(p[:, :-1], values)).astype(np.float64)
 
     def emission(self, p, q, d, values):
-        accept = _chain(self._accept(p, d, values))
+        accept = chain_law(self._accept(p, d, values))
         return accept, np.concatenate([_one_hot_argmax(p[:, :-1]), p[:, -1:]], 1)
 
     def oracle(self, p, q, d, values):
@@ -278,8 +279,8 @@ class Synthetic(Rule):
 
     def emission(self, p, q, d, values):
         rate = np.full(d.shape, values["rate"])
-        accept = _chain(rate)
-        final = np.concatenate([_normalised(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
+        accept = chain_law(rate)
+        final = np.concatenate([normalised_rows(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
         return accept, final
 
     def oracle(self, p, q, d, values):
@@ -306,7 +307,7 @@ class Fly(Rule):
         return int(values["window"]) if values.get("window") else min(6, k - 1)
 
     def _deferrable(self, p, q, d, values):
-        _, pi, qi = _ratios(p, q, d)
+        _, pi, qi = draft_ratios(p, q, d)
         k = d.shape[1]
         window = self._window(k, values)
         entropy = top_entropy(p[:, :-1], int(values["top_k"]))
@@ -339,7 +340,7 @@ class Fly(Rule):
             stopped[rejected[~over]] = True
 
     def emission(self, p, q, d, values):
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         a = np.minimum(ratio, 1.0)
         deferrable, window = self._deferrable(p, q, d, values)
         k = d.shape[1]
@@ -349,11 +350,11 @@ class Fly(Rule):
             prob = np.prod(np.where(native, a, 1 - a), axis=1)
             count = self._accepted(native, deferrable, window)
             np.add.at(accept, (np.arange(d.shape[0]), count), prob)
-        final = np.concatenate([_normalised(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
+        final = np.concatenate([normalised_rows(np.clip(p[:, :-1] - q, 0, None), p[:, :-1]), p[:, -1:]], 1)
         return accept, final
 
     def oracle(self, p, q, d, values):
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         deferrable, window = self._deferrable(p, q, d, values)
         k = d.shape[1]
         return Oracle(ratio, lambda passes: self._accepted(passes, deferrable, window),
@@ -376,7 +377,7 @@ class Relaxed(Rule):
         return int(values["topk"]) == 1 and values["delta"] == 0
 
     def emission(self, p, q, d, values):
-        return _chain(self._accept(p, d, values)), _one_hot_argmax(p)
+        return chain_law(self._accept(p, d, values)), _one_hot_argmax(p)
 
     def oracle(self, p, q, d, values):
         k = d.shape[1]

@@ -167,7 +167,8 @@ def test_the_target_only_rule_is_what_makes_sglang_exact_here():
     subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
     object.__setattr__(subject, "acceptance_rule", "min(1, p/q)")
     result = run_audit(subject, level="quick", worlds=["three_token"], progress=False)
-    assert "three_token/accepted_length" in [v.check for v in result.failed]
+    # a conformance law of the step shows it (which one crosses first depends on the looks)
+    assert {"three_token/accepted_length", "three_token/correction_token"} & {v.check for v in result.failed}
     assert {v.category.value for v in result.failed if v.kind.statistical} == {"conformance"}
     object.__setattr__(subject, "acceptance_rule", None)
     undeclared = run_audit(subject, level="quick", worlds=["random_v5_k3"], progress=False)

@@ -13,13 +13,19 @@ P(sup_n E_n >= 1/a) <= a under the exact law: declaring a defect the first time 
 checked as often as we like, has false-alarm probability at most a. (Ramdas, Gruenwald, Vovk &
 Shafer, "Game-theoretic statistics and safe anytime-valid inference", 2023.)
 
-Two sets of cells, one e-process. On the pooled cells the fixed-budget test uses (the pooling
-depends on the law and the planned budget only), the mixture pays little for the many rare cells
-of a long tail; on the law's own cells it sees mass arriving where the exact law has almost none
-(a rejection rate going from 1e-7 to 2%: pooled, that cell is merged away; unpooled, two hits
-there are overwhelming evidence). The e-process is the average of the two martingales, itself a
-test martingale on the same observations: it costs log 2 of evidence against the better of the
-two (``benchmarks/efficiency.py`` measures the trials to detection against the oracle SPRT).
+Three sets of cells, one e-process. A mixture over K cells pays about (K - 1)/2 log n nats to
+learn an alternative it does not know, so the same law is watched at three resolutions, each
+decided from the law and the budget alone:
+- the pooled cells of the fixed-budget test (cells expecting fewer than 5 samples at the budget
+  merged): little to pay for a long tail of rare cells;
+- the law's own cells: mass arriving where the exact law has almost none (a rejection rate going
+  from 1e-7 to 2%: pooled, that cell is merged away; unpooled, two hits there are overwhelming);
+- the cells sorted by probability and cut where the mass counted from the lightest cell passes
+  1/2, 1/4, 1/8, ... (about log2(1 / smallest p) groups): mass moving between the head and the
+  tail as a group (a temperature, a dropped tail), seen at a dimension a long tail does not have.
+The e-process is the average of the three martingales, itself a test martingale on the same
+observations: it costs log 3 of evidence against the best of them (``benchmarks/efficiency.py``
+measures the trials to detection against the oracle SPRT that knows the defect).
 
 Any sample on a cell of exact probability 0 is a certain defect, as in the fixed test.
 
@@ -44,7 +50,7 @@ from scipy.special import gammaln, logsumexp
 
 from exactcheck.stats.goodness_of_fit import pooling
 
-__all__ = ["EProcess", "batch_schedule", "CONCENTRATIONS", "FIRST_BATCH_FRACTION", "GROWTH"]
+__all__ = ["EProcess", "batch_schedule", "dyadic_tail_groups", "CONCENTRATIONS", "FIRST_BATCH_FRACTION", "GROWTH"]
 
 CONCENTRATIONS = tuple(10.0 ** j for j in range(7))
 FIRST_BATCH_FRACTION = 1 / 256  # the first look comes after this share of a world's budget
@@ -78,10 +84,10 @@ class EProcess:
         self.expected = np.asarray(self.expected, dtype=np.float64)
         pooled = pooling(self.expected, max(int(self.budget), 1))
         unpooled = np.where(self.expected > 0, np.cumsum(self.expected > 0) - 1, -1)
-        # the two sets of cells the mixture runs on, each as (cell -> group, group probabilities)
+        # the sets of cells the mixture runs on, each as (cell -> group, group probabilities)
         self._partitions = [(group, np.bincount(group[group >= 0], weights=self.expected[group >= 0],
                                                  minlength=int(group.max()) + 1 if (group >= 0).any() else 0))
-                            for group in (pooled, unpooled)]
+                            for group in (pooled, unpooled, dyadic_tail_groups(self.expected))]
         self._impossible = self.expected <= 0
         self.largest = 0.0  # the largest log E over the looks so far (E_0 = 1)
 
@@ -93,13 +99,29 @@ class EProcess:
         return current
 
     def log_evidence(self, counts: np.ndarray) -> float:
-        """log of the average of the pooled and the unpooled Dirichlet-mixture martingales."""
+        """log of the average of the Dirichlet-mixture martingales on the three sets of cells."""
         if counts[self._impossible].any():
             return math.inf
         n = int(counts.sum())
         if n == 0:
             return 0.0
-        return float(logsumexp([_mixture(group, pi, counts, n) for group, pi in self._partitions]) - math.log(2))
+        logs = [_mixture(group, pi, counts, n) for group, pi in self._partitions]
+        return float(logsumexp(logs) - math.log(len(logs)))
+
+
+def dyadic_tail_groups(expected: np.ndarray) -> np.ndarray:
+    """Each cell's group (-1 for impossible cells): the cells sorted by probability, and the
+    cumulative mass counted from the lightest cut at 1/2, 1/4, 1/8, ...: group j holds the cells
+    whose cumulative mass lies in (2^-(j+1), 2^-j], relabelled 0.. in order."""
+    group = np.full(expected.size, -1, dtype=np.int64)
+    possible = np.flatnonzero(expected > 0)
+    if possible.size == 0:
+        return group
+    order = possible[np.argsort(expected[possible], kind="stable")]
+    mass = np.cumsum(expected[order]) / expected[possible].sum()
+    level = np.floor(-np.log2(np.maximum(mass, 1e-300))).astype(np.int64)
+    group[order] = np.unique(level, return_inverse=True)[1].reshape(-1)
+    return group
 
 
 def _mixture(group: np.ndarray, pi: np.ndarray, counts: np.ndarray, n: int) -> float:

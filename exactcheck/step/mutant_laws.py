@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from exactcheck.rules import _chain, _normalised, _ratios, block_stop_probabilities, rule_spec
+from exactcheck.rules import chain_law, normalised_rows, draft_ratios, block_stop_probabilities, rule_spec
 from exactcheck.step import mutants as m
 from exactcheck.step.reference import ReferenceVerifier
 from exactcheck.step.sampling import inverse_cdf
@@ -74,7 +74,7 @@ def _law(rows: np.ndarray) -> np.ndarray:
 
 def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """max(0, p_j - q_j) normalised at each draft position (p_j where it is all zero) [D, k, V]."""
-    return _normalised(np.clip(p[:, :-1] - q, 0, None), _law(p[:, :-1]))
+    return normalised_rows(np.clip(p[:, :-1] - q, 0, None), _law(p[:, :-1]))
 
 
 def _finals(corrections: np.ndarray, bonus: np.ndarray) -> np.ndarray:
@@ -82,9 +82,9 @@ def _finals(corrections: np.ndarray, bonus: np.ndarray) -> np.ndarray:
 
 
 def _token_wise(p, q, d, accept_probability=None):
-    ratio, _, _ = _ratios(p, q, d)
+    ratio, _, _ = draft_ratios(p, q, d)
     a = np.minimum(ratio, 1.0) if accept_probability is None else accept_probability
-    return _chain(a), _finals(_residual(p, q), _law(p[:, -1]))
+    return chain_law(a), _finals(_residual(p, q), _law(p[:, -1]))
 
 
 def _one_hot(tokens: np.ndarray, vocab: int) -> np.ndarray:
@@ -138,7 +138,7 @@ def _wrong_normaliser(mutant):
 
 def _inverted_ratio(mutant):
     def law(p, q, d):  # u * p < q: probability min(1, q/p), and 1 where p = 0
-        _, pi, qi = _ratios(p, q, d)
+        _, pi, qi = draft_ratios(p, q, d)
         with np.errstate(divide="ignore", invalid="ignore"):
             a = np.where(pi > 0, np.minimum(1.0, qi / np.where(pi > 0, pi, 1.0)), 1.0)
         return _token_wise(p, q, d, a)
@@ -147,14 +147,14 @@ def _inverted_ratio(mutant):
 
 def _accept_if_p_ge_q(mutant):
     def law(p, q, d):
-        _, pi, qi = _ratios(p, q, d)
+        _, pi, qi = draft_ratios(p, q, d)
         return _token_wise(p, q, d, (pi >= qi).astype(np.float64))
     return law
 
 
 def _no_stop_at_first_rejection(mutant):
     def law(p, q, d):  # N = the number of accepted positions: a Poisson-binomial count
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         a = np.minimum(ratio, 1.0)
         count = np.zeros((d.shape[0], d.shape[1] + 1))
         count[:, 0] = 1.0
@@ -201,7 +201,7 @@ def _shifted_target_rows(mutant):
 
 def _shared_uniforms(mutant):
     def law(p, q, d):  # the final draw reuses the uniform of the decision at the stop position
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         a = np.minimum(ratio, 1.0)
         accept, final = _token_wise(p, q, d)
         k, vocab = d.shape[1], p.shape[-1]
@@ -215,7 +215,7 @@ def _shared_uniforms(mutant):
 
 def _ratio_in_half_precision(mutant):
     def law(p, q, d):
-        _, pi, qi = _ratios(p, q, d)
+        _, pi, qi = draft_ratios(p, q, d)
         half = (torch.from_numpy(pi).half() / torch.from_numpy(qi).half()).double().numpy()
         return _token_wise(p, q, d, np.nan_to_num(np.clip(half, 0.0, 1.0), nan=0.0))
     return law
@@ -223,14 +223,14 @@ def _ratio_in_half_precision(mutant):
 
 def _tiny_q_accepted(mutant):
     def law(p, q, d):
-        ratio, _, qi = _ratios(p, q, d)
+        ratio, _, qi = draft_ratios(p, q, d)
         return _token_wise(p, q, d, np.where(qi < 1e-6, 1.0, np.minimum(ratio, 1.0)))
     return law
 
 
 def _scaled_acceptance(mutant):
     def law(p, q, d):
-        ratio, _, _ = _ratios(p, q, d)
+        ratio, _, _ = draft_ratios(p, q, d)
         return _token_wise(p, q, d, np.minimum(mutant.factor * ratio, 1.0))
     return law
 
@@ -238,7 +238,7 @@ def _scaled_acceptance(mutant):
 def _leaky_residual(mutant):
     def law(p, q, d):
         accept, final = _token_wise(p, q, d)
-        final[:, :-1] = _normalised(np.clip(p[:, :-1] - mutant.factor * q, 0, None), _law(p[:, :-1]))
+        final[:, :-1] = normalised_rows(np.clip(p[:, :-1] - mutant.factor * q, 0, None), _law(p[:, :-1]))
         return accept, final
     return law
 
@@ -269,7 +269,7 @@ def _block_final(p, q, weights, positions):
             rows.append(_law(p[:, k]))
         else:
             raw = np.clip(weights[:, n, None] * p[:, n] - q[:, n], 0, None)
-            rows.append(_normalised(raw, _law(p[:, n])))
+            rows.append(normalised_rows(raw, _law(p[:, n])))
     return np.stack(rows, 1)
 
 
@@ -357,11 +357,11 @@ def _points_probability(times: np.ndarray, j: int, k: int) -> np.ndarray:
 
 def _threshold_acc_multiplied(mutant):
     def law(p, q, d):  # u < p(d) * acc, or p(d) >= single; after a rejection p without d
-        _, pi, _ = _ratios(p, q, d)
+        _, pi, _ = draft_ratios(p, q, d)
         a = np.where(pi > 0, np.where(pi >= mutant.single, 1.0, np.minimum(1.0, pi * mutant.acc)), 0.0)
         rest = p[:, :-1].copy()
         np.put_along_axis(rest, d[..., None], 0.0, axis=-1)
-        return _chain(a), _finals(_normalised(rest, _law(p[:, :-1])), _law(p[:, -1]))
+        return chain_law(a), _finals(normalised_rows(rest, _law(p[:, :-1])), _law(p[:, -1]))
     return law
 
 

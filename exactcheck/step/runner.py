@@ -22,7 +22,7 @@ from exactcheck.memory import device_max_elements
 from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult, StepAuditResult
-from exactcheck.report.verdict import Verdict
+from exactcheck.report.verdict import Outcome, Verdict
 from exactcheck.reproduce import step_audit_line
 from exactcheck.stats.laws import compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
@@ -162,17 +162,50 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     threshold = budget.log_e_threshold
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
 
     def reproduce(world: str) -> str:
         return step_audit_line(options, name, world)
 
-    evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
+    properties = PseudoWorld.PROPERTIES.value
+    rule = judged_rule(options)
+
+    def search_properties(checks_bar: Progress) -> list[Verdict]:
+        found = []
+        for index, prop in enumerate(searched):
+            prop_seed = derive_seed(seed, f"{properties}/{prop}")
+            deadline = None
+            if until is not None:  # an even share of the time left, for each property still to search
+                now = time.perf_counter()
+                deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
+            result = search(subject, prop, level.property_examples, prop_seed, device, rule, deadline)
+            found.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"), options.rule))
+            checks_bar.step(f"{properties}/{prop}")
+        return found
+
+    # ``properties_first`` under early stopping (and no time budget, whose share the laws take
+    # first): the property searches run before any trial, and a counterexample that shows a defect
+    # (as certain as a sample on an impossible outcome) stops the audit before its law phase.
+    searched_first: list[Verdict] = []
+    certain: str | None = None  # the check whose certain finding stopped the audit before its trials
     interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
+    if options.properties_first and stop_early and until is None and searched:
+        first_bar = Progress(len(searched), unit="check", desc="exactcheck: properties", enabled=progress)
+        try:
+            searched_first = search_properties(first_bar)
+        except KeyboardInterrupt:
+            interrupted = True
+        first_bar.close()
+        # a defect (not a crash or a broken contract: the law phase reports those per world, and
+        # a subject that crashes everywhere is a usage error) in a category that fails the audit
+        certain = next((v.check for v in searched_first
+                        if v.outcome is Outcome.DEFECT and v.category.value in options.require), None)
+    bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
+
+    evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     executor = executor or LocalExecutor()
     shards = options.shards
     try:
-        for batch_index in range(max(len(r.batches) for r in runs) if runs else 0):
+        for batch_index in range(max(len(r.batches) for r in runs) if runs and not (certain or interrupted) else 0):
             # every live world's shards of this batch go out at once; their counts come back and
             # are merged, in world order, before the look (a sharded batch is one batch)
             live = [r for r in runs if not r.finished and batch_index < len(r.batches)]
@@ -208,35 +241,29 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     except KeyboardInterrupt:
         interrupted = True
     bar.close()
-    bar = Progress(len(chains) + len(searched) + bool(searched), unit="check", desc="exactcheck: checks",
-                   enabled=progress)
+    bar = Progress(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
+                   desc="exactcheck: checks", enabled=progress)
 
+    stopped = certain
+    if evident:
+        run, i = evident
+        stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
     pending: list[Verdict] = []
     for run in runs:
         if run.failure is not None:
             pending.append(run.failure)
             continue
-        pending += [law_verdict(run, i, reproduce(run.world.name), budget, evident, interrupted)
+        pending += [law_verdict(run, i, reproduce(run.world.name), budget, stopped, interrupted)
                     for i in range(len(run.plans))]
-
-    properties = PseudoWorld.PROPERTIES.value
-    rule = judged_rule(options)
+    pending += searched_first
     try:
         for world in chains if not interrupted else ():
             pending.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
-                                          device, reproduce(world.name), evident is not None, rule))
+                                          device, reproduce(world.name), stopped is not None, rule))
             bar.step(world.name)
 
-        for index, prop in enumerate(searched if not interrupted else ()):
-            prop_seed = derive_seed(seed, f"{properties}/{prop}")
-            deadline = None
-            if until is not None:  # an even share of the time left, for each property still to search
-                now = time.perf_counter()
-                deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
-            result = search(subject, prop, level.property_examples, prop_seed, device, rule, deadline)
-            pending.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"),
-                                            options.rule))
-            bar.step(f"{properties}/{prop}")
+        if searched and not searched_first and not interrupted:
+            pending += search_properties(bar)
 
         if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not interrupted:
             pending.append(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
@@ -249,10 +276,6 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
 
     verdicts = keep_plots_where_needed(apply_holm(pending, budget))
     note = rule_note(verdicts, rule, audit_plan.laws)
-    stopped = None
-    if evident:
-        run, i = evident
-        stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
     return StepAuditResult(
         subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
         verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,

@@ -99,10 +99,11 @@ def _fits_text(named, best: str | None) -> str:
 
 
 def law_verdict(run: WorldRun, i: int, reproduce: str, budget: AlphaBudget,
-                evident: tuple[WorldRun, int] | None, interrupted: bool = False) -> Verdict:
+                stopped: str | None, interrupted: bool = False) -> Verdict:
     """The verdict of law ``i`` of ``run``: an e-process detection, a fixed-budget test (its
-    p-value still to go through Holm), or not run to its budget because the audit stopped. A
-    rule-specific law is a conformance check; a law of a lossy declared rule passes as lossy."""
+    p-value still to go through Holm), or not run to its budget because the audit stopped
+    (``stopped``: the check whose finding stopped it, this law's own name when its e-process did).
+    A rule-specific law is a conformance check; a law of a lossy declared rule passes as lossy."""
     plan, counts = run.plans[i], run.counts[i]
     gof, (best, expected), named = _fit(counts, plan, budget.first_share)
     category = Category.CONFORMANCE if plan.conformance else Category.EXACTNESS
@@ -115,7 +116,7 @@ def law_verdict(run: WorldRun, i: int, reproduce: str, budget: AlphaBudget,
                 cells=deviating_cells(comparison, gof.samples), law_cells=plot_cells(comparison, gof.samples),
                 reachability=observed_in(gof.impossible, gof.samples, "samples on outcomes of exact probability 0:")
                 if gof.impossible else None, fits=named)
-    if evident is not None and evident[0] is run and evident[1] == i:
+    if stopped == f"{run.world.name}/{plan.law}" and run.drawn > 0:
         log_e = run.largest[i]
         e_p = math.exp(-log_e) if math.isfinite(log_e) else 0.0
         summary = (_statistical_summary(gof) if gof.impossible else
@@ -127,10 +128,8 @@ def law_verdict(run: WorldRun, i: int, reproduce: str, budget: AlphaBudget,
             Evidence.SEQUENTIAL, statistic=log_e, statistic_name=E_STATISTIC_NAME, pvalue=e_p,
             adjusted_pvalue=min(1.0, e_p / budget.e_share * budget.alpha), alpha_share=budget.e_share, **seen))
     if run.drawn < run.budget:
-        where = "" if evident is None else f" at {evident[0].world.name}" + (
-            f"/{evident[0].plans[evident[1]].law}" if evident[1] >= 0 else "")
-        why = ("the audit was interrupted (Ctrl-C)" if interrupted and evident is None
-               else f"the audit stopped early on a defect{where}")
+        why = ("the audit was interrupted (Ctrl-C)" if interrupted and stopped is None
+               else f"the audit stopped early on a defect at {stopped}")
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"not run to its budget: {why} after {run.drawn:,} of {run.budget:,} trials"), **common,
             evidence=LawEvidence(Evidence.NONE, **seen))
