@@ -425,6 +425,26 @@ def html_report(rows: list[dict], skipped: dict[str, str], header: str) -> str:
     return html_page("exactcheck efficiency", body)
 
 
+def peer_false_alarms(seeds: int, root: int) -> dict[str, dict[str, float]]:
+    """Each peer at its own n on trials drawn from the exact token-wise law of every float32 step
+    world: the share of seeds it reports a problem on (a false alarm), per world."""
+    worlds = [w for w in step_worlds() if w.input_dtype == torch.float32]
+    out: dict[str, dict[str, float]] = {}
+    for world in worlds:
+        exact = output_law(rule_spec("token-wise").emission, world.target_law(), world.draft_law())
+        case = Case("reference", "token-wise", world, exact, exact)
+        case.outputs = output_rows(world.draft_length, world.vocab_size)
+        hits = {peer: 0 for peer in PEERS}
+        for s in range(seeds):
+            rng = np.random.default_rng(derive_seed(root, f"peer-false-alarms/{world.name}/{s}"))
+            cells = case.draw(rng, max(OWN_TRIALS.values()))
+            for peer in PEERS:
+                hits[peer] += peer_fails(peer, case, cells, rng)
+        out[world.name] = {peer: h / seeds for peer, h in hits.items()}
+        print(f"{world.name:<24} " + "  ".join(f"{p} {v:.3f}" for p, v in out[world.name].items()), flush=True)
+    return out
+
+
 def load_rows(path: str) -> tuple[list[dict], dict]:
     """The rows of a JSON this script wrote (null back to infinity where a test never detected)."""
     with open(path) as f:
@@ -467,12 +487,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="take EProcess and batch_schedule from this copy of exactcheck/stats/sequential.py "
                              "(an earlier release's, for a before/after table)")
     parser.add_argument("--label", default="", help="what this run measures (named in --compare tables)")
+    parser.add_argument("--peer-false-alarms", type=int, metavar="SEEDS",
+                        help="measure each peer's false-alarm rate on the exact laws instead, and stop")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="print the before/after table of two JSONs this script wrote, and stop")
     args = parser.parse_args(argv)
     if args.compare:
         (before, b), (after, a) = (load_rows(path) for path in args.compare)
         print(compare_table(before, after, (b.get("label") or "before", a.get("label") or "after")), end="")
+        return 0
+    if args.peer_false_alarms:
+        rates = peer_false_alarms(args.peer_false_alarms, args.seed)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"schema": "exactcheck.peer_false_alarms/1", "seeds": args.peer_false_alarms,
+                           "own_trials": OWN_TRIALS, "rates": rates}, f, indent=1)
         return 0
     if args.sequential_from:
         global EProcess, batch_schedule

@@ -39,6 +39,22 @@ def figures() -> str:
         f"{min(r['ratio'] for r in large):.2f} to {max(r['ratio'] for r in large):.2f} of a device copy "
         f"of the same bytes ([reports/gpu/README.md](reports/gpu/README.md)).",
     ]
+    efficiency = json.loads((ROOT / "reports" / "efficiency-standard.json").read_text())
+    ratios = sorted(r["ratio"] for r in efficiency["rows"] if r["ratio"] is not None)
+    above = [f"`{r['mutant']}` {r['ratio']:.1f}" for r in efficiency["rows"] if r["ratio"] is not None and r["ratio"] > 10]
+    median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
+    lines.append(
+        f"- Trials to a verdict against the limit (`benchmarks/efficiency.py`, level {efficiency['level']}, "
+        f"{efficiency['seeds']} seeds a mutant): exactcheck's median trials over those of Wald's SPRT that knows "
+        f"the mutant's exact law, median {median:.2f} over {len(ratios)} mutants; above 10: "
+        + (", ".join(above) or "none") + " ([reports/efficiency-standard.md](reports/efficiency-standard.md)).")
+    wall = json.loads((ROOT / "reports" / "wall-time.json").read_text())
+    commands = wall["commands"]
+    floor = commands["python -c pass (floor)"]["seconds"]
+    lines.append(
+        "- Wall time on this 2-core machine (`benchmarks/wall_time.py`, Python start-up "
+        f"{floor:.2f} s in the same run): " + "; ".join(
+            f"{label} {r['seconds']:.1f} s" for label, r in commands.items() if not label.startswith("python")) + ".")
     return "\n".join(lines)
 
 

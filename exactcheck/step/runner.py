@@ -15,14 +15,15 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from exactcheck.core import apply_holm, keep_plots_where_needed, resolve_device, run_environment, unreached_verdicts
+from exactcheck.core import (apply_holm, keep_plots_where_needed, not_run_verdict, resolve_device, run_environment,
+                             unreached_verdicts)
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
 from exactcheck.memory import device_max_elements
 from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult, StepAuditResult
-from exactcheck.report.verdict import Outcome, Verdict
+from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import step_audit_line
 from exactcheck.stats.laws import compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
@@ -169,9 +170,20 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     properties = PseudoWorld.PROPERTIES.value
     rule = judged_rule(options)
 
-    def search_properties(checks_bar: Progress) -> list[Verdict]:
-        found = []
+    def gating(verdict: Verdict) -> bool:
+        return verdict.outcome.failed and verdict.category.value in options.require
+
+    def search_properties(checks_bar: Progress, stop_at_finding: bool = False) -> list[Verdict]:
+        """Each planned property's verdict; with ``stop_at_finding``, the searches after the first
+        that fails the audit are not run (inconclusive verdicts that say so)."""
+        found: list[Verdict] = []
         for index, prop in enumerate(searched):
+            stopper = next((v.check for v in found if gating(v)), None) if stop_at_finding else None
+            if stopper:
+                check = next(c for c in audit_plan.checks if c.name == f"{properties}/{prop}")
+                found.append(not_run_verdict(check, seed, reproduce(check.name),
+                                             f"not run: the audit stopped on a defect at {stopper} before this search"))
+                continue
             prop_seed = derive_seed(seed, f"{properties}/{prop}")
             deadline = None
             if until is not None:  # an even share of the time left, for each property still to search
@@ -183,22 +195,20 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         return found
 
     # ``properties_first`` under early stopping (and no time budget, whose share the laws take
-    # first): the property searches run before any trial, and a counterexample that shows a defect
-    # (as certain as a sample on an impossible outcome) stops the audit before its law phase.
+    # first): the property searches run before any trial, and the first counterexample that fails
+    # the audit (as certain as a sample on an impossible outcome) stops it there: the searches
+    # after it and the law phase are not run.
     searched_first: list[Verdict] = []
     certain: str | None = None  # the check whose certain finding stopped the audit before its trials
     interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
     if options.properties_first and stop_early and until is None and searched:
         first_bar = Progress(len(searched), unit="check", desc="exactcheck: properties", enabled=progress)
         try:
-            searched_first = search_properties(first_bar)
+            searched_first = search_properties(first_bar, stop_at_finding=True)
         except KeyboardInterrupt:
             interrupted = True
         first_bar.close()
-        # a defect (not a crash or a broken contract: the law phase reports those per world, and
-        # a subject that crashes everywhere is a usage error) in a category that fails the audit
-        certain = next((v.check for v in searched_first
-                        if v.outcome is Outcome.DEFECT and v.category.value in options.require), None)
+        certain = next((v.check for v in searched_first if gating(v)), None)
     bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
 
     evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
