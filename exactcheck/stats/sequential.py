@@ -53,7 +53,7 @@ from exactcheck.stats.goodness_of_fit import pooling
 __all__ = ["EProcess", "batch_schedule", "dyadic_tail_groups", "CONCENTRATIONS", "FIRST_BATCH_FRACTION", "GROWTH"]
 
 CONCENTRATIONS = tuple(10.0 ** j for j in range(7))
-FIRST_BATCH_FRACTION = 1 / 256  # the first look comes after this share of a world's budget
+FIRST_BATCH_FRACTION = 1 / 256  # the looks double from one trial up to this share of a world's budget
 GROWTH = 1.5  # each look comes after GROWTH times the samples of the one before
 
 
@@ -74,8 +74,8 @@ def batch_schedule(budget: int, first_fraction: float = FIRST_BATCH_FRACTION,
 
 @dataclass
 class EProcess:
-    """The test martingale of one law (the average of its pooled and unpooled Dirichlet mixtures),
-    looked at after each batch."""
+    """The test martingale of one law (the average of its Dirichlet mixtures on the pooled cells,
+    the law's own cells and its dyadic tail groups), looked at after each batch."""
 
     expected: np.ndarray  # exact law over the law's cells (float64)
     budget: int  # samples the law is expected to see at the full budget (fixes the pooling)

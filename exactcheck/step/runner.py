@@ -183,6 +183,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                 check = next(c for c in audit_plan.checks if c.name == f"{properties}/{prop}")
                 found.append(not_run_verdict(check, seed, reproduce(check.name),
                                              f"not run: the audit stopped on a defect at {stopper} before this search"))
+                checks_bar.step(check.name)
                 continue
             prop_seed = derive_seed(seed, f"{properties}/{prop}")
             deadline = None
