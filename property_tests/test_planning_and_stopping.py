@@ -63,6 +63,8 @@ def test_batch_schedule_covers_the_budget_exactly():
         early = totals[totals <= doubling]
         assert list(early) == [min(2 ** i, budget) for i in range(len(early))]
         assert len(sizes) <= 30
+        # a time-budgeted audit (costly calls) starts at the first share, as before
+        assert batch_schedule(budget, from_one=False)[0] == doubling
 
 
 def test_e_process_is_a_martingale_with_mean_one():

@@ -58,12 +58,14 @@ GROWTH = 1.5  # each look comes after GROWTH times the samples of the one before
 
 
 def batch_schedule(budget: int, first_fraction: float = FIRST_BATCH_FRACTION,
-                   growth: float = GROWTH, minimum: int = 500) -> list[int]:
+                   growth: float = GROWTH, minimum: int = 500, from_one: bool = True) -> list[int]:
     """Batch sizes summing to ``budget``: totals 1, 2, 4, ... doubling up to ``first_fraction`` of
-    it (at least ``minimum``), then batches that grow the total by ``growth`` each time."""
+    it (at least ``minimum``), then batches that grow the total by ``growth`` each time. Without
+    ``from_one`` the first batch is that whole first share (for a subject whose every call is
+    costly: a time-budgeted audit of an interpreted kernel)."""
     sizes, total = [], 0
     doubling_until = min(budget, max(minimum, int(math.ceil(budget * first_fraction))))
-    step = 1
+    step = 1 if from_one else doubling_until
     while total < budget:
         step = min(step, budget - total)
         sizes.append(step)

@@ -156,7 +156,9 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         world = audit_plan.world(world_name)
         plans = list(audit_plan.world_laws(world_name))
         runs.append(WorldRun(
-            world, derive_seed(seed, world.name), n, plans, batch_schedule(n) if stop_early else [n],
+            # under a time budget (a slow subject, each call costly) the looks start at the first share
+            world, derive_seed(seed, world.name), n, plans,
+            batch_schedule(n, from_one=until is None) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
             [[EProcess(expected, n * p.condition_probability) for _, expected in law_alternatives(p)]
              if stop_early else None for p in plans]))
