@@ -106,9 +106,8 @@ class Case:
     def oracle_scale(self) -> float:
         """Wald's approximate expected trials under the mutant (log(1/alpha) over the KL, or one
         over the impossible mass if that comes first): how the world is chosen."""
-        rate = self.kl + (math.inf if self.impossible > 0 else 0.0)
         by_kl = math.log((1 - BETA) / ALPHA) / self.kl if self.kl > 0 else math.inf
-        return min(by_kl, 1 / self.impossible if self.impossible > 0 else math.inf) if rate > 0 else math.inf
+        return min(by_kl, 1 / self.impossible if self.impossible > 0 else math.inf)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` output cells from the mutant's law (never a cell of probability 0)."""
