@@ -34,7 +34,7 @@ import numpy as np
 
 __all__ = ["Parameter", "Rule", "RuleSpec", "RULES", "rule_spec", "declared_rule", "EXACT_RULES", "StepLaws",
            "step_laws", "completion_law", "product_law", "loop_sequence_law", "reference_sequence_law", "output_tv",
-           "Oracle", "LEGACY_NAMES", "reference_rows", "chain_law", "normalised_rows", "draft_ratios",
+           "Oracle", "LEGACY_NAMES", "reference_rows", "all_drafts", "chain_law", "normalised_rows", "draft_ratios",
            "block_stop_probabilities"]
 
 
@@ -535,7 +535,7 @@ class StepLaws:
     emitted: np.ndarray | None = None
 
 
-def _all_drafts(vocab: int, k: int) -> np.ndarray:
+def all_drafts(vocab: int, k: int) -> np.ndarray:
     """Every draft sequence of length k [V^k, k], earlier drafts more significant."""
     return np.stack(np.unravel_index(np.arange(vocab ** k), (vocab,) * k), 1).astype(np.int64)
 
@@ -550,7 +550,7 @@ def _enumerate(spec: RuleSpec, p: np.ndarray, q: np.ndarray):
     """Every draft sequence with positive probability on a step world: (d [D, k], its probability
     [D], P(N = j, d) [D, k+1], law of the final token given N = j and d [D, k+1, V])."""
     k, vocab = q.shape
-    d = _all_drafts(vocab, k)
+    d = all_drafts(vocab, k)
     weight = np.prod(q[np.arange(k), d], axis=1)
     d, weight = d[weight > 0], weight[weight > 0]
     accept, final = spec.emission(np.broadcast_to(p, (d.shape[0], k + 1, vocab)),
@@ -644,7 +644,7 @@ def _loop_step(spec: RuleSpec, world, state: int):
     base V [M], their number [M], probability [M], state after them [M])."""
     vocab, k = world.vocab_size, world.draft_length
     target, draft = world.target.law(), world.draft.law()
-    d = _all_drafts(vocab, k)
+    d = all_drafts(vocab, k)
     states = np.zeros((d.shape[0], k + 1), dtype=np.int64)
     states[:, 0] = state
     for i in range(k):

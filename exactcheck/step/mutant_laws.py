@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from exactcheck.rules import chain_law, normalised_rows, draft_ratios, block_stop_probabilities, rule_spec
+from exactcheck.rules import all_drafts, chain_law, normalised_rows, draft_ratios, block_stop_probabilities, rule_spec
 from exactcheck.step import mutants as m
 from exactcheck.step.reference import ReferenceVerifier
 from exactcheck.step.sampling import inverse_cdf
@@ -421,7 +421,7 @@ def cell_offsets(k: int, vocab: int) -> np.ndarray:
 
 def _enumerated(p: np.ndarray, q: np.ndarray):
     k, vocab = q.shape
-    d = np.stack(np.unravel_index(np.arange(vocab ** k), (vocab,) * k), 1).astype(np.int64)
+    d = all_drafts(vocab, k)
     weight = np.prod(q[np.arange(k), d], axis=1)
     keep = weight > 0
     return d[keep], weight[keep]
