@@ -1,7 +1,8 @@
 """Deterministic properties of a verifier, searched with hypothesis under forced random numbers.
 
 Each property is checked first on a fixed corpus of small edge cases (one per row kind and draft
-relation), then on cases hypothesis generates, with the subject's random numbers forced to one
+relation; case by case under the two boundary uniforms, then under the three ratio values), then
+on cases hypothesis generates, with the subject's random numbers forced to one
 boundary value (``exactcheck.step.randomness``: the value is one the draw can return in its dtype). A
 counterexample is shrunk by hypothesis to a minimal case and kept as a reproducer that
 ``exactcheck replay`` re-runs. No sampling luck is involved.
@@ -58,7 +59,7 @@ from exactcheck.reachability import Reachability, forced_draws, structural
 from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
 __all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
-           "search", "search_property", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
+           "search", "search_property", "search_corpus", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
            "UNFORCED", "tie_margin", "RULE_PROPERTIES", "FROM_SUBJECT", "fewest_forced"]
 
 REPRODUCER_SCHEMA = "exactcheck.reproducer/2"
@@ -83,6 +84,10 @@ UNSEEN_SOURCE = ("its output changed between identical forced calls (a random so
                  "does not see: fresh OS entropy, a generator the subject keeps)")
 CONFIRM_SEEDS = 4  # the shrunk set is re-run with this many generator seeds
 UNREACHABLE_ENOUGH = 3  # after this many unreachable counterexamples under one value, move on
+# the edge corpus is searched before any generated case, case by case under each value of a group,
+# the boundary uniforms first: a boundary behaviour of any edge class is met within twice the
+# corpus's cases, whatever time a budgeted search (``--max-seconds``) leaves for the rest
+CORPUS_ORDER = (("zero", "one_minus_ulp"), ("ratio", "ratio_minus", "ratio_plus"))
 
 
 @dataclass(frozen=True)
@@ -477,8 +482,24 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                                   "which no forced value reaches; its laws decide")
     tried, notes, unreachable, unrepeatable = 0, set(), None, None
     values = (None,) if name in UNFORCED else FORCED_VALUES
+    for group in CORPUS_ORDER if name not in UNFORCED else ((None,),):
+        results = search_corpus(subject, name, group, seed, device, rule, deadline)
+        for result in results:
+            tried += result.examples
+            if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
+                notes.add(result.note)
+            unreachable = unreachable or result.unreachable
+            unrepeatable = unrepeatable or result.unrepeatable
+            if result.failure is not None:
+                return PropertyResult(name, result.value, tried, result.failure, result.note)
+        if any(r.out_of_time for r in results):
+            notes.add("search stopped at the time budget (--max-seconds) in the edge corpus under "
+                      + ", ".join(str(v) for v in group))
+            return _searched(name, tried, notes, unreachable, unrepeatable)
+        if not any(r.forced for r in results):
+            break  # no draw took any forced value: the other values would make the same calls
     for position, value in enumerate(values):
-        result = search_property(subject, name, value, examples, seed, device, rule, deadline)
+        result = search_property(subject, name, value, examples, seed, device, rule, deadline, corpus=False)
         if result.out_of_time:
             reached = (f"in forced value {position + 1} of {len(values)} ({value})" if value is not None
                        else "before its last case")
@@ -494,6 +515,11 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
             break  # no draw took the forced value: the other values would make the same calls
         if result.out_of_time:
             break
+    return _searched(name, tried, notes, unreachable, unrepeatable)
+
+
+def _searched(name: str, tried: int, notes: set, unreachable, unrepeatable) -> PropertyResult:
+    """A search's result when no reachable counterexample was found."""
     if unrepeatable is not None:
         return PropertyResult(name, unrepeatable.value, tried, None, "; ".join(sorted(n for n in notes if n)),
                               unreachable, unrepeatable)
@@ -503,52 +529,87 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                           unreachable)
 
 
-def search_property(subject: Verifier, name: str, value: str | None, examples: int,
-                    seed: int = 0, device="cpu", rule: RuleSpec | None | str = FROM_SUBJECT,
-                    deadline: float | None = None) -> PropertyResult:
-    """Search ``examples`` cases for a reachable counterexample to one property under one forced
-    value; shrink what is found. Failures whose trigger is below the reachability floor are kept
-    apart (``PropertyResult.unreachable``) and the search goes on, until ``UNREACHABLE_ENOUGH``
-    of them have been seen under this value (each costs a shrink)."""
-    failures: list[PropertyFailure] = []
-    unreachable: list[PropertyFailure] = []
-    unrepeatable: list[PropertyFailure] = []
-    tried = [0]
-    draws: Counter = Counter()
+class _ValueSearch:
+    """One property's search under one forced value: its checks, what its draws did, what it found."""
 
-    def check(case: VerifyCase) -> PropertyFailure | None:
-        if len(unreachable) >= UNREACHABLE_ENOUGH:
+    def __init__(self, subject, name, value, seed, device, rule, deadline):
+        self.subject, self.name, self.value, self.seed = subject, name, value, seed
+        self.device, self.rule, self.deadline = device, rule, deadline
+        self.failures: list[PropertyFailure] = []
+        self.unreachable: list[PropertyFailure] = []
+        self.unrepeatable: list[PropertyFailure] = []
+        self.tried = 0
+        self.draws: Counter = Counter()
+
+    def check(self, case: VerifyCase) -> PropertyFailure | None:
+        if len(self.unreachable) >= UNREACHABLE_ENOUGH:
             return None  # every counterexample so far needs a joint event: stop shrinking more
-        if deadline is not None and time.perf_counter() > deadline:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
             raise _OutOfTime
-        tried[0] += 1
-        failure = check_property(subject, name, case, value, seed, draws, device, rule)
-        if failure is not None and check_property(subject, name, case, value, seed, None, device, rule) is None:
-            unrepeatable.append(failure)  # the same check run again holds: reported, never a defect
+        self.tried += 1
+        args = (self.subject, self.name, case, self.value, self.seed)
+        failure = check_property(*args, self.draws, self.device, self.rule)
+        if failure is not None and check_property(*args, None, self.device, self.rule) is None:
+            self.unrepeatable.append(failure)  # the same check run again holds: reported, never a defect
             return None
         if failure is not None and failure.reachability is not None and not failure.reachability.reachable:
-            unreachable.append(failure)
+            self.unreachable.append(failure)
             return None
         return failure
 
-    def result(failure, out_of_time=False):
-        forced = draws["(controlled)"] > 0
-        return PropertyResult(name, value, tried[0], failure, _draw_note(name, draws, tried[0]),
-                              unreachable[0] if unreachable else None,
-                              unrepeatable[0] if unrepeatable and failure is None else None, forced, out_of_time)
+    def result(self, failure, out_of_time=False) -> PropertyResult:
+        forced = self.draws["(controlled)"] > 0
+        return PropertyResult(self.name, self.value, self.tried, failure,
+                              _draw_note(self.name, self.draws, self.tried),
+                              self.unreachable[0] if self.unreachable else None,
+                              self.unrepeatable[0] if self.unrepeatable and failure is None else None,
+                              forced, out_of_time)
 
+
+def search_corpus(subject: Verifier, name: str, values: tuple, seed: int = 0, device="cpu",
+                  rule: RuleSpec | None | str = FROM_SUBJECT, deadline: float | None = None) -> list[PropertyResult]:
+    """The fixed edge corpus, case by case, each case under every value of ``values`` in turn: one
+    result a value, up to the first reachable counterexample (the last result) or the deadline. A
+    case on which no draw took the first value's forcing makes the same calls under the others,
+    which are then skipped for it."""
+    searches = [_ValueSearch(subject, name, value, seed, device, rule, deadline) for value in values]
     try:
-        for case in edge_corpus():  # deterministic first: each edge class, every time
-            failure = check(case)
-            if failure is not None:
-                return result(failure)
+        for case in edge_corpus():
+            for index, one in enumerate(searches):
+                if len(one.unreachable) >= UNREACHABLE_ENOUGH:
+                    continue  # enough unreachable counterexamples under this value
+                controlled = one.draws["(controlled)"]
+                failure = one.check(case)
+                if failure is not None:
+                    return [s.result(None) for s in searches[:index]] + [one.result(failure)]
+                if one.draws["(controlled)"] == controlled:
+                    break  # nothing forced on this case: the other values would make the same calls
     except _OutOfTime:
-        return result(None, out_of_time=True)
+        return [s.result(None, out_of_time=True) for s in searches]
+    return [s.result(None) for s in searches]
+
+
+def search_property(subject: Verifier, name: str, value: str | None, examples: int,
+                    seed: int = 0, device="cpu", rule: RuleSpec | None | str = FROM_SUBJECT,
+                    deadline: float | None = None, corpus: bool = True) -> PropertyResult:
+    """Search the edge corpus (unless ``corpus`` is False: ``search`` runs it first for every
+    value) and ``examples`` generated cases for a reachable counterexample to one property under
+    one forced value; shrink what is found. Failures whose trigger is below the reachability floor
+    are kept apart (``PropertyResult.unreachable``) and the search goes on, until
+    ``UNREACHABLE_ENOUGH`` of them have been seen under this value (each costs a shrink)."""
+    one = _ValueSearch(subject, name, value, seed, device, rule, deadline)
+    try:
+        for case in edge_corpus() if corpus else ():  # deterministic first: each edge class, every time
+            failure = one.check(case)
+            if failure is not None:
+                return one.result(failure)
+    except _OutOfTime:
+        return one.result(None, out_of_time=True)
 
     def broken(case: VerifyCase) -> bool:
-        failure = check(case)
+        failure = one.check(case)
         if failure is not None:
-            failures.append(failure)
+            one.failures.append(failure)
         return failure is not None
 
     config = settings(max_examples=examples, database=None, deadline=None,
@@ -556,13 +617,13 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     try:
         minimal = find(verify_cases(), broken, settings=config, random=random.Random(seed))
     except NoSuchExample:
-        return result(None)
+        return one.result(None)
     except _OutOfTime:
-        return result(failures[-1] if failures else None, out_of_time=True)  # found, not yet shrunk
+        return one.result(one.failures[-1] if one.failures else None, out_of_time=True)  # found, not yet shrunk
     except (Flaky, FlakyFailure):  # a case failed once and passed when hypothesis ran it again
-        unrepeatable.extend(failures[:1])
-        return result(None)
-    return result(next(f for f in reversed(failures) if f.case == minimal))
+        one.unrepeatable.extend(one.failures[:1])
+        return one.result(None)
+    return one.result(next(f for f in reversed(one.failures) if f.case == minimal))
 
 
 def _draw_note(name: str, draws: Counter, tried: int) -> str:
