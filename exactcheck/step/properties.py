@@ -569,10 +569,21 @@ class _ValueSearch:
 def search_corpus(subject: Verifier, name: str, values: tuple, seed: int = 0, device="cpu",
                   rule: RuleSpec | None | str = FROM_SUBJECT, deadline: float | None = None) -> list[PropertyResult]:
     """The fixed edge corpus, case by case, each case under every value of ``values`` in turn: one
-    result a value, up to the first reachable counterexample (the last result) or the deadline. A
-    case on which no draw took the first value's forcing makes the same calls under the others,
+    result a value, the last one carrying the counterexample found, if any. A counterexample that
+    needs forced draws is held while the rest of the corpus is searched for one that needs none
+    (the one reported then says the defect is reachable with ordinary random numbers, where the
+    first could only say "at least 2^-53 a call"); the deadline ends that search with the one held.
+    A case on which no draw took the first value's forcing makes the same calls under the others,
     which are then skipped for it."""
     searches = [_ValueSearch(subject, name, value, seed, device, rule, deadline) for value in values]
+    held: tuple[int, PropertyFailure] | None = None  # (value index, counterexample needing forced draws)
+
+    def results(out_of_time: bool = False) -> list[PropertyResult]:
+        if held is None:
+            return [s.result(None, out_of_time) for s in searches]
+        index, failure = held
+        return [s.result(None) for s in searches[:index]] + [searches[index].result(failure)]
+
     try:
         for case in edge_corpus():
             for index, one in enumerate(searches):
@@ -580,13 +591,21 @@ def search_corpus(subject: Verifier, name: str, values: tuple, seed: int = 0, de
                     continue  # enough unreachable counterexamples under this value
                 controlled = one.draws["(controlled)"]
                 failure = one.check(case)
-                if failure is not None:
-                    return [s.result(None) for s in searches[:index]] + [one.result(failure)]
+                if failure is not None and not _needs_forced_draws(failure):
+                    held = (index, failure)
+                    return results()
+                if failure is not None and held is None:
+                    held = (index, failure)
                 if one.draws["(controlled)"] == controlled:
                     break  # nothing forced on this case: the other values would make the same calls
     except _OutOfTime:
-        return [s.result(None, out_of_time=True) for s in searches]
-    return [s.result(None) for s in searches]
+        return results(out_of_time=True)
+    return results()
+
+
+def _needs_forced_draws(failure: PropertyFailure) -> bool:
+    reach = failure.reachability
+    return reach is not None and reach.kind == "forced" and reach.draws > 0
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
