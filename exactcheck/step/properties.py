@@ -480,22 +480,17 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
             return PropertyResult(name, None, 0, None,
                                   f"{VACUOUS}: the subject derives its random numbers from a seed ({seeded}), "
                                   "which no forced value reaches; its laws decide")
-    tried, notes, unreachable, unrepeatable = 0, set(), None, None
+    tally = _Tally(name)
     values = (None,) if name in UNFORCED else FORCED_VALUES
     for group in CORPUS_ORDER if name not in UNFORCED else ((None,),):
         results = search_corpus(subject, name, group, seed, device, rule, deadline)
         for result in results:
-            tried += result.examples
-            if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
-                notes.add(result.note)
-            unreachable = unreachable or result.unreachable
-            unrepeatable = unrepeatable or result.unrepeatable
-            if result.failure is not None:
-                return PropertyResult(name, result.value, tried, result.failure, result.note)
+            if (found := tally.add(result)) is not None:
+                return found
         if any(r.out_of_time for r in results):
-            notes.add("search stopped at the time budget (--max-seconds) in the edge corpus under "
-                      + ", ".join(str(v) for v in group))
-            return _searched(name, tried, notes, unreachable, unrepeatable)
+            tally.notes.add("search stopped at the time budget (--max-seconds) in the edge corpus under "
+                            + ", ".join(str(v) for v in group))
+            return tally.searched()
         if not any(r.forced for r in results):
             break  # no draw took any forced value: the other values would make the same calls
     for position, value in enumerate(values):
@@ -503,30 +498,45 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
         if result.out_of_time:
             reached = (f"in forced value {position + 1} of {len(values)} ({value})" if value is not None
                        else "before its last case")
-            notes.add(f"search stopped at the time budget (--max-seconds) {reached}")
-        tried += result.examples
-        if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
-            notes.add(result.note)
-        unreachable = unreachable or result.unreachable
-        unrepeatable = unrepeatable or result.unrepeatable
-        if result.failure is not None:
-            return PropertyResult(name, value, tried, result.failure, result.note)
+            tally.notes.add(f"search stopped at the time budget (--max-seconds) {reached}")
+        if (found := tally.add(result)) is not None:
+            return found
         if value is not None and not result.forced:
             break  # no draw took the forced value: the other values would make the same calls
         if result.out_of_time:
             break
-    return _searched(name, tried, notes, unreachable, unrepeatable)
+    return tally.searched()
 
 
-def _searched(name: str, tried: int, notes: set, unreachable, unrepeatable) -> PropertyResult:
-    """A search's result when no reachable counterexample was found."""
-    if unrepeatable is not None:
-        return PropertyResult(name, unrepeatable.value, tried, None, "; ".join(sorted(n for n in notes if n)),
-                              unreachable, unrepeatable)
-    if all(n.startswith(VACUOUS) for n in notes):  # nothing was judged under any value
-        return PropertyResult(name, None, 0, None, notes.pop(), unreachable)
-    return PropertyResult(name, None, tried, None, "; ".join(sorted(n for n in notes if n)),
-                          unreachable)
+class _Tally:
+    """What one property's search has seen over its values: the cases tried, the notes, the first
+    unreachable and unrepeatable counterexamples."""
+
+    def __init__(self, name: str):
+        self.name, self.tried, self.notes = name, 0, set()
+        self.unreachable: PropertyFailure | None = None
+        self.unrepeatable: PropertyFailure | None = None
+
+    def add(self, result: PropertyResult) -> PropertyResult | None:
+        """Count one value's result in; the search's result if it holds a reachable counterexample."""
+        self.tried += result.examples
+        if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
+            self.notes.add(result.note)
+        self.unreachable = self.unreachable or result.unreachable
+        self.unrepeatable = self.unrepeatable or result.unrepeatable
+        if result.failure is not None:
+            return PropertyResult(self.name, result.value, self.tried, result.failure, result.note)
+        return None
+
+    def searched(self) -> PropertyResult:
+        """The search's result when no reachable counterexample was found."""
+        notes = "; ".join(sorted(n for n in self.notes if n))
+        if self.unrepeatable is not None:
+            return PropertyResult(self.name, self.unrepeatable.value, self.tried, None, notes,
+                                  self.unreachable, self.unrepeatable)
+        if all(n.startswith(VACUOUS) for n in self.notes):  # nothing was judged under any value
+            return PropertyResult(self.name, None, 0, None, self.notes.pop(), self.unreachable)
+        return PropertyResult(self.name, None, self.tried, None, notes, self.unreachable)
 
 
 class _ValueSearch:
