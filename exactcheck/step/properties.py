@@ -520,7 +520,7 @@ class _Tally:
     def add(self, result: PropertyResult) -> PropertyResult | None:
         """Count one value's result in; the search's result if it holds a reachable counterexample."""
         self.tried += result.examples
-        if result.examples or not result.out_of_time:  # a value the deadline left untried says nothing
+        if result.examples:  # a value no case was tried under (the deadline, or the corpus skipped it) says nothing
             self.notes.add(result.note)
         self.unreachable = self.unreachable or result.unreachable
         self.unrepeatable = self.unrepeatable or result.unrepeatable
