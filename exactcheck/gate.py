@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions, SubjectKind
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, AuditOptions, Category, Level, SubjectKind
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.subjects import audit_subject, entry_point
@@ -39,7 +39,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["GateSubject", "GateResult", "read_config", "run_gate"]
+__all__ = ["GateSubject", "GateResult", "read_config", "check_exempt", "run_gate"]
 
 # keys of a [[tool.exactcheck.subject]] entry that are not audit settings
 _OWN_KEYS = ("name", "exempt", *(kind.value for kind in SubjectKind))
@@ -79,23 +79,177 @@ class GateResult:
         return not self.blocking
 
 
+def _whole(value) -> bool:
+    """An integer as TOML writes one: ``true`` is not 1, ``2.0`` is not 2 (``--seed 2.0`` is refused)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _name(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _category(name: str) -> bool:
+    try:
+        Category.parse(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _finite(value) -> bool:
+    return _number(value) and value - value == 0  # not inf, not nan
+
+
+_POLICY_KEYS = {"temperature": _number, "top_k": _whole, "top_p": _number, "min_p": _number}
+_POLICY_RULE = ("a list of decoding policies, each 'temperature=0.7,top_k=2' (as --policy takes it) or a table "
+                "{temperature = 0.7, top_k = 2}, keys " + ", ".join(_POLICY_KEYS))
+
+
+def _policies(value) -> tuple:
+    """``policies`` as ``DecodingPolicy`` objects (the e2e audit's form); a ``ValueError`` says why not."""
+    from exactcheck.e2e.policy import DecodingPolicy  # torch: only when a subject names policies
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            table = {}
+            for part in filter(None, (p.strip() for p in item.split(","))):
+                key, sep, text = part.partition("=")
+                key = key.strip()
+                if not sep or key not in _POLICY_KEYS:
+                    raise ValueError(f"{part!r} is not KEY=VALUE with KEY one of {', '.join(_POLICY_KEYS)}")
+                try:
+                    table[key] = (int if _POLICY_KEYS[key] is _whole else float)(text)
+                except ValueError:
+                    raise ValueError(f"{part!r}: {key} must be {'an integer' if key == 'top_k' else 'a number'}") from None
+        else:
+            table = item
+            for key, setting in table.items():
+                if key not in _POLICY_KEYS:
+                    raise ValueError(f"{key!r} is not one of {', '.join(_POLICY_KEYS)}")
+                if not _POLICY_KEYS[key](setting):
+                    raise ValueError(f"{key} ({setting!r}) must be {'an integer' if key == 'top_k' else 'a number'}")
+        if not table:
+            raise ValueError(f"{item!r} sets nothing")
+        out.append(DecodingPolicy(**table))  # its own ranges: a ValueError naming the setting
+    return tuple(out)
+
+
+# every setting a subject (or [tool.exactcheck], for the shared ones) may give: whether a value is
+# of its type and range, and the rule it breaks when not. A key no entry point takes is left to
+# ``EntryPoint.split``, which names it and lists what the subject's kind takes
+_FIELDS = {
+    "level": (lambda v: isinstance(v, str) and v in {lv.value for lv in Level},
+              "one of " + ", ".join(lv.value for lv in Level)),
+    "seed": (lambda v: _whole(v) and v >= 0, "a non-negative integer"),
+    "alpha": (lambda v: _number(v) and 0 < v < 1, "a number in (0, 1)"),
+    "device": (_name, "a device name, a string (cpu, cuda, cuda:1)"),
+    "require": (lambda v: _strings(v) and all(_category(c) for c in v),
+                "a list of categories (" + ", ".join(REQUIRABLE) + ")"),
+    "worlds": (_strings, "a list of world names (strings; see `exactcheck list`)"),
+    "properties": (lambda v: isinstance(v, bool), "true or false"),
+    "stop_early": (lambda v: isinstance(v, bool), "true or false"),
+    "properties_first": (lambda v: isinstance(v, bool), "true or false"),
+    "detect_tv": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "max_samples": (lambda v: _whole(v) and v >= 1, "a positive integer"),
+    "shards": (lambda v: _whole(v) and v >= 1, "a positive integer"),
+    "generations": (lambda v: _whole(v) and v >= 1, "a positive integer"),
+    "call_elements": (lambda v: v == "auto" or (_whole(v) and v >= 1), "a positive integer or 'auto'"),
+    "max_seconds": (lambda v: _number(v) and v > 0, "a positive number of seconds"),
+    "call_timeout": (lambda v: _finite(v) and v >= 0, "a finite number of seconds, at least 0 (0: no limit)"),
+    "trials": (lambda v: (isinstance(v, dict) and all(_whole(n) and n >= 1 for n in v.values()))
+               or _strings(v), "a table {WORLD = N} or a list of 'WORLD=N', N a positive integer"),
+    "rule": (_name, "a rule, a string (NAME or NAME:param=value,...; see `exactcheck rules`)"),
+    "acceptance_rule": (_name, "a rule, a string (NAME or NAME:param=value,...; see `exactcheck rules`)"),
+    "greedy": (lambda v: isinstance(v, bool), "true or false"),
+    "policies": (lambda v: isinstance(v, list) and all(isinstance(p, (str, dict)) for p in v), _POLICY_RULE),
+}
+# settings turned into what the audit takes once their type is checked
+_CONVERT = {"policies": _policies}
+
+
+def _invalid(key: str, value, rule: str) -> str:
+    return f"{key} ({value!r}) must be {rule}"
+
+
+def _validated(settings: dict, where: str, takes=None) -> dict:
+    """``settings`` with every known field's type and range checked (``takes``: only the keys the
+    subject's entry point takes; the others are ``EntryPoint.split``'s to refuse), converted where
+    the audit takes another form; a bad value is a one-line ``UsageError`` saying ``where``."""
+    out = dict(settings)
+    for key, value in settings.items():
+        if key not in _FIELDS or (takes is not None and key not in takes):
+            continue
+        valid, rule = _FIELDS[key]
+        if not valid(value):
+            raise UsageError(f"{where}: {_invalid(key, value, rule)}")
+        if key in _CONVERT:
+            try:
+                out[key] = _CONVERT[key](value)
+            except ValueError as exc:
+                raise UsageError(f"{where}: {key} ({value!r}): {exc}") from None
+    return out
+
+
+def check_exempt(subject: GateSubject, plan) -> None:
+    """Refuse an ``exempt`` entry that names no check and no world of ``plan`` (the subject's
+    ``AuditPlan``, from ``exactcheck.subjects.plan_subject``): a misspelt exemption would
+    otherwise exempt nothing, silently. A world's contract verdict (``WORLD/contract``, standing
+    for its checks when the subject breaks its contract there) may be named too."""
+    if not subject.exempt:
+        return
+    import difflib
+    worlds = list(dict.fromkeys(check.world for check in plan.checks))
+    names = [check.name for check in plan.checks] + worlds + [f"{world}/contract" for world in worlds]
+    known = set(names)
+    unknown = [entry for entry in subject.exempt if entry not in known]
+    if not unknown:
+        return
+    close = list(dict.fromkeys(match for entry in unknown for match in difflib.get_close_matches(entry, names, n=1)))
+    hint = (f"did you mean {', '.join(map(repr, close))}? " if close else "") + "valid names include " + \
+        ", ".join(map(repr, list(dict.fromkeys(worlds[:3] + [c.name for c in plan.checks[:3]]))))
+    raise UsageError(f"exempt ({list(unknown)!r}) names no check or world of the subject's plan "
+                     f"({len(plan.checks)} checks in {len(worlds)} world(s)): {hint}")
+
+
 def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
                 device: str | None = None) -> list[GateSubject]:
     """The subjects of ``[tool.exactcheck]`` in ``path`` (``level`` and ``device`` override every
-    subject's), each with its settings validated by its kind's entry point."""
+    subject's), every field's type and range checked and each subject's settings validated by its
+    kind's entry point: a mistake is one ``UsageError`` line naming the file, the subject, the field,
+    the value and its rule, before any audit runs. No subject is loaded here (that imports user
+    code: ``run_gate`` does it, and checks each subject's exemptions against its plan with
+    ``check_exempt``)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from exc
-    section = data.get("tool", {}).get("exactcheck")
+    tool = data.get("tool", {})
+    section = tool.get("exactcheck") if isinstance(tool, dict) else None
     if not section:
         raise UsageError(f"{path} has no [tool.exactcheck] section")
+    if not isinstance(section, dict):
+        raise UsageError(f"{path}: tool.exactcheck ({section!r}) must be a table, [tool.exactcheck]")
+    stray = sorted(set(section) - {*_SHARED, "subject"})
+    if stray:
+        raise UsageError(f"{path}: [tool.exactcheck] takes no {', '.join(stray)} (it takes {', '.join(_SHARED)} "
+                         f"for every subject, and [[tool.exactcheck.subject]] tables; the other settings "
+                         f"go in a subject's table)")
     entries = section.get("subject") or []
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise UsageError(f"{path}: tool.exactcheck.subject ({entries!r}) must be [[tool.exactcheck.subject]] tables")
     if not entries:
         raise UsageError(f"{path}: [tool.exactcheck] lists no [[tool.exactcheck.subject]]")
-    defaults = {"level": DEFAULT_LEVEL, "seed": 0, "alpha": DEFAULT_ALPHA, "device": "cpu",
-                **{k: v for k, v in section.items() if k in _SHARED}}
+    shared = _validated({k: v for k, v in section.items() if k in _SHARED}, f"{path}: [tool.exactcheck]")
+    defaults = {"level": DEFAULT_LEVEL, "seed": 0, "alpha": DEFAULT_ALPHA, "device": "cpu", **shared}
     overrides = {k: v for k, v in (("level", level), ("device", device)) if v is not None}
     subjects, names = [], set()
     for i, entry in enumerate(entries):
@@ -104,17 +258,29 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
             raise UsageError(f"{path}: subject {i + 1} needs exactly one of "
                              + " or ".join(repr(kind.value) for kind in SubjectKind))
         kind = kinds[0]
-        name = str(entry.get("name", entry[kind.value]))
+        target = entry[kind.value]
+        if not _name(target):
+            raise UsageError(f"{path}: subject {i + 1}: {_invalid(kind.value, target, 'a non-empty string')}")
+        if "name" in entry and not _name(entry["name"]):
+            raise UsageError(f"{path}: subject {i + 1}: {_invalid('name', entry['name'], 'a non-empty string')}")
+        name = entry.get("name", target)
+        where = f"{path}: subject {name!r}"
         if name in names:
             raise UsageError(f"{path}: two subjects are named {name!r}")
         names.add(name)
-        settings = {**defaults, **{k: v for k, v in entry.items() if k not in _OWN_KEYS}, **overrides}
+        exempt = entry.get("exempt", [])
+        if not _strings(exempt):
+            raise UsageError(f"{where}: {_invalid('exempt', exempt, 'a list of check or world names (strings)')}")
+        entrypoint = entry_point(kind)
+        takes = set(entrypoint.options) | set(entrypoint.settings)
+        own = _validated({**{k: v for k, v in entry.items() if k not in _OWN_KEYS}, **overrides}, where, takes)
+        settings = {**defaults, **own}
         try:
-            options, own = entry_point(kind).split(settings)
+            options, own = entrypoint.split(settings)
         except UsageError as exc:
-            raise UsageError(f"{path}: subject {name!r}: {exc}") from None
-        subjects.append(GateSubject(name=name, kind=kind, target=str(entry[kind.value]), options=options,
-                                    settings=own, exempt=tuple(entry.get("exempt", ()))))
+            raise UsageError(f"{where}: {exc}") from None
+        subjects.append(GateSubject(name=name, kind=kind, target=target, options=options,
+                                    settings=own, exempt=tuple(exempt)))
     return subjects
 
 
