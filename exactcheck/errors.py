@@ -11,6 +11,8 @@ __all__ = [
     "UsageError",
     "SubjectError",
     "SubjectCrashed",
+    "SubjectTimedOut",
+    "SubjectKilled",
     "ContractViolation",
     "Violation",
     "subject_frames",
@@ -55,7 +57,8 @@ def _restore(cls, args, state):
 
 # exactcheck's own driving code: frames here are not the subject's
 _DRIVER_FILES = tuple(os.path.join(os.path.dirname(__file__), *name.split("/"))
-                      for name in ("step/contract.py", "e2e/generator.py", "step/randomness.py"))
+                      for name in ("step/contract.py", "e2e/generator.py", "step/randomness.py",
+                                   "subject_call.py", "tree/contract.py"))
 MAX_FRAMES = 8
 
 
@@ -76,6 +79,30 @@ class SubjectCrashed(SubjectError):
         super().__init__(f"subject raised {type(exc).__name__}: {exc}")
 
 
+class SubjectTimedOut(SubjectCrashed):
+    """A subject call ran past the call time limit (``exactcheck.subject_call``): a hang, reported
+    with the frames it was stopped in."""
+
+    def __init__(self, seconds: float, stopped: BaseException | None = None, elapsed: float | None = None,
+                 again: bool = False):
+        late = f" (it came back after {elapsed:.1f} s)" if elapsed is not None else ""
+        self.exc = TimeoutError(f"not called: the subject hung on an earlier call of this audit (past {seconds:g} s)"
+                                if again else f"the subject did not return within {seconds:g} s (--call-timeout){late}")
+        self.frames = subject_frames(stopped) if stopped is not None else ()
+        SubjectError.__init__(self, f"subject timed out: {self.exc}")
+
+
+class SubjectKilled(SubjectCrashed):
+    """The subject ended the worker process an isolated audit ran it in (``os._exit``, a signal
+    such as SIGSEGV) or hung it past the call time limit where no alarm could reach it
+    (``exactcheck.isolation``)."""
+
+    def __init__(self, how: str, during: str = ""):
+        self.exc = RuntimeError(how + (f" while running {during}" if during else ""))
+        self.frames = ()
+        SubjectError.__init__(self, f"the subject killed its process: {self.exc}")
+
+
 class Violation(enum.Enum):
     """Ways a subject's output can break its contract: the step contract (vLLM's rejection-sampler
     layout) or the generator contract (``exactcheck.e2e.generator``)."""
@@ -90,6 +117,7 @@ class Violation(enum.Enum):
     PROMPT_CHANGED = "the generated sequence does not start with the prompt"
     WRONG_LENGTH = "the generator did not return exactly the requested number of new tokens"
     NOT_A_TREE_PATH = "the emitted tokens do not follow a root-to-node path of the tree"
+    MUTATED_INPUT = "the subject wrote into a tensor it was handed to read"
 
 
 class ContractViolation(SubjectError):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from exactcheck.errors import UsageError
 
-__all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "derive_seed",
+__all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
+           "derive_seed",
            "REAL_MODELS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
            "SubjectKind"]
 
@@ -27,6 +28,10 @@ REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of 
 # elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
 # for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
 DEFAULT_CALL_ELEMENTS = 1 << 24
+# seconds one call of the subject may take before it is stopped and reported as a hang
+# (``AuditOptions.call_timeout``, ``--call-timeout``; ``exactcheck.subject_call``): generous for an
+# engine's kernel under Triton's interpreter, whose largest batches here take well under a minute
+DEFAULT_CALL_TIMEOUT = 600.0
 
 
 class Level(enum.Enum):
@@ -108,10 +113,13 @@ REQUIRABLE = tuple(c.flag for c in Category if c.value not in DEFAULT_REQUIRE)
 
 class PseudoWorld(str, enum.Enum):
     """Check groups of a step audit that are not worlds one drives: the deterministic property
-    search and the invalid-input probe. Their values are the names ``--world`` takes."""
+    search and the invalid-input probe (their values are names ``--world`` takes); and the worker
+    process of an isolated audit of any kind (``exactcheck.isolation``), which only a verdict that
+    the subject killed it names."""
 
     PROPERTIES = "properties"
     INPUTS = "inputs"
+    PROCESS = "process"
 
 
 class SubjectKind(enum.Enum):
@@ -169,6 +177,8 @@ class AuditOptions:
     # is whether each is found; an audit of a real subject keeps its laws whatever the properties
     # find, since a boundary finding says nothing of the output law)
     properties_first: bool = False
+    # seconds one subject call may take (``exactcheck.subject_call``); None: unbounded
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -210,6 +220,15 @@ class AuditOptions:
                 raise UsageError(f"max_seconds ({values['max_seconds']!r}) must be a number of seconds") from None
             if not values["max_seconds"] > 0:
                 raise UsageError(f"max_seconds ({values['max_seconds']}) must be positive")
+        if values.get("call_timeout") is not None:
+            try:
+                values["call_timeout"] = float(values["call_timeout"])
+            except (TypeError, ValueError):
+                raise UsageError(f"call_timeout ({values['call_timeout']!r}) must be a number of seconds") from None
+            if not values["call_timeout"] >= 0 or values["call_timeout"] == float("inf"):
+                raise UsageError(f"call_timeout ({values['call_timeout']}) must be a finite number of seconds "
+                                 f"(0: no limit)")
+            values["call_timeout"] = values["call_timeout"] or None
         if values.get("trials") is not None:
             values["trials"] = _world_trials(values["trials"]) or None
         if values.get("generations") is not None and int(values["generations"]) < 1:

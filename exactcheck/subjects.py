@@ -37,7 +37,9 @@ def load_subject(path: str):
         sys.path.insert(0, os.getcwd())
     try:
         obj = importlib.import_module(module_name)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit at import time included: a usage error, not the end
         raise UsageError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -121,6 +123,8 @@ class EntryPoint:
     run: Callable[..., object]
     options: tuple[str, ...] = _ALL_OPTIONS
     settings: tuple[str, ...] = ()
+    command: str = "audit"  # the ``exactcheck`` command of this kind
+    result: str = "StepAuditResult"  # its result type in ``exactcheck.report.result``
 
     def split(self, settings: dict) -> tuple[AuditOptions, dict]:
         """``settings`` as validated options and this kind's own settings; a setting this kind
@@ -139,7 +143,8 @@ ENTRY_POINTS = {
                                      tuple(o for o in _ALL_OPTIONS if o != "generations")),
     SubjectKind.GENERATOR: EntryPoint(SubjectKind.GENERATOR, load_generator, _plan_generator, _run_generator,
                                       ("level", "seed", "alpha", "device", "worlds", "require", "generations",
-                                       "shards"), ("policies", "greedy")),
+                                       "shards", "call_timeout"), ("policies", "greedy"), "e2e",
+                                      "GeneratorAuditResult"),
 }
 
 
@@ -166,13 +171,46 @@ def plan_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = N
 
 
 def audit_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
-                  progress: bool = True, executor=None, **settings):
+                  progress: bool = True, executor=None, isolate: bool = False, **settings):
     """Audit ``subject`` (a callable, or a name to load: then it also names the subject in reproduce
     lines) with ``options`` or ``settings`` (``AuditOptions`` fields), and the kind's own
-    settings; the result is the kind's ``AuditResult``."""
+    settings; the result is the kind's ``AuditResult``.
+
+    ``isolate=True`` runs the audit, loading the subject included, in a worker process
+    (``exactcheck.isolation``): a subject that ends or hangs that process gets a failed audit
+    saying so instead of taking the caller down. The subject must then be a name the worker can
+    load (MODULE:CALLABLE or a built-in), and shards run in the worker."""
     entry = entry_point(kind)
+    if isolate:
+        return _audit_isolated(entry, subject, options, subject_name, progress, executor, settings)
     if isinstance(subject, str):
         subject_name = subject_name or subject
         subject = entry.load(subject)
     options, own = _options(entry, options, settings)
     return entry.run(subject, options, subject_name=subject_name, progress=progress, executor=executor, **own)
+
+
+def _audit_isolated(entry: EntryPoint, subject, options, subject_name, progress, executor, settings):
+    import datetime
+    import functools
+    import time
+    from exactcheck.errors import SubjectKilled
+    from exactcheck.isolation import killed_result, run_isolated
+    from exactcheck.report import result as results
+    if not isinstance(subject, str):
+        raise UsageError("an isolated audit needs the subject by name (MODULE:CALLABLE or a built-in): "
+                         "the worker process loads it")
+    if executor is not None and type(executor).__name__ != "LocalExecutor":
+        raise UsageError("an isolated audit runs its shards in its worker process (the local executor)")
+    options, own = _options(entry, options, settings)
+    name = subject_name or subject
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    clock = time.perf_counter()
+    audit = functools.partial(audit_subject, entry.kind, subject, options=options, subject_name=name,
+                              progress=progress, **own)
+    try:
+        return run_isolated(audit, call_timeout=options.call_timeout)
+    except SubjectKilled as error:
+        reproduce = f"exactcheck {entry.command} {name} --level {options.level.value} --seed {options.seed} --isolate"
+        return killed_result(getattr(results, entry.result), error, options, name, reproduce, started,
+                             time.perf_counter() - clock)

@@ -43,8 +43,9 @@ from typing import Any, Protocol
 
 import torch
 
-from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError, Violation
+from exactcheck.errors import ContractViolation, UsageError, Violation
 from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
+from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "DraftRecord",
            "Capabilities", "capabilities_of", "call_generator", "call_generator_batch", "validated", "is_batched",
@@ -204,10 +205,9 @@ def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor,
                    stop_tokens: tuple[int, ...] | None = None) -> tuple[torch.Tensor, Generation]:
     """Run the generator once and validate what it returns: (new tokens [n] int64, Generation).
     Stop tokens (default: the policy's) end the output: it must stop right after the first."""
-    try:
-        out = generator(target, draft, input_ids, policy, max_new_tokens, seed)
-    except Exception as exc:  # the subject's own failure becomes a verdict
-        raise SubjectCrashed(exc) from exc
+    guard = SnapshotInputs(("input_ids", input_ids))
+    out = call_subject(generator, target, draft, *guard.copies, policy, max_new_tokens, seed)
+    guard.check()
     return validated(out, input_ids[0], policy, max_new_tokens, vocab_size, stop_tokens)
 
 
@@ -224,10 +224,10 @@ def call_generator_batch(generator: "BatchedGenerator", target, draft, prompts: 
     """One ``generate_batch`` call for ``prompts`` (each [P_i]) with one seed each; every answer
     validated as ``call_generator`` validates one. A wrong count of answers is a contract
     violation; so is any one invalid answer (the whole call fails, as one request would)."""
-    try:
-        outs = generator.generate_batch(target, draft, prompts, policy, max_new_tokens, seeds)
-    except Exception as exc:
-        raise SubjectCrashed(exc) from exc
+    guard = SnapshotInputs(*((f"prompts[{i}]", p) for i, p in enumerate(prompts)))
+    outs = call_subject(generator.generate_batch, target, draft, list(guard.copies), policy, max_new_tokens,
+                        list(seeds))
+    guard.check()
     if not isinstance(outs, (list, tuple)) or len(outs) != len(prompts):
         got = f"{len(outs)} answers" if isinstance(outs, (list, tuple)) else type(outs).__name__
         raise ContractViolation(Violation.WRONG_SHAPE, f"generate_batch: {got} for {len(prompts)} prompts")

@@ -41,6 +41,7 @@ from exactcheck.e2e.verdicts import (draft_q_verdict, generation_law_verdicts, g
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import Executor, LocalExecutor
 from exactcheck.options import AuditOptions, CheckKind, derive_seed
+from exactcheck.subject_call import call_time_limit
 from exactcheck.progress import Progress
 from exactcheck.report.result import GeneratorAuditResult
 from exactcheck.report.verdict import Verdict
@@ -63,6 +64,12 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     ``executor`` (this process by default, or Ray tasks, each building its own copy of the world's
     models); every generation keeps its seed, so the verdicts are the unsharded audit's."""
     options = AuditOptions.of(options, settings)
+    with call_time_limit(options.call_timeout):  # this audit's calls; a hang trips it once
+        return _run_generator_audit(generator, options, subject_name, policies, greedy, progress, executor)
+
+
+def _run_generator_audit(generator, options: AuditOptions, subject_name, policies, greedy, progress,
+                         executor) -> GeneratorAuditResult:
     device = resolve_device(options.device)
     options = dataclasses.replace(options, device=str(device))  # the report and reproduce lines name it as torch does
     if not callable(generator):

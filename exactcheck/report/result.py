@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exactcheck.options import DEFAULT_REQUIRE, CheckKind
+from exactcheck.options import DEFAULT_REQUIRE, CheckKind, PseudoWorld
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
@@ -76,7 +76,8 @@ class AuditResult:
     @property
     def undrivable(self) -> bool:
         """The subject crashed on every world it was driven through: it could not be driven."""
-        driven = [v for v in self.verdicts if v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)]
+        driven = [v for v in self.verdicts if v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)
+                  and v.world != PseudoWorld.PROCESS.value]  # a killed worker is a finding: exit 1
         return (self.samples_drawn == 0 and any(v.outcome is Outcome.CRASHED for v in driven)
                 and all(v.outcome in (Outcome.CRASHED, Outcome.INCONCLUSIVE) for v in driven))
 

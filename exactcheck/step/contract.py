@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+from exactcheck.errors import ContractViolation, Violation
+from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["Verifier", "PADDING", "validate_output", "rows_keep_contract", "call_verifier", "from_logits"]
 
@@ -85,15 +86,17 @@ def rows_keep_contract(out: torch.Tensor, draft_tokens: torch.Tensor, vocab_size
 def call_verifier(verifier: Verifier, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                   draft_tokens: torch.Tensor, generator: torch.Generator, check_rows=None,
                   **options) -> torch.Tensor:
-    """Call the subject and validate its output; a crash becomes ``SubjectCrashed``.
+    """Call the subject (``exactcheck.subject_call``: on copies of the tensors, within the call
+    time limit) and validate its output; a crash becomes ``SubjectCrashed``, a hang
+    ``SubjectTimedOut``, an input it wrote into ``ContractViolation(MUTATED_INPUT)``.
     ``check_rows`` (optional: ``rows_keep_contract`` compiled) is a fast first check of an output
     of the right shape, dtype and device; anything it does not pass goes through
     ``validate_output``, which names the broken rule. ``options`` (e.g. ``row_generators``) are
     passed through to subjects that take them."""
-    try:
-        out = verifier(target_probs, draft_probs, draft_tokens, generator, **options)
-    except Exception as exc:  # the subject is foreign code: any exception is a finding
-        raise SubjectCrashed(exc) from exc
+    guard = SnapshotInputs(("target_probs", target_probs), ("draft_probs", draft_probs),
+                           ("draft_tokens", draft_tokens))
+    out = call_subject(verifier, *guard.copies, generator, **options)
+    guard.check()
     vocab = target_probs.shape[-1]
     if (check_rows is not None and isinstance(out, torch.Tensor) and out.dtype == torch.int64
             and out.shape == (draft_tokens.shape[0], draft_tokens.shape[1] + 1)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.step.contract import Verifier, validate_output
-from exactcheck.errors import ContractViolation
+from exactcheck.errors import ContractViolation, SubjectError
+from exactcheck.subject_call import call_subject
 from exactcheck.step.strategies import VerifyCase
 
 __all__ = ["InputProbe", "probe_invalid_inputs", "CORRUPTIONS", "MUST_REFUSE"]
@@ -57,18 +58,19 @@ def probe_invalid_inputs(subject: Verifier, seed: int = 0, device="cpu") -> list
     p, q, tokens = BASE_CASE.tensors(device)
     token = int(tokens[0, 0])
     try:
-        validate_output(subject(p, q, tokens, torch.Generator(device=device).manual_seed(seed)), tokens, p.shape[-1])
-    except Exception as exc:  # foreign code: any exception
-        return [InputProbe("none", "valid input", "broken on valid input", f"{type(exc).__name__}: {exc}")]
+        validate_output(call_subject(subject, p, q, tokens, torch.Generator(device=device).manual_seed(seed)),
+                        tokens, p.shape[-1])
+    except SubjectError as exc:  # foreign code: any exception, SystemExit and hangs included
+        return [InputProbe("none", "valid input", "broken on valid input", _why(exc))]
     probes = []
     for where in ("target", "draft"):
         for corruption in CORRUPTIONS:
             tp = _corrupt(p, token, corruption) if where == "target" else p
             dp = _corrupt(q, token, corruption) if where == "draft" else q
             try:
-                out = subject(tp, dp, tokens, torch.Generator(device=device).manual_seed(seed))
-            except Exception as exc:  # foreign code: every exception is a handling to report
-                probes.append(InputProbe(corruption, where, "error", f"{type(exc).__name__}: {exc}"))
+                out = call_subject(subject, tp, dp, tokens, torch.Generator(device=device).manual_seed(seed))
+            except SubjectError as exc:  # foreign code: every exception is a handling to report
+                probes.append(InputProbe(corruption, where, "error", _why(exc)))
                 continue
             try:
                 out = validate_output(out, tokens, p.shape[-1])
@@ -77,3 +79,9 @@ def probe_invalid_inputs(subject: Verifier, seed: int = 0, device="cpu") -> list
                 continue
             probes.append(InputProbe(corruption, where, "accepted", f"row 0 -> {out[0].tolist()}"))
     return probes
+
+
+def _why(exc) -> str:
+    """"TypeName: message" of the subject's own exception (a contract break: its message)."""
+    inner = getattr(exc, "exc", None)
+    return f"{type(inner).__name__}: {inner}" if inner is not None else f"{type(exc).__name__}: {exc}"

@@ -29,6 +29,7 @@ from exactcheck.stats.laws import compare
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.step.contract import Verifier
+from exactcheck.subject_call import call_time_limit
 from exactcheck.step.drive import drive
 from exactcheck.step.plan import LAW_SHARE, judged_rule, plan_step_audit
 from exactcheck.step.properties import search
@@ -71,6 +72,11 @@ def run_audit(subject: Verifier, *, subject_name: str | None = None, options: Au
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
     options = judged_by(options, subject)
+    with call_time_limit(options.call_timeout):  # this audit's calls; a hang trips it once
+        return _run_audit(subject, options, subject_name, progress, executor)
+
+
+def _run_audit(subject, options: AuditOptions, subject_name, progress, executor) -> AuditResult:
     begun = time.perf_counter()
     device = resolve_device(options.device)
     if options.call_elements == "auto":  # fixed from here on: the report and reproducers name it

@@ -26,7 +26,8 @@ from typing import Protocol
 
 import torch
 
-from exactcheck.errors import ContractViolation, SubjectCrashed, Violation
+from exactcheck.errors import ContractViolation, Violation
+from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["TreeVerifier", "call_tree_verifier", "children_table", "sibling_sampling", "takes_draft_probs",
            "tree_depths"]
@@ -71,10 +72,11 @@ def tree_depths(parents: torch.Tensor) -> torch.Tensor:
 
 def call_tree_verifier(subject, target_probs, draft_probs, tokens, parents, generator) -> torch.Tensor:
     """Call the subject (with ``draft_probs`` or None, as it declares) and validate its output."""
-    try:
-        out = subject(target_probs, draft_probs if takes_draft_probs(subject) else None, tokens, parents, generator)
-    except Exception as exc:  # foreign code: any exception is a finding
-        raise SubjectCrashed(exc) from exc
+    guard = SnapshotInputs(("target_probs", target_probs), ("draft_probs", draft_probs), ("tokens", tokens),
+                           ("parents", parents))
+    p, q, t, par = guard.copies
+    out = call_subject(subject, p, q if takes_draft_probs(subject) else None, t, par, generator)
+    guard.check()
     return validate_tree_output(out, tokens, parents, target_probs.shape[-1])
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from exactcheck.core import (STATISTIC_NAME, apply_holm, deviating_cells, failure_verdict, keep_plots_where_needed,
                              plot_cells, run_environment)
 from exactcheck.errors import SubjectError, UsageError
+from exactcheck.subject_call import call_time_limit
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Category, Check, CheckKind, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
@@ -144,6 +145,11 @@ def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
+    with call_time_limit(options.call_timeout):  # this audit's calls; a hang trips it once
+        return _run_tree_audit(subject, options, subject_name, progress)
+
+
+def _run_tree_audit(subject, options: AuditOptions, subject_name, progress) -> TreeAuditResult:
     plan, trials = plan_tree_audit(subject, options)
     rule = _rule(subject)
     name = subject_name or getattr(subject, "__name__", type(subject).__name__)
