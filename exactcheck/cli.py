@@ -119,10 +119,19 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     plan.add_argument("--no-stop-early", dest="stop_early", action="store_false",
                       help="plan for an audit that spends all of alpha on Holm (default: early stopping, alpha/2)")
-    replay = sub.add_parser("replay", help="re-run a saved counterexample against a subject")
+    replay = sub.add_parser(
+        "replay", help="re-run a saved counterexample against a subject (runs the subject's code)",
+        description="Re-run a saved property counterexample (a reproducer) against a subject. The file is "
+                    "checked whole (schema, field types, sizes, values, consistency) before anything is "
+                    "imported; a bad file is one error line and exit 2. Replaying then imports and runs the "
+                    "named subject's code, as pytest runs test code: replay only files whose subject you would "
+                    "run. Exit 0: the property holds (the subject ran, kept the contract, consumed the forced "
+                    "values and made the rule's decision); 1: it still fails, or the subject crashed, broke the "
+                    "contract or did not consume the forced draw; 2: a bad file or subject.")
     replay.add_argument("file", help="a reproducer .json (or an audit report .json: all of its reproducers)")
     replay.add_argument("--subject", metavar="MODULE:CALLABLE",
-                        help="the subject to run it against (default: the one that failed)")
+                        help="the subject to run it against, imported and called (default: the one the file "
+                             "names, which must then be MODULE:CALLABLE)")
     tree = sub.add_parser("tree", help="audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
                                        "verify call) by its output law, and by its declared tree rule")
     tree.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
@@ -501,31 +510,23 @@ def _plan(args) -> int:
 
 
 def _replay(args) -> int:
-    from exactcheck.report.json_md import AUDIT_SCHEMA
-    from exactcheck.step.properties import REPRODUCER_SCHEMA, replay_reproducer
-    data = _read_json(args.file)
-    try:
-        records = ([v["reproducer"] for v in data.get("verdicts", []) if v.get("reproducer")]
-                   if data.get("schema") == AUDIT_SCHEMA else [data])
-    except (AttributeError, TypeError, KeyError):
-        raise UsageError(f"{args.file} is not an exactcheck reproducer or audit report") from None
-    if not records:
-        raise UsageError(f"{args.file} holds no reproducer")
+    # the file is checked whole before any module it names is imported; the subject is then run
+    # (its code, as pytest runs test code) and a crash, a broken contract or a forced draw it did
+    # not consume is said as such, never "holds" (exactcheck.step.replay)
+    from exactcheck.step.replay import read_reproducers, replay
+    records = read_reproducers(args.file, subject_given=bool(args.subject))
+    loaded: dict = {}
     failed = False
     for record in records:
-        if not isinstance(record, dict) or record.get("schema") not in (REPRODUCER_SCHEMA, "exactcheck.reproducer/1"):
-            raise UsageError(f"{args.file} is not an exactcheck reproducer or audit report")
+        name = args.subject or record["subject"]
+        if name not in loaded:
+            loaded[name] = load_subject(name)
         try:
-            name = args.subject or record["subject"]
-            subject = load_subject(name)
-            failure = replay_reproducer(subject, record)
-            case = ", ".join(f"{k}={v}" for k, v in record["case"].items())
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError(f"{args.file}: a reproducer field is missing or malformed "
-                             f"({type(exc).__name__}: {exc})") from None
-        head = f"{record['property']} on [{case}] with uniforms {record['value']}: "
-        print(head + ("still fails\n  " + failure.message if failure else f"holds for {name}"))
-        failed = failed or failure is not None
+            outcome = replay(loaded[name], record, as_recorded=name == record["subject"])
+        except UsageError as exc:
+            raise UsageError(f"{args.file}: {exc}") from None
+        print(outcome.line(record, name))
+        failed = failed or not outcome.holds
     return EXIT_DEFECT if failed else EXIT_PASS
 
 

@@ -694,7 +694,10 @@ def reproducer(subject_name: str, failure: PropertyFailure, seed: int, rule: str
 
 
 def replay_reproducer(subject: Verifier, data: dict) -> PropertyFailure | None:
-    """Re-run a reproducer's property on its case against ``subject`` (every draw forced)."""
+    """Re-run a reproducer's property on its case against ``subject`` (every draw forced): the
+    property's verdict alone (None where it holds or was not judged). ``data`` is trusted: a file
+    is checked first, and a crash, broken contract or unconsumed forced draw told apart from a
+    holding property, by ``exactcheck.step.replay`` (``exactcheck replay``)."""
     if data.get("schema") not in (REPRODUCER_SCHEMA, "exactcheck.reproducer/1"):
         raise ValueError(f"not an exactcheck reproducer (schema {data.get('schema')!r})")
     rule = rule_spec(data["rule"]) if data.get("rule") else FROM_SUBJECT
