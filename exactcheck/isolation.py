@@ -104,6 +104,7 @@ def _watch(worker: subprocess.Popen, shared, call_timeout: float | None) -> str 
 def _work(job: str, answer: str, watch: str) -> None:
     """The worker: publish subject calls on the shared watch, run the audit, write its answer."""
     from exactcheck.subject_call import WATCH, CallWatch
+    signal.signal(signal.SIGTERM, _terminate)  # a SIGTERM for the worker alone ends its audit as Ctrl-C does
     audit, path = pickle.loads(Path(job).read_bytes())
     sys.path[:] = path
     with open(watch, "r+b") as f:
@@ -123,6 +124,10 @@ def _work(job: str, answer: str, watch: str) -> None:
     partial = Path(answer + ".part")
     partial.write_bytes(data)
     os.replace(partial, answer)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
 
 
 def killed_result(result_type, error: SubjectKilled, options: AuditOptions, subject_name: str, reproduce: str,

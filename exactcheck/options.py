@@ -177,6 +177,10 @@ class AuditOptions:
     # is whether each is found; an audit of a real subject keeps its laws whatever the properties
     # find, since a boundary finding says nothing of the output law)
     properties_first: bool = False
+    # step audits under early stopping: the looks double from one trial (True), or start at the
+    # first share of the budget (False: what ``max_seconds`` resolves to, whose calls are costly);
+    # the batches, so the samples, differ, and reproduce lines state it (``--looks-from-share``)
+    looks_from_one: bool = True
     # seconds one subject call may take (``exactcheck.subject_call``); None: unbounded
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_REQUIRE, AuditOptions, Category
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQUIRE, AuditOptions, Category
 
 __all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "greedy_audit_line",
            "grammar_audit_line", "cost_line", "replay_line", "reproducer_path"]
@@ -75,10 +75,15 @@ def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
     fitted = dict(options.trials or ()).get(world)
     if fitted is not None:  # a budget cut to fit --max-seconds, or trials named: the same trials
         settings.append(Setting(f"--trials {world}={fitted}", f"trials={{{world!r}: {fitted}}}"))
+    if options.stop_early and not options.looks_from_one:  # --max-seconds: its batches, as drawn
+        settings.append(Setting("--looks-from-share", "looks_from_one=False"))
     if options.shards > 1:
         settings.append(Setting(f"--shards {options.shards}", f"shards={options.shards}"))
     if options.call_elements is not None:
         settings.append(Setting(f"--call-elements {options.call_elements}", f"call_elements={options.call_elements!r}"))
+    if options.call_timeout != DEFAULT_CALL_TIMEOUT:  # a slow call's verdict depends on it
+        settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
+                                f"call_timeout={options.call_timeout!r}"))
     settings += _device(options.device) + _required(options)
     return reproduce_line("audit", subject, settings, "run_audit", by_command=":" in subject)
 

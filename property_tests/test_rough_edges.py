@@ -45,10 +45,11 @@ def test_e2e_of_a_generator_that_crashes_on_every_world_exits_2_with_one_error_l
 # ---- 2. report files name the level and the seed: runs never overwrite each other ----
 
 def test_report_stems_name_command_subject_level_and_seed():
-    assert report_stem("e2e-", "mod:gen", "quick", 0) == "e2e-mod-gen-quick-seed0"
+    # a name not already in the slug's form gets a hash of its settings (a.b:c and a:b.c would meet)
+    assert re.fullmatch(r"e2e-mod-gen-quick-seed0-h[0-9a-f]{8}", report_stem("e2e-", "mod:gen", "quick", 0))
     assert report_stem("selftest-", "", "standard", 3) == "selftest-standard-seed3"
     assert report_stem("greedy-tiny-llama-", "transformers-assisted", seed=1) == "greedy-tiny-llama-transformers-assisted-seed1"
-    assert report_stem("audit-", "a.b:c") == "audit-a-b-c"  # no settings given: as before
+    assert report_stem("audit-", "a.b:c") != report_stem("audit-", "a:b.c")
     stems = {report_stem("audit-", subject, level, seed) for subject in ("m:f", "m:g")
              for level in ("quick", "standard") for seed in (0, 1, -1)}
     assert len(stems) == 12 and all(re.fullmatch(r"[A-Za-z0-9_-]+", s) for s in stems)
@@ -61,7 +62,8 @@ def test_two_seeds_into_one_report_directory_leave_two_reports(crashing_generato
     for seed in ("0", "1"):
         assert main(["e2e", crashing_generator, *E2E, "--seed", seed, "--report", str(out)]) == 2
     names = sorted(p.name for p in out.glob("*.json"))
-    assert names == ["e2e-rough_crash_gen-gen-quick-seed0.json", "e2e-rough_crash_gen-gen-quick-seed1.json"]
+    assert [re.sub(r"-h[0-9a-f]{8}", "", n) for n in names] == ["e2e-rough_crash_gen-gen-quick-seed0.json",
+                                                                 "e2e-rough_crash_gen-gen-quick-seed1.json"]
     assert [json.loads((out / n).read_text())["seed"] for n in names] == [0, 1]
 
 
@@ -70,7 +72,8 @@ def test_two_seeds_of_a_step_audit_leave_two_reports_and_their_reproducers(tmp_p
         assert main(["audit", "exactcheck.step.mutants:zero_residual_to_vocab", "--level", "quick", "--seed", seed,
                      "--world", "properties/contract", "--report", str(tmp_path), "--quiet"]) == 1
     names = sorted(p.name for p in tmp_path.glob("*.json"))
-    assert names == [f"audit-exactcheck-step-mutants-zero_residual_to_vocab-quick-seed{s}.json" for s in (0, 1)]
+    assert [re.sub(r"-h[0-9a-f]{8}", "", n) for n in names] == [
+        f"audit-exactcheck-step-mutants-zero_residual_to_vocab-quick-seed{s}.json" for s in (0, 1)]
     reproducers = sorted(p.name for p in (tmp_path / "reproducers").iterdir())
     assert reproducers == [f"exactcheck.step.mutants-zero_residual_to_vocab--properties-contract-quick-seed{s}.json"
                            for s in (0, 1)]

@@ -89,7 +89,8 @@ def _run_audit(subject, options: AuditOptions, subject_name, progress, executor)
         law_seconds = max(0.0, LAW_SHARE * options.max_seconds - (time.perf_counter() - begun))
         fitted = plan_step_audit(options, speeds, law_seconds)
         options = replace(options, trials=tuple(sorted((w, n) for w, n in fitted.samples
-                                                       if planned.world_samples(w) != n)) or None)
+                                                       if planned.world_samples(w) != n)) or None,
+                          looks_from_one=False)
     until = None if options.max_seconds is None else begun + options.max_seconds
     return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor, until)
 
@@ -164,7 +165,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         runs.append(WorldRun(
             # under a time budget (a slow subject, each call costly) the looks start at the first share
             world, derive_seed(seed, world.name), n, plans,
-            batch_schedule(n, from_one=until is None) if stop_early else [n],
+            batch_schedule(n, from_one=options.looks_from_one) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
             [[EProcess(expected, n * p.condition_probability) for _, expected in law_alternatives(p)]
              if stop_early else None for p in plans]))

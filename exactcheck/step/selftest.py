@@ -26,6 +26,10 @@ class SelftestResult:
     alpha: float
     reference: AuditResult
     mutants: tuple[tuple[str, str, AuditResult], ...]  # (name, defect, audit)
+    # Ctrl-C or SIGTERM ended it: the audits finished (and the interrupted one, marked so) are
+    # kept; ``planned`` names every mutant it was to audit
+    interrupted: bool = False
+    planned: tuple[str, ...] = ()
 
     @property
     def undetected(self) -> list[str]:
@@ -33,7 +37,7 @@ class SelftestResult:
 
     @property
     def passed(self) -> bool:
-        return self.reference.passed and not self.undetected
+        return self.reference.passed and not self.undetected and not self.interrupted
 
 
 def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_ALPHA,
@@ -56,13 +60,19 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
                            device=device, progress=progress, stop_early=stop_early,
                            detect_tv=detect_tv, max_samples=max_samples, call_elements=call_elements,
                            properties_first=mutant and stop_early)
-        if result.interrupted:  # Ctrl-C inside this audit: stop the selftest, not just this subject
-            raise KeyboardInterrupt
-        if on_audit:
+        if on_audit and not result.interrupted:
             on_audit(name, result)
         return result
 
     reference = audit(reference_verifier, REFERENCE_NAME, mutant=False)
-    rows = tuple((m, MUTANTS[m].defect, audit(MUTANTS[m].verifier, f"exactcheck.step.mutants:{m}"))
-                 for m in names)
-    return SelftestResult(level, seed, alpha, reference, rows)
+    rows = []
+    for m in names if not reference.interrupted else ():
+        try:
+            result = audit(MUTANTS[m].verifier, f"exactcheck.step.mutants:{m}")
+        except KeyboardInterrupt:  # between an audit's phases: that audit is lost, the others kept
+            break
+        if result.interrupted:  # Ctrl-C inside this audit: stop the selftest, keeping what it finished
+            break
+        rows.append((m, MUTANTS[m].defect, result))
+    interrupted = reference.interrupted or len(rows) < len(names)
+    return SelftestResult(level, seed, alpha, reference, tuple(rows), interrupted, tuple(names))
