@@ -23,10 +23,12 @@ from exactcheck.errors import SubjectCrashed, UsageError
 from exactcheck.options import AlphaBudget, AuditPlan, CheckKind
 from exactcheck.reachability import structural
 from exactcheck.report.verdict import CellDeviation, Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
-from exactcheck.stats.goodness_of_fit import holm
-from exactcheck.stats.laws import LawComparison
+from exactcheck.reachability import observed_in
+from exactcheck.report.verdict import TotalVariation
+from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, tv_certificate
+from exactcheck.stats.laws import LawComparison, LawPlan
 
-__all__ = ["resolve_device", "apply_holm", "deviating_cells", "plot_cells", "keep_plots_where_needed",
+__all__ = ["resolve_device", "apply_holm", "deviating_cells", "plot_cells", "keep_plots_where_needed", "sample_law_verdict",
            "failure_verdict", "not_run_verdict", "unreached_verdicts", "run_environment", "STATISTIC_NAME", "E_STATISTIC_NAME"]
 
 STATISTIC_NAME = "Pearson X^2 (pooled)"
@@ -103,6 +105,38 @@ def plot_cells(comparison: LawComparison, n: int, most: int = 32) -> tuple[CellD
     deviating = np.argsort(-deviation, kind="stable")[:most - len(likeliest)]
     cells = sorted(set(likeliest.tolist()) | set(deviating.tolist()))
     return tuple(CellDeviation(comparison.plan.label(int(i)), int(observed[i]), float(expected[i])) for i in cells)
+
+
+def sample_law_verdict(plan: LawPlan, counts: np.ndarray, share: float, alpha: float, base: dict,
+                       kind: CheckKind, unit: str, note: str | None = None, lossy: str | None = None) -> Verdict:
+    """The pending verdict of a fixed-budget law: ``counts`` of ``plan.expected``'s cells tested by
+    the pooled chi-square at ``share`` (Holm decides it later, ``apply_holm``), with its TV
+    estimate, interval, certificate and the cells to show; samples on cells of exact probability 0
+    are a deterministic finding. ``base``: the verdict's world, seed and reproduce line; ``unit``:
+    what a sample is ("generations", "requests"); ``note`` leads the summary ("decoded greedily:
+    ..."); ``lossy``: a lossy mode's name, whose summary prices it by its TV interval."""
+    gof = goodness_of_fit(counts, plan.expected, share)
+    if gof.impossible:
+        summary = f"{gof.impossible:,} {unit} fell on outcomes of exact probability 0"
+    else:
+        summary = f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
+    if note and not lossy:
+        summary = f"{note}; {summary}"
+    if lossy:
+        low, high = gof.tv_interval
+        summary = (f"lossy by design ({lossy}): TV {gof.tv_estimate:.4f}, 95% interval {low:.4f} to "
+                   f"{high:.4f}; p = {gof.pvalue:.3g}")
+    comparison = LawComparison(plan, counts)
+    return Verdict(
+        outcome=Outcome.EXACT, summary=summary, check=f"{base['world']}/{plan.law}", law=plan.law,
+        condition=plan.condition, samples=gof.samples, kind=kind, **base, evidence=LawEvidence(
+            Evidence.DETERMINISTIC if gof.impossible else Evidence.FIXED_BUDGET,
+            statistic=None if gof.impossible else gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
+            pvalue=gof.pvalue, tv=TotalVariation(gof.tv_estimate, gof.tv_interval, gof.detectable_tv),
+            certificate=tv_certificate(counts, plan.expected, alpha),
+            cells=deviating_cells(comparison, gof.samples), law_cells=plot_cells(comparison, gof.samples),
+            reachability=observed_in(gof.impossible, gof.samples, f"{unit} on outcomes of exact probability 0:")
+            if gof.impossible else None))
 
 
 def keep_plots_where_needed(verdicts: list[Verdict]) -> list[Verdict]:

@@ -92,6 +92,7 @@ class Category(enum.Enum):
     CONFORMANCE = "conformance"
     REPRODUCIBILITY = "reproducibility"  # the same seed gives the same output
     INPUT_HANDLING = "input-handling"  # NaN, inf, negative, all-zero rows
+    SPECULATION = "speculation"  # a served system's speculation did not run where claimed (not the law's)
 
     @property
     def flag(self) -> str:
@@ -104,7 +105,7 @@ class Category(enum.Enum):
         for category in cls:
             if name in (category.value, category.flag) or (category is cls.INPUT_HANDLING and name == "inputs"):
                 return category
-        raise ValueError(f"category ({name!r}) must be one of exactness, reproducible, input-handling")
+        raise ValueError(f"category ({name!r}) must be one of exactness, reproducible, input-handling, speculation")
 
 
 # the categories ``--require`` can add (exactness always gates)
@@ -370,6 +371,9 @@ class CheckKind(enum.Enum):
     CACHE_INVARIANT = "cache invariant"
     GREEDY_IDENTITY = "greedy identity"
     CONTRACT = "subject contract"  # a world whose subject crashed or broke its contract: stands for its checks
+    LOGPROB_FIDELITY = "logprob fidelity"  # a server's reported probabilities against the reference's
+    SPECULATION = "speculation ran"  # a server's own speculation counters
+    SEED_REPRODUCIBILITY = "seed reproducibility"  # the same seeded request twice
 
     @property
     def statistical(self) -> bool:

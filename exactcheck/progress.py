@@ -15,17 +15,22 @@ class Progress:
     ``n`` and shows what is being worked on."""
 
     def __init__(self, total: int, unit: str = "check", desc: str = "exactcheck", enabled: bool = True,
-                 stream: TextIO | None = None, after: float = 2.0):
+                 stream: TextIO | None = None, after: float = 2.0, growing: bool = False):
         self.done = 0
         self.total = total
         self.bar = tqdm(total=total, unit=unit, desc=desc, file=stream if stream is not None else sys.stderr,
-                        disable=not enabled or total <= 0, delay=after, mininterval=0.5, leave=False,
+                        disable=not enabled or (total <= 0 and not growing), delay=after, mininterval=0.5, leave=False,
                         unit_scale=unit != "check", dynamic_ncols=True)
 
     def step(self, label: str, n: int = 1) -> None:
         self.done += n
         self.bar.set_postfix_str(label, refresh=False)
         self.bar.update(n)
+
+    def grow(self, n: int) -> None:
+        """``n`` more units planned (a run that plans as it goes: a serve audit, world by world)."""
+        self.total += n
+        self.bar.total = self.total
 
     def close(self) -> None:
         self.bar.close()

@@ -10,16 +10,15 @@ import dataclasses
 import numpy as np
 import torch
 
-from exactcheck.core import STATISTIC_NAME, deviating_cells, plot_cells
+from exactcheck.core import sample_law_verdict
 from exactcheck.e2e.drive import GeneratorSamples
 from exactcheck.e2e.generator import GREEDY, draft_length_support
 from exactcheck.e2e.greedy_identity import greedy_identity
 from exactcheck.e2e.plan import policy_suffix
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import observed_in
-from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, TotalVariation, Verdict
-from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
-from exactcheck.stats.laws import LawComparison, LawPlan, policy_sequence_law
+from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
+from exactcheck.stats.laws import LawPlan, policy_sequence_law
 from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
 
 __all__ = ["generation_law_verdicts", "validity_verdict", "rollback_verdict", "greedy_verdict", "draft_q_verdict",
@@ -78,28 +77,8 @@ def generation_law_verdicts(run: GeneratorSamples, share: float, alpha: float, b
     for name, condition, expected, index_, label in laws:
         counts = np.bincount(index_, minlength=expected.size).astype(np.int64)
         plan = LawPlan(name + suffix, condition, expected, label)
-        gof = goodness_of_fit(counts, expected, share)
-        if gof.impossible:
-            summary = f"{gof.impossible:,} generations fell on outcomes of exact probability 0"
-        else:
-            summary = f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
-        if greedily and not lossy:
-            summary = f"{greedily}; {summary}"
-        if lossy:
-            low, high = gof.tv_interval
-            summary = (f"lossy by design ({lossy}): TV {gof.tv_estimate:.4f}, 95% interval {low:.4f} to "
-                       f"{high:.4f}; p = {gof.pvalue:.3g}")
-        comparison = LawComparison(plan, counts)
-        verdicts.append(Verdict(
-            outcome=Outcome.EXACT, summary=summary, check=f"{run.world.name}/{plan.law}", law=plan.law,
-            condition=condition, samples=gof.samples, kind=CheckKind.GENERATOR_LAW, **base, evidence=LawEvidence(
-                Evidence.DETERMINISTIC if gof.impossible else Evidence.FIXED_BUDGET,
-                statistic=None if gof.impossible else gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
-                pvalue=gof.pvalue, tv=TotalVariation(gof.tv_estimate, gof.tv_interval, gof.detectable_tv),
-                certificate=tv_certificate(counts, expected, alpha),
-                cells=deviating_cells(comparison, gof.samples), law_cells=plot_cells(comparison, gof.samples),
-                reachability=observed_in(gof.impossible, gof.samples, "generations on outcomes of exact probability 0:")
-                if gof.impossible else None)))
+        verdicts.append(sample_law_verdict(plan, counts, share, alpha, dict(base, world=run.world.name),
+                                           CheckKind.GENERATOR_LAW, "generations", greedily, lossy))
     return verdicts
 
 

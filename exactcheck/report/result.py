@@ -24,7 +24,7 @@ from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
-           "GrammarAuditResult", "result_type"]
+           "GrammarAuditResult", "ServeAuditResult", "result_type"]
 
 
 class AuditKind(enum.Enum):
@@ -33,6 +33,7 @@ class AuditKind(enum.Enum):
     GREEDY = "greedy"
     GRAMMAR = "grammar"
     TREE = "tree"
+    SERVE = "serve"
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,26 @@ class TreeAuditResult(AuditResult):
                 f"({self.samples_planned:,} planned), fixed budget")
 
 
+@dataclass(frozen=True)
+class ServeAuditResult(AuditResult):
+    """A served system audited over HTTP against a reference (``exactcheck.serve``)."""
+
+    kind: ClassVar[AuditKind] = AuditKind.SERVE
+    unit: ClassVar[str] = "requests"
+    command: ClassVar[str] = "serve"
+    reference: str = ""  # the reference endpoint the laws came from
+    traffic: str = ""  # the client's line: requests sent, taken from the journal, retried, tokens
+
+    def budget_text(self) -> str:
+        return (f"serve audit: {self.samples_drawn:,} sampled requests ({self.samples_planned:,} planned) against "
+                f"the reference {self.reference}; {self.traffic}")
+
+    def budget_fields(self) -> dict:
+        return {**super().budget_fields(), "reference": self.reference, "traffic": self.traffic}
+
+
 _TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult,
-                              TreeAuditResult)}
+                              TreeAuditResult, ServeAuditResult)}
 
 
 def result_type(data: dict) -> type[AuditResult]:

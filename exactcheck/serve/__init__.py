@@ -1,0 +1,1 @@
+"""The serve audit: a running server, black box, against a reference (``exactcheck.serve.runner``)."""

@@ -1,0 +1,234 @@
+"""An HTTP client one can point at a paid endpoint: bounded, retried, journalled, resumable.
+
+- bounded: at most ``concurrency`` requests in flight, each with a ``timeout``; the number of
+  requests an audit sends is fixed by its plan before it starts;
+- retried: a 429, a 5xx, a refused or dropped connection or a time-out is retried with
+  exponential backoff (``retries`` times); a request that still fails is an ``EndpointError``,
+  never a sample;
+- journalled: every answer is appended, as it arrives, to a JSON-lines journal keyed by a hash
+  of (endpoint, path, body); a later run with the same journal (``--resume``) takes the answers it
+  holds instead of sending those requests again, so an interrupted audit pays for nothing twice
+  and, with the same seed, reaches the same verdicts;
+- interruptible: Ctrl-C (or SIGTERM) stops sending, lets the requests in flight finish (each
+  within its time-out) and journals them, then passes the interrupt on.
+
+Standard library only (``urllib``); requests go to the URLs the user gave, nowhere else.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import hashlib
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from exactcheck.errors import ExactcheckError
+
+__all__ = ["EndpointError", "Client", "Exchange", "ClientStats"]
+
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+class EndpointError(ExactcheckError):
+    """An endpoint that could not be used: down, the wrong model, an answer that is not the API's
+    (one line for the user, exit 2), or a request that failed after every retry."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and its answer (JSON), as sent and as journalled."""
+
+    base: str
+    path: str
+    body: dict
+    answer: dict
+    seconds: float
+    from_journal: bool = False
+
+    @property
+    def key(self) -> str:
+        return request_key(self.base, self.path, self.body)
+
+
+def request_key(base: str, path: str, body: dict) -> str:
+    text = json.dumps([base.rstrip("/"), path, body], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class ClientStats:
+    sent: int = 0
+    from_journal: int = 0
+    retried: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def line(self) -> str:
+        rate = self.sent / self.seconds if self.seconds else 0.0
+        return (f"{self.sent:,} requests sent ({rate:,.0f}/s), {self.from_journal:,} taken from the journal, "
+                f"{self.retried:,} retried, {self.tokens:,} tokens generated")
+
+
+class Client:
+    """Requests to one or more endpoints, through one journal (``journal``: a path or None)."""
+
+    def __init__(self, journal: str | Path | None = None, *, concurrency: int = 8, timeout: float = 60.0,
+                 retries: int = 4, backoff: float = 0.5, resume: bool = False, progress=None, transport=None):
+        # ``transport(base, path, body) -> dict``: answers without HTTP (an in-process served model,
+        # for measurements over many seeds); None: HTTP to ``base``
+        self.transport = transport
+        self.concurrency, self.timeout, self.retries, self.backoff = concurrency, timeout, retries, backoff
+        self.stats = ClientStats()
+        self.progress = progress
+        self.journal_path = Path(journal) if journal is not None else None
+        self._held: dict[str, dict] = {}
+        self._write_lock = threading.Lock()
+        self._journal = None
+        if self.journal_path is not None:
+            self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+            if resume and self.journal_path.exists():
+                self._held = _read_journal(self.journal_path)
+            elif not resume and self.journal_path.exists():
+                self.journal_path.unlink()  # a fresh audit starts a fresh journal
+            self._journal = open(self.journal_path, "a", encoding="utf-8")
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+            self._journal.close()
+            self._journal = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def get(self, base: str, path: str) -> dict:
+        """A GET (server facts: /health, /props, /v1/models); not journalled, not retried past the first."""
+        return self._send(base, path, None)
+
+    def post(self, base: str, path: str, body: dict) -> Exchange:
+        return self.post_many(base, path, [body])[0]
+
+    def post_many(self, base: str, path: str, bodies: Iterable[dict]) -> list[Exchange]:
+        """Each body POSTed (journalled answers reused), at most ``concurrency`` at once; the
+        exchanges in the order of ``bodies``."""
+        bodies = list(bodies)
+        results: list[Exchange | None] = [None] * len(bodies)
+        pending = []
+        for i, body in enumerate(bodies):
+            held = self._held.get(request_key(base, path, body))
+            if held is not None:
+                results[i] = Exchange(base, path, body, held["answer"], held.get("seconds", 0.0), True)
+                with self.stats.lock:
+                    self.stats.from_journal += 1
+                self._advance(1)
+            else:
+                pending.append(i)
+        if not pending:
+            return results
+        pool = futures.ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(pending))))
+        try:
+            running = {}
+            queue = iter(pending)
+            for i in queue:  # keep at most ``concurrency`` in flight, so an interrupt loses none of them
+                running[pool.submit(self._exchange, base, path, bodies[i])] = i
+                if len(running) >= self.concurrency:
+                    done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+                    for f in done:
+                        results[running.pop(f)] = f.result()
+            for f in futures.as_completed(list(running)):
+                results[running.pop(f)] = f.result()
+        except KeyboardInterrupt:
+            for f in running:  # the requests already sent: wait for their answers and journal them
+                try:
+                    f.result(timeout=self.timeout * (self.retries + 1))
+                except BaseException:  # noqa: BLE001 - interrupted anyway
+                    pass
+            raise
+        finally:
+            pool.shutdown(wait=True)
+        return results
+
+    def _advance(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.step("requests", n)
+
+    def _exchange(self, base: str, path: str, body: dict) -> Exchange:
+        begun = time.monotonic()
+        answer = self._send(base, path, body)
+        seconds = time.monotonic() - begun
+        exchange = Exchange(base, path, body, answer, seconds)
+        with self.stats.lock:
+            self.stats.sent += 1
+            self.stats.seconds += seconds / max(1, self.concurrency)
+            self.stats.tokens += len(answer.get("tokens", ()) or ())
+        if self._journal is not None:
+            line = json.dumps({"key": exchange.key, "path": path, "body": body, "answer": answer,
+                               "seconds": round(seconds, 4)}, separators=(",", ":"))
+            with self._write_lock:
+                self._journal.write(line + "\n")
+                self._journal.flush()
+        self._advance(1)
+        return exchange
+
+    def _send(self, base: str, path: str, body: dict | None) -> dict:
+        if self.transport is not None:
+            return self.transport(base, path, body)
+        url = base.rstrip("/") + path
+        data = None if body is None else json.dumps(body).encode()
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                with self.stats.lock:
+                    self.stats.retried += 1
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    text = response.read().decode("utf-8", "replace")
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode("utf-8", "replace")[:200] if exc.fp is not None else ""
+                last = f"HTTP {exc.code} from {url}: {detail.strip()}"
+                if exc.code in _RETRY_STATUS:
+                    continue
+                raise EndpointError(last) from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                last = f"{url}: {reason}"
+                if body is None and attempt >= 1:  # a fact query: the server is down, say so soon
+                    break
+                continue
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                raise EndpointError(f"{url} did not answer JSON (got {text[:80]!r}): is it an OpenAI-compatible "
+                                    f"or llama.cpp server?") from None
+            if not isinstance(answer, dict):
+                raise EndpointError(f"{url} answered a JSON {type(answer).__name__}, not an object")
+            return answer
+        raise EndpointError(f"no answer after {self.retries + 1} tries: {last}")
+
+
+def _read_journal(path: Path) -> dict[str, dict]:
+    """The journal's answers by key; a last line cut short by an interrupt is ignored."""
+    held = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "key" in entry and isinstance(entry.get("answer"), dict):
+                held[entry["key"]] = entry
+    return held

@@ -1,0 +1,162 @@
+"""Mutants of a served system: HTTP proxies that break what a user receives, one bug class each.
+
+The serve audit's power is shown on these, as the step audit's is on ``exactcheck.step.mutants``:
+each sits between the client and a correct server (llama.cpp's ``llama-server``, or the toy
+served model of ``toy_models.served_lm``) and does one thing a real serving stack has been seen
+to do (field notes section 6). Every one must be found through the HTTP path, with its cause named.
+
+For tests and measurements: a proxy listens on 127.0.0.1 only and forwards to the URLs it is given.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["ProxyMutant", "PROXY_MUTANTS", "proxy"]
+
+
+@dataclass(frozen=True)
+class ProxyMutant:
+    name: str
+    defect: str
+    needs: str = ""  # "draft": a server of the draft model; "plain": the target without speculation
+    caught_by: str = ""  # the check expected to find it
+
+
+PROXY_MUTANTS = {m.name: m for m in (
+    ProxyMutant("hotter", "serves temperature x 1.3 of what the request asks (sampling settings not applied "
+                          "as set: vLLM #9834)", caught_by="continuation"),
+    ProxyMutant("zero_logprobs", "reports every token's logprob as 0.0 (llama.cpp #27972, vLLM #17876)",
+                caught_by="logprob_fidelity"),
+    ProxyMutant("draft_logprobs", "reports the draft model's probabilities for the tokens (a speculative "
+                                  "server returning q instead of p)", needs="draft", caught_by="logprob_fidelity"),
+    ProxyMutant("speculation_off_for_logprobs", "answers every request that asks for probabilities from the "
+                                                "target alone, without speculation (vLLM #34497)",
+                needs="plain", caught_by="speculation_ran"),
+    ProxyMutant("seed_cache", "answers a request from a cache keyed without its seed: every seed gets the first "
+                              "answer", caught_by="continuation"),
+)}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    mutant: ProxyMutant
+    upstream: str
+    draft: str | None
+    plain: str | None
+    cache: dict
+    lock: threading.Lock
+    requests: Counter
+
+
+def _forward(base: str, path: str, body: dict | None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base.rstrip("/") + path, data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {"error": exc.read().decode("utf-8", "replace")[:200]}
+
+
+def _draft_probabilities(server: _Server, body: dict, answer: dict) -> None:
+    """Replace each reported probability with the draft model's for that token after that prefix."""
+    prompt, tokens = list(body["prompt"]), answer.get("tokens", [])
+    for t, entry in enumerate(answer.get("completion_probabilities", [])):
+        probe = dict(body, prompt=prompt + tokens[:t], n_predict=1, n_probs=max(int(body.get("n_probs", 1)), 64),
+                     post_sampling_probs=True)
+        _, draft = _forward(server.draft, "/completion", probe)
+        listed = (draft.get("completion_probabilities") or [{}])[0].get("top_probs", [])
+        p = next((item.get("prob", 0.0) for item in listed if item.get("id") == entry.get("id")), 0.0)
+        entry["prob"] = p
+        if "logprob" in entry:
+            entry["logprob"] = math.log(p) if p > 0 else -1e30
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status: int, data: dict) -> None:
+        text = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def do_GET(self):
+        self.server.requests[self.path] += 1
+        self._reply(*_forward(self.server.upstream, self.path, None))
+
+    def do_POST(self):
+        server = self.server
+        server.requests[self.path] += 1
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        name = server.mutant.name
+        if self.path != "/completion":
+            return self._reply(*_forward(server.upstream, self.path, body))
+        upstream = server.upstream
+        if name == "hotter" and float(body.get("temperature", 1.0)) > 0:
+            body = dict(body, temperature=float(body["temperature"]) * 1.3)
+        if name == "speculation_off_for_logprobs" and body.get("n_probs"):
+            upstream = server.plain
+        if name == "seed_cache":
+            key = json.dumps({k: v for k, v in body.items() if k != "seed"}, sort_keys=True)
+            with server.lock:
+                held = server.cache.get(key)
+            if held is not None:
+                return self._reply(200, held)
+        status, answer = _forward(upstream, self.path, body)
+        if status == 200 and name == "zero_logprobs":
+            for entry in answer.get("completion_probabilities", []):
+                for item in [entry, *entry.get("top_probs", []), *entry.get("top_logprobs", [])]:
+                    if "prob" in item:
+                        item["prob"] = 1.0
+                    if "logprob" in item:
+                        item["logprob"] = 0.0
+        if status == 200 and name == "draft_logprobs" and answer.get("completion_probabilities"):
+            _draft_probabilities(server, body, answer)
+        if status == 200 and name == "seed_cache":
+            with server.lock:
+                server.cache.setdefault(key, answer)
+        self._reply(status, answer)
+
+
+class proxy:
+    """``with proxy("hotter", upstream_url) as p: p.url``: the mutant served on 127.0.0.1 (a free
+    port) in front of ``upstream`` until the block ends; ``draft`` / ``plain``: the other servers
+    a mutant needs (``ProxyMutant.needs``)."""
+
+    def __init__(self, name: str, upstream: str, draft: str | None = None, plain: str | None = None):
+        self.mutant = PROXY_MUTANTS[name]
+        if self.mutant.needs == "draft" and not draft or self.mutant.needs == "plain" and not plain:
+            raise ValueError(f"proxy mutant {name} needs a {self.mutant.needs} server URL")
+        self.upstream, self.draft, self.plain = upstream, draft, plain
+
+    def __enter__(self) -> "proxy":
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.mutant, server.upstream, server.draft, server.plain = self.mutant, self.upstream, self.draft, self.plain
+        server.cache, server.lock, server.requests = {}, threading.Lock(), Counter()
+        self.server = server
+        self.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)

@@ -1,0 +1,241 @@
+"""The serve audit: a running server, black box, against a reference with speculation off.
+
+world (a prompt and the sampling settings users set) -> the reference's next-token laws -> the
+exact law of the first L tokens (``continuation_law``) -> planned requests to the audited server
+-> cells -> Pearson under Holm -> verdicts; then greedy identity (speculation on vs off, each
+divergence classified by the reference's margin), logprob fidelity, whether speculation ran (the
+server's own counters), and seed reproducibility.
+
+The law comes from the reference, never from the audited server's own numbers. ``reference``
+may be the audited URL itself: llama.cpp drafts only after a request's first token, so a
+one-token request is the target alone; the report says which reference it used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from exactcheck.core import apply_holm, keep_plots_where_needed, not_run_verdict, run_environment
+from exactcheck.errors import UsageError
+from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, CheckKind, derive_seed
+from exactcheck.progress import Progress
+from exactcheck.report.result import ServeAuditResult
+from exactcheck.report.verdict import Verdict
+from exactcheck.serve.client import Client, EndpointError
+from exactcheck.serve.continuation_law import ContinuationLaw, expand
+from exactcheck.serve.endpoint import GREEDY_SAMPLING, Completion, Endpoint, Sampling
+from exactcheck.serve.verdicts import (continuation_law_verdict, greedy_verdict, logprob_verdict, seed_verdict,
+                                       speculation_verdict)
+from exactcheck.stats.planning import trials_to_detect
+
+__all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "DEFAULT_PROMPTS", "REQUEST_CAPS"]
+
+DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
+DEFAULT_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8), Sampling(top_p=0.9, min_p=0.05))
+REQUEST_CAPS = {"quick": 12_000, "standard": 100_000, "release": 400_000}  # sampled requests per world at most
+# the prefix tree of the reference law: expanded while a prefix's mass is at least this, in at most
+# this many reference requests (what is not expanded is merged into exact cells, never guessed)
+EXPANSION = {"quick": (1e-2, 200), "standard": (1e-3, 1_000), "release": (2e-4, 4_000)}
+
+
+@dataclass(frozen=True)
+class ServeWorld:
+    name: str
+    prompt: tuple[int, ...]
+    sampling: Sampling
+    length: int
+
+    def describe(self) -> str:
+        return f"the first {self.length} tokens after prompt {list(self.prompt)}, {self.sampling.describe()}"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What only a serve audit takes besides ``AuditOptions``."""
+
+    reference: str | None = None  # None: the audited URL itself, by one-token requests
+    prompts: tuple = DEFAULT_PROMPTS  # texts (tokenized by the server) or token-id tuples
+    samplings: tuple[Sampling, ...] = DEFAULT_SAMPLINGS
+    length: int = 3
+    n_probs: int = 256
+    journal: str | None = None
+    resume: bool = False
+    concurrency: int = 8
+    timeout: float = 60.0
+    logprob_tolerance: float = 0.02
+    probed: int = 32  # requests with n_probs, for logprob fidelity
+    seeds: int = 8  # seeded requests sent twice
+    greedy_tokens: int = 16
+
+
+def serve_worlds(prompts: list[tuple[int, ...]], samplings, length: int) -> list[ServeWorld]:
+    return [ServeWorld(f"p{i}-{_sampling_name(s)}", tuple(p), s, length)
+            for i, p in enumerate(prompts) for s in samplings]
+
+
+def _sampling_name(s: Sampling) -> str:
+    return s.spec().replace("=", "").replace(",", "-").replace(".", "_") or "t1"
+
+
+def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: ServeSettings | None = None,
+                    progress: bool = True, subject_name: str | None = None, transport=None,
+                    **keywords) -> ServeAuditResult:
+    """Audit the server at ``url``; see the module docstring. ``options``: level, seed, alpha,
+    worlds (names from ``serve_worlds``); ``settings``: the reference, prompts, samplings, the
+    journal and the client's limits; ``transport``: answers without HTTP (``serve.client.Client``)."""
+    options = AuditOptions.of(options, {k: v for k, v in keywords.items() if k in AuditOptions.__dataclass_fields__})
+    # a served system's claim is speculative decoding: a server that did not speculate fails it
+    options = dataclasses.replace(options, require=tuple(dict.fromkeys(options.require + (Category.SPECULATION.value,))))
+    settings = settings or ServeSettings(**{k: v for k, v in keywords.items() if k in ServeSettings.__dataclass_fields__})
+    name = subject_name or url
+    reference_url = settings.reference or url
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    clock = time.perf_counter()
+    bar = Progress(0, unit="request", desc="exactcheck: serve", enabled=progress, growing=True)
+    client = Client(settings.journal, concurrency=settings.concurrency, timeout=settings.timeout,
+                    resume=settings.resume, progress=bar, transport=transport)
+    audited, reference = Endpoint(url, client), Endpoint(reference_url, client)
+    try:
+        for endpoint in (audited, reference) if reference_url != url else (audited,):
+            try:
+                endpoint.check()
+            except EndpointError as exc:
+                raise UsageError(f"{endpoint.base} cannot be audited: {exc}") from None
+        prompts = [tuple(p) if not isinstance(p, str) else tuple(audited.tokenize(p)) for p in settings.prompts]
+        worlds = serve_worlds(prompts, settings.samplings, settings.length)
+        if options.worlds:
+            unknown = sorted(set(options.worlds) - {w.name for w in worlds})
+            if unknown:
+                raise UsageError(f"unknown serve world(s) {unknown}; known: {[w.name for w in worlds]}")
+            worlds = [w for w in worlds if w.name in options.worlds]
+        budget = AlphaBudget(options.alpha, max(len(worlds), 1), stop_early=False)
+        eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
+        min_mass, max_calls = EXPANSION[options.level.value]
+
+        def reproduce(world: str) -> str:
+            line = f"exactcheck serve {url}"
+            if settings.reference:
+                line += f" --reference {settings.reference}"
+            return line + f" --level {options.level.value} --seed {options.seed} --alpha {options.alpha!r} --world {world}"
+
+        pending: list[Verdict] = []
+        planned = drawn = 0
+        interrupted = False
+        law_runs: list[Completion] = []
+        probed_runs: list[Completion] = []
+        try:
+            for world in worlds:
+                seed = derive_seed(options.seed, world.name)
+                base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
+                law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
+                n = trials_to_detect(law.expected, eps, budget.first_share, cap) or cap
+                planned += n
+                bar.grow(n + settings.probed + 2 * settings.seeds)
+                bodies = [Endpoint.body(list(world.prompt), world.length, world.sampling, _request_seed(seed, i))
+                          for i in range(n)]
+                runs = audited.complete_many(bodies)
+                drawn += len(runs)
+                law_runs += runs
+                pending.append(continuation_law_verdict(law, runs, world.describe(), budget.first_share,
+                                                        budget.alpha, base))
+                probes = audited.complete_many([dict(b, n_probs=1, post_sampling_probs=True)
+                                                for b in bodies[:settings.probed]])
+                probed_runs += probes
+                pending.append(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
+                                               settings.logprob_tolerance, len(probes), base))
+                repeats = audited.complete_many([dict(b, exactcheck_repeat=1) for b in bodies[:settings.seeds]])
+                pending.append(seed_verdict([(b["seed"], a.tokens, r.tokens) for b, a, r in
+                                             zip(bodies, runs, repeats)], base))
+                pending.append(speculation_verdict(runs, probes, base))
+            if worlds:
+                greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
+                pending.append(_greedy(audited, reference, prompts, settings, reference_url != url, greedy_base))
+        except KeyboardInterrupt:
+            interrupted = True
+    finally:
+        bar.close()
+        client.close()
+    if interrupted:
+        done = {v.check for v in pending}
+        checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
+                  (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
+                   ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
+        pending += [not_run_verdict(c, options.seed, reproduce(c.world), "not run: the audit was interrupted before "
+                                    "this check (its answers so far are in the journal: --resume)")
+                    for c in checks if c.name not in done]
+    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+    return ServeAuditResult(
+        subject=name, level=options.level.value, seed=options.seed, alpha=options.alpha, device="server",
+        verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
+        environment=run_environment(server=url, reference=reference_url), samples_planned=planned,
+        samples_drawn=drawn, require=options.require, interrupted=interrupted,
+        reference=reference_url + ("" if settings.reference else " (the audited server, one-token requests)"),
+        traffic=client.stats.line())
+
+
+def _request_seed(world_seed: int, i: int) -> int:
+    return derive_seed(world_seed, f"request/{i}") % (1 << 31)
+
+
+def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mass: float,
+                   max_calls: int) -> ContinuationLaw:
+    prompt = list(world.prompt)
+    return expand(lambda prefix: reference.next_token_laws(prompt, [prefix], world.sampling, n_probs)[0],
+                  world.length, min_mass=min_mass, max_calls=max_calls)
+
+
+def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationLaw, probes: list[Completion],
+                      n_probs: int) -> list[tuple[int, int, float, float]]:
+    """(request, position, reported, the reference's) for every token the probed requests reported."""
+    rows, missing = [], {}
+    for r, c in enumerate(probes):
+        for t, (token, reported) in enumerate(zip(c.tokens, c.probabilities or ())):
+            prefix = c.tokens[:t]
+            known = law.next_token(prefix)
+            if known is None:
+                missing.setdefault(prefix, []).append((r, t, token, reported))
+                continue
+            rows.append((r, t, reported, known.probabilities.get(token, 0.0)))
+    if missing:
+        prefixes = sorted(missing)
+        for prefix, next_law in zip(prefixes, reference.next_token_laws(list(world.prompt), prefixes, world.sampling,
+                                                                        n_probs)):
+            rows += [(r, t, reported, next_law.probabilities.get(token, 0.0))
+                     for r, t, token, reported in missing[prefix]]
+    return sorted(rows)
+
+
+def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSettings, separate: bool,
+            base: dict) -> Verdict:
+    """Greedy output on vs off per prompt; with the reference being the audited server, "off" is
+    built token by token from one-token requests."""
+    tokens = settings.greedy_tokens
+    on = audited.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0) for p in prompts])
+    if separate:
+        off = [c.tokens for c in reference.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)
+                                                          for p in prompts])]
+    else:
+        off = []
+        for p in prompts:
+            path: list[int] = []
+            while len(path) < tokens:
+                (c,) = reference.complete_many([Endpoint.body(list(p) + path, 1, GREEDY_SAMPLING, 0)])
+                if not c.tokens:
+                    break
+                path.append(c.tokens[0])
+                if c.stopped_on_eog:
+                    break
+            off.append(tuple(path))
+    pairs = [(list(p), a.tokens[:tokens], tuple(r)[:tokens]) for p, a, r in zip(prompts, on, off)]
+    margins = {}
+    for i, (p, a, r) in enumerate(pairs):
+        if a == r:
+            continue
+        position = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
+        (law,) = reference.next_token_laws(p, [tuple(r[:position])], Sampling(), settings.n_probs)
+        top = sorted(law.probabilities.values(), reverse=True) + [0.0, 0.0]
+        margins[i] = (position, top[0] - top[1])
+    return greedy_verdict(pairs, margins, base)

@@ -1,0 +1,157 @@
+"""The verdicts of a serve audit, one function per check: the continuation law of a (prompt,
+sampling) world, greedy identity with speculation on vs off, logprob fidelity, whether
+speculation ran, and seed reproducibility. ``exactcheck.serve.runner`` decides when each is made;
+``exactcheck.core.apply_holm`` decides the statistical ones."""
+from __future__ import annotations
+
+import numpy as np
+
+from exactcheck.core import sample_law_verdict
+from exactcheck.options import Category, CheckKind
+from exactcheck.reachability import observed_in
+from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
+from exactcheck.serve.continuation_law import ContinuationLaw
+from exactcheck.serve.endpoint import Completion
+from exactcheck.stats.laws import LawPlan
+
+__all__ = ["continuation_law_verdict", "greedy_verdict", "logprob_verdict", "speculation_verdict", "seed_verdict",
+           "NEAR_TIE", "cell_indices"]
+
+# greedy identity: a first divergence where the reference's top two tokens are closer than this
+# (in probability) is a numerical near-tie (batch-shape arithmetic), not a defect
+NEAR_TIE = 1e-3
+
+
+def cell_indices(law: ContinuationLaw, completions: list[Completion]) -> np.ndarray:
+    return np.array([law.cell_of(c.tokens) for c in completions], dtype=np.int64)
+
+
+def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion], condition: str, share: float,
+                             alpha: float, base: dict) -> Verdict:
+    """The law of the first ``law.length`` tokens of the audited server's answers against the law
+    the reference's next-token laws give (``exactcheck.serve.continuation_law``)."""
+    indices = cell_indices(law, completions)
+    counts = np.bincount(indices, minlength=law.expected.size).astype(np.int64)
+    plan = LawPlan("continuation", condition, law.expected, law.label)
+    return sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
+                              _cause(law, indices, completions))
+
+
+def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completion]) -> str | None:
+    """Words for what a law deviation looks like (the test decides the verdict): every answer the
+    same, or answers less (more) likely than the law says on average (sampled hotter or colder)."""
+    p = law.expected
+    distinct = len({c.tokens for c in completions})
+    expected_distinct = float(np.sum(1.0 - (1.0 - p) ** len(completions)))
+    if len(completions) > 1 and distinct < 0.5 * expected_distinct:
+        return (f"far fewer distinct answers than the law gives ({distinct:,} in {len(completions):,} requests, where "
+                f"about {expected_distinct:,.0f} are expected): answers repeated across seeds (a response cache keyed "
+                f"without the seed, a seed ignored, or greedy decoding)")
+    live = p > 0
+    surprisal = -np.log(np.where(live, p, 1.0))
+    mean, var = float(np.sum(p * surprisal)), float(np.sum(p * surprisal ** 2))
+    seen = surprisal[indices][live[indices]]
+    if seen.size < 2:
+        return None
+    se = np.sqrt(max(var - mean ** 2, 0.0) / seen.size)
+    shift = float(seen.mean()) - mean
+    if se == 0 or abs(shift) < 4 * se:
+        return None
+    how = ("hotter than the settings (a higher temperature, or a truncation not applied)" if shift > 0
+           else "colder than the settings (a lower temperature, or a truncation the settings do not ask for)")
+    return (f"the answers are {'less' if shift > 0 else 'more'} likely than the law says (mean surprisal "
+            f"{seen.mean():.3f} against {mean:.3f} expected): sampled {how}")
+
+
+def greedy_verdict(pairs: list[tuple[list[int], tuple[int, ...], tuple[int, ...]]], margins: dict, base: dict) -> Verdict:
+    """Greedy output with speculation on (the audited server) against off (the reference), token
+    for token, per prompt; each divergence classified by the reference's margin between its top
+    two tokens at the first differing position (``margins``: prompt index -> (position, margin))."""
+    diverged = [(i, a, r) for i, (_, a, r) in enumerate(pairs) if a != r]
+    common = dict(base, check=f"{base['world']}/greedy_identity", law="greedy_identity", kind=CheckKind.GREEDY_IDENTITY,
+                  condition=f"temperature 0, {len(pairs)} prompts, speculation on vs off", samples=len(pairs))
+    if not diverged:
+        return Verdict(outcome=Outcome.EXACT, summary=f"identical on all {len(pairs)} prompts", **common)
+    real = [(i, a, r) for i, a, r in diverged if margins.get(i, (0, 1.0))[1] >= NEAR_TIE]
+    i, a, r = (real or diverged)[0]
+    position, margin = margins.get(i, (None, None))
+    where = f"prompt {i}: first difference at token {position}: speculation on gave {a[position] if position is not None and position < len(a) else 'the end'}, off gave {r[position] if position is not None and position < len(r) else 'the end'}"
+    if not real:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"{len(diverged)} of {len(pairs)} prompts differ, each at a numerical near-tie (the reference's top two "
+            f"tokens within {NEAR_TIE:g}: batch-shape arithmetic, not a defect); {where}, margin {margin:.2e}"),
+            **common)
+    return Verdict(outcome=Outcome.DEFECT, summary=(
+        f"{len(real)} of {len(pairs)} prompts diverge where the reference's top token leads by at least {NEAR_TIE:g}: "
+        f"{where}, the reference's margin {margin:.3f}"), **common, evidence=FindingEvidence(
+            pvalue=0.0, reachability=observed_in(len(real), len(pairs), "prompts diverging:")))
+
+
+def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float, requests: int, base: dict) -> Verdict:
+    """The probabilities the audited server reported for its own tokens against the reference's
+    for the same token after the same prefix (``rows``: request, position, reported, reference)."""
+    common = dict(base, check=f"{base['world']}/logprob_fidelity", law="logprob_fidelity",
+                  kind=CheckKind.LOGPROB_FIDELITY, samples=requests,
+                  condition=f"{requests} requests with n_probs, |reported - reference| <= {tolerance:g} in probability")
+    if not rows:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary="not judged: the server reported no probabilities",
+                       **common)
+    gaps = [(abs(reported - reference), r, t, reported, reference) for r, t, reported, reference in rows]
+    gap, request, position, reported, reference = max(gaps)
+    if gap <= tolerance:
+        return Verdict(outcome=Outcome.EXACT, summary=f"{len(rows):,} token probabilities within {gap:.2e} of the "
+                                                      f"reference's", **common)
+    bad = [g for g in gaps if g[0] > tolerance]
+    zero = all(g[3] in (0.0, 1.0) for g in gaps)
+    first_only = all(g[2] > 0 for g in bad) and any(g[2] == 0 for g in gaps)
+    cause = ("every reported probability is 0 or 1 (logprob 0.0 or -inf: llama.cpp #27972, vLLM #17876)" if zero
+             else "only tokens after the first are off (llama.cpp PR #27196: logprobs right for the first token only)"
+             if first_only else "the reported probabilities are not the target's")
+    return Verdict(outcome=Outcome.DEFECT, summary=(
+        f"{len(bad):,} of {len(rows):,} token probabilities differ from the reference's by more than {tolerance:g}: "
+        f"{cause}; the largest at request {request}, token {position}: reported {reported:.4f}, reference "
+        f"{reference:.4f}"), **common, evidence=FindingEvidence(
+            pvalue=0.0, reachability=observed_in(len(bad), len(rows), "token probabilities off:")))
+
+
+def speculation_verdict(law_runs: list[Completion], probed: list[Completion], base: dict) -> Verdict:
+    """Whether the server speculated at all (its own counters, llama.cpp ``timings.draft_n``): on the
+    law requests, and on the requests that asked for probabilities (vLLM #34497: asking for
+    logprobs silently switched speculation off)."""
+    common = dict(base, check=f"{base['world']}/speculation_ran", law="speculation_ran", kind=CheckKind.SPECULATION,
+                  samples=len(law_runs) + len(probed), category=Category.SPECULATION,
+                  condition="the server's own speculation counters (timings.draft_n, draft_n_accepted)")
+    counted = [c for c in law_runs + probed if c.draft_n is not None]
+    if not counted:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary="not judged: the server reports no speculation counters",
+                       **common)
+    drafted = sum(c.draft_n or 0 for c in law_runs)
+    accepted = sum(c.draft_accepted or 0 for c in law_runs)
+    probed_drafts = sum(c.draft_n or 0 for c in probed)
+    ran = sum((c.draft_n or 0) > 0 for c in law_runs)
+    rate = f"{accepted:,} of {drafted:,} drafts accepted" if drafted else "no drafts"
+    if drafted == 0:
+        return Verdict(outcome=Outcome.DEFECT, summary=(
+            f"speculation never ran on {len(law_runs):,} requests (timings.draft_n = 0 on every one): the law "
+            f"checks say nothing about speculative decoding here"), **common, evidence=FindingEvidence(pvalue=0.0))
+    if probed and probed_drafts == 0:
+        return Verdict(outcome=Outcome.DEFECT, summary=(
+            f"asking for probabilities switched speculation off: 0 drafts on the {len(probed)} requests with n_probs, "
+            f"{rate} on the others (vLLM #34497)"), **common, evidence=FindingEvidence(pvalue=0.0))
+    return Verdict(outcome=Outcome.EXACT, summary=f"speculation ran on {ran:,} of {len(law_runs):,} requests; {rate}",
+                   **common)
+
+
+def seed_verdict(pairs: list[tuple[int, tuple[int, ...], tuple[int, ...]]], base: dict) -> Verdict:
+    """The same request with the same seed, twice: the same tokens (reproducibility, not exactness)."""
+    differ = [(seed, a, b) for seed, a, b in pairs if a != b]
+    common = dict(base, check=f"{base['world']}/same_seed", law="same_seed", kind=CheckKind.SEED_REPRODUCIBILITY,
+                  samples=len(pairs), category=Category.REPRODUCIBILITY,
+                  condition=f"{len(pairs)} seeded requests, each sent twice")
+    if not differ:
+        return Verdict(outcome=Outcome.EXACT, summary=f"the same tokens on all {len(pairs)} repeated requests", **common)
+    seed, a, b = differ[0]
+    return Verdict(outcome=Outcome.DEFECT, summary=(
+        f"{len(differ)} of {len(pairs)} requests gave other tokens the second time with the same seed (seed {seed}: "
+        f"{list(a)} then {list(b)})"), **common, evidence=FindingEvidence(
+            pvalue=0.0, reachability=observed_in(len(differ), len(pairs), "repeats that differ:")))
