@@ -69,6 +69,7 @@ class ServeSettings:
     probed: int = 32  # requests with n_probs, for logprob fidelity
     seeds: int = 8  # seeded requests sent twice
     greedy_tokens: int = 16
+    load: int = 4  # greedy under load: each prompt this many times at once
 
 
 def serve_worlds(prompts: list[tuple[int, ...]], samplings, length: int) -> list[ServeWorld]:
@@ -152,7 +153,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 pending.append(speculation_verdict(runs, probes, base))
             if worlds:
                 greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
-                pending.append(_greedy(audited, reference, prompts, settings, reference_url != url, greedy_base))
+                pending += _greedy(audited, reference, prompts, settings, reference_url != url, greedy_base)
         except KeyboardInterrupt:
             interrupted = True
     finally:
@@ -163,6 +164,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
                   (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
                    ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
+        checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
+                   for law in ("greedy_identity", "greedy_under_load")]
         pending += [not_run_verdict(c, options.seed, reproduce(c.world), "not run: the audit was interrupted before "
                                     "this check (its answers so far are in the journal: --resume)")
                     for c in checks if c.name not in done]
@@ -209,14 +212,16 @@ def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationL
 
 
 def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSettings, separate: bool,
-            base: dict) -> Verdict:
-    """Greedy output on vs off per prompt; with the reference being the audited server, "off" is
-    built token by token from one-token requests."""
+            base: dict) -> list[Verdict]:
+    """Greedy output speculation on vs off per prompt (each prompt sent alone), and on alone vs on
+    under load (each prompt ``settings.load`` times at once, with the prompt cache): with the
+    reference being the audited server, "off" is built token by token from one-token requests."""
     tokens = settings.greedy_tokens
-    on = audited.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0) for p in prompts])
+    alone = [audited.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens]
+             for p in prompts]
     if separate:
-        off = [c.tokens for c in reference.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)
-                                                          for p in prompts])]
+        off = [c.tokens[:tokens] for c in reference.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)
+                                                                   for p in prompts])]
     else:
         off = []
         for p in prompts:
@@ -229,13 +234,26 @@ def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSett
                 if c.stopped_on_eog:
                     break
             off.append(tuple(path))
-    pairs = [(list(p), a.tokens[:tokens], tuple(r)[:tokens]) for p, a, r in zip(prompts, on, off)]
+    loaded = audited.complete_many([dict(Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0), exactcheck_copy=j)
+                                    for p in prompts for j in range(settings.load)])
+    pairs = [(list(p), a, tuple(r)) for p, a, r in zip(prompts, alone, off)]
+    under_load = [(list(p), a, c.tokens[:tokens]) for i, (p, a) in enumerate(zip(prompts, alone))
+                  for c in loaded[i * settings.load:(i + 1) * settings.load]]
+    return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base),
+            greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",
+                           condition=f"temperature 0, {len(prompts)} prompts each alone and {settings.load} times at "
+                                     f"once (the prompt cache on), speculation on")]
+
+
+def _margins(reference: Endpoint, pairs, n_probs: int) -> dict:
+    """Per diverging pair: (first differing position, the reference's margin between its top two
+    tokens there, at temperature 1 and no truncation)."""
     margins = {}
     for i, (p, a, r) in enumerate(pairs):
         if a == r:
             continue
         position = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
-        (law,) = reference.next_token_laws(p, [tuple(r[:position])], Sampling(), settings.n_probs)
+        (law,) = reference.next_token_laws(p, [tuple(r[:position])], Sampling(), n_probs)
         top = sorted(law.probabilities.values(), reverse=True) + [0.0, 0.0]
         margins[i] = (position, top[0] - top[1])
-    return greedy_verdict(pairs, margins, base)
+    return margins

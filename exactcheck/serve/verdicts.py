@@ -63,15 +63,17 @@ def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completi
             f"{seen.mean():.3f} against {mean:.3f} expected): sampled {how}")
 
 
-def greedy_verdict(pairs: list[tuple[list[int], tuple[int, ...], tuple[int, ...]]], margins: dict, base: dict) -> Verdict:
-    """Greedy output with speculation on (the audited server) against off (the reference), token
-    for token, per prompt; each divergence classified by the reference's margin between its top
-    two tokens at the first differing position (``margins``: prompt index -> (position, margin))."""
+def greedy_verdict(pairs: list[tuple[list[int], tuple[int, ...], tuple[int, ...]]], margins: dict, base: dict,
+                   law: str = "greedy_identity", condition: str | None = None) -> Verdict:
+    """Greedy output of two paths, token for token, per prompt (by default speculation on, the
+    audited server, against off, the reference; ``greedy_under_load``: alone against under
+    concurrent load); each divergence classified by the reference's margin between its top two
+    tokens at the first differing position (``margins``: pair index -> (position, margin))."""
     diverged = [(i, a, r) for i, (_, a, r) in enumerate(pairs) if a != r]
-    common = dict(base, check=f"{base['world']}/greedy_identity", law="greedy_identity", kind=CheckKind.GREEDY_IDENTITY,
-                  condition=f"temperature 0, {len(pairs)} prompts, speculation on vs off", samples=len(pairs))
+    common = dict(base, check=f"{base['world']}/{law}", law=law, kind=CheckKind.GREEDY_IDENTITY,
+                  condition=condition or f"temperature 0, {len(pairs)} prompts, speculation on vs off", samples=len(pairs))
     if not diverged:
-        return Verdict(outcome=Outcome.EXACT, summary=f"identical on all {len(pairs)} prompts", **common)
+        return Verdict(outcome=Outcome.EXACT, summary=f"identical on all {len(pairs)} pairs", **common)
     real = [(i, a, r) for i, a, r in diverged if margins.get(i, (0, 1.0))[1] >= NEAR_TIE]
     i, a, r = (real or diverged)[0]
     position, margin = margins.get(i, (None, None))
