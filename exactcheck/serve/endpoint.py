@@ -109,8 +109,11 @@ class Endpoint:
     @staticmethod
     def body(prompt: list[int], n_predict: int, sampling: Sampling, seed: int, n_probs: int = 0,
              post_sampling: bool = True) -> dict:
+        # ignore_eos: every answer has exactly n_predict tokens (the end-of-text token masked, in the
+        # reference's one-token requests too, so the law stays the engine's own); stop handling is
+        # not audited here
         body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
-                "cache_prompt": True, "stream": False, **sampling.fields()}
+                "cache_prompt": True, "stream": False, "ignore_eos": True, **sampling.fields()}
         if n_probs:
             body.update(n_probs=n_probs, post_sampling_probs=post_sampling)
         return body
