@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 
+from exactcheck.report.escaping import inline_code, md_text, terminal_text
 from exactcheck.report.html import html_page
 
 __all__ = ["COST_SCHEMA", "render_cost_markdown", "render_cost_html", "cost_headline"]
@@ -26,10 +27,10 @@ def _verdict_line(data: dict) -> str:
     if not exact:
         return "Exactness: not audited in this run (pass `--exactness`)."
     status = "PASSED" if exact["passed"] else "FAILED"
-    failed = ", ".join(f"`{c}`" for c in exact.get("failed", [])) or "none"
+    failed = ", ".join(inline_code(c) for c in exact.get("failed", [])) or "none"
     lossy = " The generator is **lossy by design**" + (f" (measured TV {exact['tv']:.4f})" if exact.get("tv") else "") + "." \
         if data["generator"].get("lossy") else ""
-    return (f"Exactness ({exact['kind']} audit, {exact['checks']} checks): **{status}**; failed checks: {failed}."
+    return (f"Exactness ({md_text(exact['kind'])} audit, {exact['checks']} checks): **{status}**; failed checks: {failed}."
             f"{lossy}")
 
 
@@ -44,7 +45,7 @@ def render_cost_markdown(data: dict) -> str:
     verdict = ("**faster** than the target alone" if s["low"] > 1 else "**slower** than the target alone"
                if s["high"] < 1 else "**not distinguishable** from the target alone (the interval spans 1)")
     lines = [
-        f"# exactcheck cost of `{data['generator']['name']}` on {data['model']}" + _swept(d),
+        f"# exactcheck cost of {inline_code(data['generator']['name'])} on {md_text(data['model'])}" + _swept(d),
         "",
         f"Speedup **{s['estimate']:.2f}×** ({s['confidence']:.0%} interval {s['low']:.2f}–{s['high']:.2f}): "
         f"{verdict}. {f['slower']} of {f['requests']} requests were slower than their "
@@ -52,24 +53,24 @@ def render_cost_markdown(data: dict) -> str:
         "",
         _verdict_line(data),
         "",
-        f"Denominators: {d['time']}; hardware {d['hardware']} ({d['device']}), precision {d['precision']}; "
-        f"prompts of {d['prompt_lengths']} tokens; {d['new_tokens']} new tokens per request; policy {d['policy']}; "
-        f"torch {d['torch']}.",
+        f"Denominators: {md_text(d['time'])}; hardware {md_text(d['hardware'])} ({md_text(d['device'])}), "
+        f"precision {md_text(d['precision'])}; prompts of {d['prompt_lengths']} tokens; "
+        f"{d['new_tokens']} new tokens per request; policy {md_text(d['policy'])}; torch {md_text(d['torch'])}.",
         "",
     ]
     lines += _table(cost)
     m = cost["peak_memory_bytes"]
     lines += ["", f"Accepted drafts per round, all lengths: {a['estimate']:.2f} ({a['low']:.2f}–{a['high']:.2f}); "
               f"target calls per token: baseline {cost['target_calls_per_token']['baseline']:.2f}, speculative "
-              f"{cost['target_calls_per_token']['speculative']:.2f}. Peak memory ({m['scope']}): baseline "
+              f"{cost['target_calls_per_token']['speculative']:.2f}. Peak memory ({md_text(m['scope'])}): baseline "
               f"{_bytes(m.get('baseline'))}, speculative {_bytes(m.get('speculative'))}. Mean wall time per request: "
               f"baseline {cost['wall_s']['baseline_mean'] * 1e3:.1f} ms (prefill {cost['prefill_s']['baseline_mean'] * 1e3:.1f} ms), "
               f"speculative {cost['wall_s']['speculative_mean'] * 1e3:.1f} ms (prefill "
               f"{cost['prefill_s']['speculative_mean'] * 1e3:.1f} ms)."]
     if data.get("expected_note"):
-        lines += ["", data["expected_note"]]
-    lines += ["", f"Methods: speedup — {s['method']}; fraction slower — {f['method']}; accepted per round — {a['method']}.",
-              "", f"Reproduce: `{data['reproduce']}`"]
+        lines += ["", md_text(data["expected_note"])]
+    lines += ["", f"Methods: speedup — {md_text(s['method'])}; fraction slower — {md_text(f['method'])}; "
+              f"accepted per round — {md_text(a['method'])}.", "", f"Reproduce: {inline_code(data['reproduce'])}"]
     return "\n".join(lines) + "\n"
 
 
@@ -143,7 +144,7 @@ def _histogram(ratios: list[float], width: int = 460, bins: int = 20) -> str:
 
 def cost_headline(data: dict) -> str:
     """The cost report's verdict in a few plain lines (what ``exactcheck cost`` prints)."""
-    return "\n".join(render_cost_markdown(data).splitlines()[2:5]).strip().replace("**", "")
+    return terminal_text("\n".join(render_cost_markdown(data).splitlines()[2:5]).strip().replace("**", ""))
 
 
 def render_cost_html(data: dict) -> str:

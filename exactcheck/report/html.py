@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import math
 
+from exactcheck.report.escaping import fence, inline_code, md_text
 from exactcheck.report.json_md import audit_from_json
 from exactcheck.report.verdict import Outcome, Verdict
 
@@ -217,25 +218,30 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
 
 
 def render_pr_comment(data: dict, most: int = 10) -> str:
-    """A short Markdown summary for a pull-request comment: status, counts, the failed checks."""
+    """A short Markdown summary for a pull-request comment: status, counts, the failed checks.
+    What comes from the subject (its name, check names, reproduce lines, exception text) is
+    escaped (``exactcheck.report.escaping``): it cannot close the finding's fence or inject markup."""
     result = audit_from_json(data)
     failed = result.ranked_failures()
     icon = "✅" if result.passed else "❌"
-    lines = [f"### {icon} exactcheck {result.command}: `{result.subject}` {'passes' if result.passed else 'FAILS'}", "",
-             f"{len(result.verdicts)} checks ({result.counts_text()}); {result.settings_text()}."]
+    lines = [f"### {icon} exactcheck {result.command}: {inline_code(result.subject)} "
+             f"{'passes' if result.passed else 'FAILS'}", "",
+             f"{len(result.verdicts)} checks ({result.counts_text()}); {md_text(result.settings_text())}."]
     if failed:
         lines += ["", "| check | outcome | TV (95% interval) | adjusted p | reproduce |", "|---|---|---|---:|---|"]
         for v in failed[:most]:
             tv = "–" if v.tv_estimate is None else (
                 f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
-            lines.append(f"| `{v.check}` | {v.outcome.value} | {tv} | {_p(v.adjusted_pvalue)} | `{v.reproduce}` |")
+            lines.append(f"| {inline_code(v.check, table=True)} | {v.outcome.value} | {tv} | {_p(v.adjusted_pvalue)} | "
+                         f"{inline_code(v.reproduce, table=True)} |")
         if len(failed) > most:
             lines.append(f"| … {len(failed) - most} more | | | | |")
-        lines += ["", "<details><summary>strongest finding</summary>", "", "```", failed[0].describe(), "```", "",
+        lines += ["", "<details><summary>strongest finding</summary>", "", fence(failed[0].describe()), "",
                   "</details>"]
     if result.not_required:
         lines += ["", "Non-gating findings (reported, not failing): " + ", ".join(
-            f"`{v.check}` ({v.category.value}; `--require {v.category.flag}` makes it fail)" for v in result.not_required)]
+            f"{inline_code(v.check)} ({v.category.value}; `--require {v.category.flag}` makes it fail)"
+            for v in result.not_required)]
     return "\n".join(lines) + "\n"
 
 

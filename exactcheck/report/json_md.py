@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exactcheck.options import DEFAULT_REQUIRE, Category, CheckKind
+from exactcheck.report.escaping import fence, inline_code, md_cell, md_text
 from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
                                       result_type)
 from exactcheck.report.verdict import Outcome, Verdict
@@ -97,15 +98,17 @@ def render_audit_markdown(data: dict) -> str:
     result = audit_from_json(data)
     status = "INCOMPLETE (interrupted)" if result.interrupted else ("PASSED" if result.passed else "FAILED")
     counts = result.counts_text()
-    versions = (f"exactcheck {result.environment.get('exactcheck')}, torch {result.environment.get('torch')}"
-                + (f", transformers {result.environment['transformers']}" if "transformers" in result.environment else ""))
+    env = result.environment
+    versions = (f"exactcheck {md_text(env.get('exactcheck'))}, torch {md_text(env.get('torch'))}"
+                + (f", transformers {md_text(env['transformers'])}" if "transformers" in env else ""))
     lines = [
-        f"# exactcheck {result.command} `{result.subject}`: {status}",
+        f"# exactcheck {result.command} {inline_code(result.subject)}: {status}",
         "",
-        (f"Level **{result.level}**, seed" if result.level else "Seed") + f" {result.seed}, {result.alpha_text()}; "
-        f"{len(result.verdicts)} checks: {counts}. Device {result.device}, {result.duration_s:.1f} s, {versions}.",
+        (f"Level **{md_text(result.level)}**, seed" if result.level else "Seed") + f" {result.seed}, "
+        f"{result.alpha_text()}; {len(result.verdicts)} checks: {counts}. Device {md_text(result.device)}, "
+        f"{result.duration_s:.1f} s, {versions}.",
         "",
-        result.budget_text()[0].upper() + result.budget_text()[1:] + ".",
+        md_text(result.budget_text()[0].upper() + result.budget_text()[1:] + "."),
         "",
         "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
         "|---|---|---:|---|---:|---:|---:|---:|",
@@ -114,24 +117,24 @@ def render_audit_markdown(data: dict) -> str:
         tv = "–" if v.tv_estimate is None else (
             f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
         outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
-        lines.append(f"| {v.check} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
+        lines.append(f"| {md_cell(v.check)} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
                      f"{_fmt(v.tv_certificate)} | {_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
     deterministic = [v for v in result.verdicts if v.outcome is Outcome.EXACT and not v.kind.statistical
                      and v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)]
     if deterministic:
         lines += ["", "Deterministic checks that held:", ""]
-        lines += [f"- `{v.check}` ({v.condition}): {v.summary}" for v in deterministic]
+        lines += [f"- {inline_code(v.check)} ({md_text(v.condition)}): {md_text(v.summary)}" for v in deterministic]
     for category in Category:
         found = [v for v in result.verdicts if v.outcome.failed and v.category is category]
         if found:
             gating = "" if category.value in result.require else " (not required: reported, not failing)"
             lines += ["", f"## {category.value.capitalize()} findings{gating}", ""]
             for v in found:
-                lines += [f"### {v.check}", "", "```", v.describe(), "```", ""]
+                lines += [f"### {md_text(v.check)}", "", fence(v.describe()), ""]
     other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)]
     if other:
         lines += ["", "## Not judged, and unreachable boundary behaviour", ""]
-        lines += [f"- `{v.check}` ({v.outcome.value}): {v.summary}" for v in other]
+        lines += [f"- {inline_code(v.check)} ({v.outcome.value}): {md_text(v.summary)}" for v in other]
     lines += ["", "TV is the plug-in estimate ½Σ|p̂ − p| (biased upward by sampling noise); "
               "'detectable TV' is the smallest total variation the check finds with power 0.9 at "
               "its α share; 'certified TV ≤' bounds the true TV at confidence 1 − α "
@@ -177,7 +180,7 @@ def render_selftest_markdown(data: dict) -> str:
     ref = data["reference"]
     ref_status = "passes" if ref["summary"]["passed"] else "FAILS"
     lines = [
-        f"# exactcheck selftest ({data['level']}, seed {data['seed']}, α = {data['alpha']:g})",
+        f"# exactcheck selftest ({md_text(data['level'])}, seed {md_text(data['seed'])}, α = {data['alpha']:g})",
         "",
         f"The reference verifier {ref_status} all {ref['summary']['checks']} checks "
         f"({ref['duration_s']:.1f} s). "
@@ -189,12 +192,12 @@ def render_selftest_markdown(data: dict) -> str:
     for r in data["mutants"]:
         forced = "–" if r.get("forced_draws") is None else str(r["forced_draws"])
         lines.append(
-            f"| {r['mutant']} | {'yes' if r['detected'] else '**NO**'} | {r['caught_by'] or '–'} | "
-            f"{r.get('category') or '–'} | {_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
-            f"{r.get('property') or '–'} | {forced} | {r.get('reachability') or '–'} | "
+            f"| {md_cell(r['mutant'])} | {'yes' if r['detected'] else '**NO**'} | {md_cell(r['caught_by'] or '–')} | "
+            f"{md_cell(r.get('category') or '–')} | {_fmt(r['tv_estimate'])} | {_p(r['adjusted_pvalue'])} | "
+            f"{md_cell(r.get('property') or '–')} | {forced} | {md_cell(r.get('reachability') or '–')} | "
             f"{r.get('samples_drawn', 0):,} / {r.get('samples_planned', 0):,} | {r['duration_s']:.1f} s |")
     lines += ["", "## Mutants", ""]
-    lines += [f"- **{r['mutant']}**: {r['defect']} — {r['summary'] or 'not detected'}"
+    lines += [f"- **{md_text(r['mutant'])}**: {md_text(r['defect'])} — {md_text(r['summary'] or 'not detected')}"
               for r in data["mutants"]]
     lines += ["", "## Reference audit", "", render_audit_markdown(ref).split("\n", 2)[2]]
     return "\n".join(lines)

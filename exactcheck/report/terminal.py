@@ -1,10 +1,14 @@
 """What exactcheck prints on a terminal: the one-screen summary of an audit, the selftest's table
 rows, and the gate's lines. The command line prints these strings and nothing of its own making,
-so "how a result is shown" is decided here, beside the Markdown, HTML and JUnit renderers."""
+so "how a result is shown" is decided here, beside the Markdown, HTML and JUnit renderers. What
+comes from the subject (its name, exception text, frames) reaches the terminal through
+``terminal_text``: an ANSI escape or another control character is printed visibly (``\\x1b``),
+never executed."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from exactcheck.report.escaping import terminal_text
 from exactcheck.report.json_md import deterministic_finding
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.result import AuditResult
@@ -53,7 +57,7 @@ def audit_summary(result: AuditResult, passing: bool = False) -> str:
     lines.append(f"  {result.budget_text()}")
     if passing:
         lines += [f"  exact              {v.check}: {v.summary}" for v in result.verdicts if v.outcome is Outcome.EXACT]
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 _COLUMNS = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
@@ -82,8 +86,8 @@ def selftest_row(name: str, audit: AuditResult, reference: bool) -> str:
         finding = deterministic_finding(audit)
         if finding is not None and finding.reachability is not None:
             forced = f"{finding.check}: {finding.reachability.describe()}"
-    return (f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
-            f"{audit.duration_s:5.1f}s  {forced}")
+    return terminal_text(f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
+                         f"{audit.duration_s:5.1f}s  {forced}")
 
 
 def selftest_footer(result: "SelftestResult", seconds: float) -> str:
@@ -103,7 +107,7 @@ def gate_lines(results: "list[GateResult]") -> str:
                      + f"; level {result.subject.level}, {result.audit.duration_s:.1f} s)")
         lines += ["  " + v.describe().replace("\n", "\n  ")
                   for v in rank_failures(result.blocking)[:DETAILED_FAILURES]]
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines))
 
 
 def gate_verdict(results: "list[GateResult]") -> str:
@@ -114,4 +118,5 @@ def gate_verdict(results: "list[GateResult]") -> str:
 def interrupted_line(result: AuditResult, written: str = "") -> str:
     """Ctrl-C during an audit: how far it got, and the partial report if one was written."""
     where = f"; partial report, marked incomplete: {written}" if written else ""
-    return f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} {result.unit}{where}"
+    return terminal_text(f"exactcheck: interrupted after {result.samples_drawn:,} of {result.samples_planned:,} "
+                         f"{result.unit}{where}")
