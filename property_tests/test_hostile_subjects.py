@@ -286,10 +286,11 @@ def test_an_audit_stopped_by_sigterm_writes_its_partial_report(tmp_path):
 
 def test_a_max_seconds_reproduce_line_gives_the_same_statistics(tmp_path, capsys):
     first = tmp_path / "first"
-    main(["audit", "exactcheck.step.mutants:acceptance_x0.98", "--level", "standard", "--world", "nearly_equal",
+    main(["audit", "exactcheck.step.reference:reference_verifier", "--level", "standard", "--world", "nearly_equal",
           "--max-seconds", "6", "--quiet", "--report", str(first)])
     data = json.loads(next(first.glob("*.json")).read_text())
     laws = [v for v in data["verdicts"] if v["world"] == "nearly_equal"]
+    assert laws and data["budget"]["max_seconds"] == 6
     line = laws[0]["reproduce"]
     assert "--looks-from-share" in line and "--max-seconds" not in line
     again = tmp_path / "again"

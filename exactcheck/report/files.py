@@ -77,7 +77,7 @@ def atomic_write(path: str | Path, text: str) -> Path:
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
+        with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as f:  # a lone surrogate too
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

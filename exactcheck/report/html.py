@@ -252,8 +252,8 @@ def render_selftest_html(data: dict) -> str:
     reference = audit_from_json(data["reference"])
     mutants = data["mutants"]
     detected = sum(r["detected"] for r in mutants)
-    passed = reference.passed and detected == len(mutants)
-    status = "PASSED" if passed else "FAILED"
+    passed = reference.passed and detected == len(mutants) and not data.get("interrupted")
+    status = "INCOMPLETE (interrupted)" if data.get("interrupted") else "PASSED" if passed else "FAILED"
     rows = []
     for r in mutants:
         forced = "–" if r.get("forced_draws") is None else str(r["forced_draws"])

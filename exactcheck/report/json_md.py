@@ -172,6 +172,7 @@ def selftest_to_json(result: "SelftestResult") -> dict:
     return {
         "schema": SELFTEST_SCHEMA, "level": result.level, "seed": result.seed,
         "alpha": result.alpha, "passed": result.passed, "undetected": result.undetected,
+        "interrupted": result.interrupted, "mutants_planned": list(result.planned or [r[0] for r in result.mutants]),
         "reference": audit_to_json(result.reference), "mutants": rows,
     }
 
@@ -185,6 +186,9 @@ def render_selftest_markdown(data: dict) -> str:
         f"The reference verifier {ref_status} all {ref['summary']['checks']} checks "
         f"({ref['duration_s']:.1f} s). "
         f"{sum(r['detected'] for r in data['mutants'])} of {len(data['mutants'])} mutants detected.",
+        *(["", f"**INCOMPLETE (interrupted)**: {len(data['mutants'])} of {len(data.get('mutants_planned', ()))} "
+               f"mutants audited before the selftest was stopped; this is not a pass."]
+          if data.get("interrupted") else []),
         "",
         "| mutant | detected | caught by | category | TV | Holm-adjusted p | property | fewest forced draws | reachability | trials drawn / planned | time |",
         "|---|---|---|---|---:|---:|---|---:|---|---:|---:|",

@@ -92,8 +92,11 @@ def selftest_row(name: str, audit: AuditResult, reference: bool) -> str:
 
 def selftest_footer(result: "SelftestResult", seconds: float) -> str:
     detected = len(result.mutants) - len(result.undetected)
-    return (f"reference {'passes' if result.reference.passed else 'FAILS'}; {detected} of "
-            f"{len(result.mutants)} mutants detected; {seconds:.1f} s in all")
+    reference = ("interrupted" if result.reference.interrupted else "passes" if result.reference.passed else "FAILS")
+    incomplete = (f" (INCOMPLETE: {len(result.mutants)} of {len(result.planned)} mutants audited before it was "
+                  f"stopped)" if result.interrupted else "")
+    return (f"reference {reference}; {detected} of {len(result.mutants)} mutants detected{incomplete}; "
+            f"{seconds:.1f} s in all")
 
 
 def gate_lines(results: "list[GateResult]") -> str:

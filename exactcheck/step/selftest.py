@@ -56,23 +56,26 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
     progress = on_audit is None and sys.stderr.isatty()
 
     def audit(verifier, name, mutant=True):
-        result = run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
-                           device=device, progress=progress, stop_early=stop_early,
-                           detect_tv=detect_tv, max_samples=max_samples, call_elements=call_elements,
-                           properties_first=mutant and stop_early)
-        if on_audit and not result.interrupted:
-            on_audit(name, result)
-        return result
+        return run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
+                         device=device, progress=progress, stop_early=stop_early,
+                         detect_tv=detect_tv, max_samples=max_samples, call_elements=call_elements,
+                         properties_first=mutant and stop_early)
 
     reference = audit(reference_verifier, REFERENCE_NAME, mutant=False)
     rows = []
-    for m in names if not reference.interrupted else ():
-        try:
+    # Ctrl-C (or SIGTERM) anywhere from here on stops the selftest and keeps what it finished: the
+    # reference, and each mutant whose audit ended (an audit interrupted inside is not a row)
+    try:
+        if on_audit and not reference.interrupted:
+            on_audit(REFERENCE_NAME, reference)
+        for m in names if not reference.interrupted else ():
             result = audit(MUTANTS[m].verifier, f"exactcheck.step.mutants:{m}")
-        except KeyboardInterrupt:  # between an audit's phases: that audit is lost, the others kept
-            break
-        if result.interrupted:  # Ctrl-C inside this audit: stop the selftest, keeping what it finished
-            break
-        rows.append((m, MUTANTS[m].defect, result))
+            if result.interrupted:
+                break
+            rows.append((m, MUTANTS[m].defect, result))
+            if on_audit:
+                on_audit(f"exactcheck.step.mutants:{m}", result)
+    except KeyboardInterrupt:
+        pass
     interrupted = reference.interrupted or len(rows) < len(names)
     return SelftestResult(level, seed, alpha, reference, tuple(rows), interrupted, tuple(names))
