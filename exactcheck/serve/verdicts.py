@@ -105,10 +105,18 @@ def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float,
                                                       f"reference's", **common)
     bad = [g for g in gaps if g[0] > tolerance]
     zero = all(g[3] in (0.0, 1.0) for g in gaps)
-    first_only = all(g[2] > 0 for g in bad) and any(g[2] == 0 for g in gaps)
-    cause = ("every reported probability is 0 or 1 (logprob 0.0 or -inf: llama.cpp #27972, vLLM #17876)" if zero
-             else "only tokens after the first are off (llama.cpp PR #27196: logprobs right for the first token only)"
-             if first_only else "the reported probabilities are not the target's")
+    ones = all(g[3] == 1.0 for g in bad)
+    later = all(g[2] > 0 for g in bad) and any(g[2] == 0 for g in gaps)
+    if zero:
+        cause = "every reported probability is 0 or 1 (logprob 0.0 or -inf: llama.cpp #27972, vLLM #17876)"
+    elif ones and later:
+        cause = ("the tokens after the first are reported with probability 1.0 (logprob 0.0) while the first is "
+                 "right: the probabilities of tokens a verification step emitted are not filled in (llama.cpp "
+                 "#27972, PR #27196)")
+    elif later:
+        cause = "only tokens after the first are off (llama.cpp PR #27196: logprobs right for the first token only)"
+    else:
+        cause = "the reported probabilities are not the target's"
     return Verdict(outcome=Outcome.DEFECT, summary=(
         f"{len(bad):,} of {len(rows):,} token probabilities differ from the reference's by more than {tolerance:g}: "
         f"{cause}; the largest at request {request}, token {position}: reported {reported:.4f}, reference "
