@@ -14,8 +14,9 @@ from typing import Sequence
 
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQUIRE, AuditOptions, Category
 
-__all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "greedy_audit_line",
-           "grammar_audit_line", "cost_line", "replay_line", "reproducer_path"]
+__all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "tree_audit_line",
+           "greedy_audit_line", "grammar_audit_line", "cost_line", "isolated_audit_line", "replay_line",
+           "reproducer_path"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,27 @@ def generator_audit_line(options: AuditOptions, subject: str, world: str, polici
     return reproduce_line("e2e", subject, settings, "run_generator_audit", by_command)
 
 
+def tree_audit_line(options: AuditOptions, subject: str, world: str, by_command: bool = True) -> str:
+    """A tree audit's line for ``world``: level, seed and world, and what else changes what the
+    world draws (budget, device) or how it is judged (alpha, categories required, call timeout),
+    where it differs from the default. ``by_command``: the subject is named as the command takes it
+    (else the line is the ``run_tree_audit`` call)."""
+    settings = [Setting(f"--level {options.level.value}", f"level={options.level.value!r}"),
+                Setting(f"--seed {options.seed}", f"seed={options.seed}"),
+                Setting(f"--world {world}", f"worlds=[{world!r}]")]
+    if options.alpha != DEFAULT_ALPHA:
+        settings.append(Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"))
+    if options.detect_tv is not None:
+        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", f"detect_tv={options.detect_tv!r}"))
+    if options.max_samples is not None:
+        settings.append(Setting(f"--max-samples {int(options.max_samples)}", f"max_samples={int(options.max_samples)}"))
+    if options.call_timeout != DEFAULT_CALL_TIMEOUT:
+        settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
+                                f"call_timeout={options.call_timeout!r}"))
+    settings += _device(options.device) + _required(options)
+    return reproduce_line("tree", subject, settings, "run_tree_audit", by_command)
+
+
 def greedy_audit_line(subject: str, model: str, prompts: int, new_tokens: int, draft_lengths, per_prompt,
                       seed: int, device, by_command: bool = True) -> str:
     """``exactcheck greedy``'s line; the command states draft lengths 1..8 only."""
@@ -140,6 +162,13 @@ def cost_line(subject: str, model: str | None, world: str | None, draft_lengths:
                 Setting(f"--seed {seed}", ""), Setting(f"--new-tokens {new_tokens}" if new_tokens else "", ""),
                 Setting(f"--policy '{policy}'" if policy else "", "")]
     return reproduce_line("cost", subject, settings)
+
+
+def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> str:
+    """The line of an isolated audit whose subject killed its worker process: the audit again,
+    isolated (the subject is by name: an isolated audit loads it in the worker)."""
+    return reproduce_line(command, subject, [Setting(f"--level {options.level.value}", ""),
+                                             Setting(f"--seed {options.seed}", ""), Setting("--isolate", "")])
 
 
 def reproducer_path(check: str, subject: str = "", level: str | None = None, seed: int | None = None) -> str:

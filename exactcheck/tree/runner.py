@@ -21,13 +21,14 @@ import time
 import numpy as np
 
 from exactcheck.core import (STATISTIC_NAME, apply_holm, deviating_cells, failure_verdict, keep_plots_where_needed,
-                             plot_cells, run_environment)
+                             plot_cells, resolve_device, run_environment)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Category, Check, CheckKind, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
 from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVariation, Verdict
+from exactcheck.reproduce import tree_audit_line
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan
 from exactcheck.stats.planning import trials_to_detect
@@ -141,15 +142,18 @@ def tree_verdicts(samples: TreeSamples, rule: str | None, share: float, alpha: f
 
 def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
                    progress: bool = True, **settings) -> TreeAuditResult:
-    """Audit a tree verifier (``exactcheck.tree.contract``) on the tree worlds of its sibling mode."""
+    """Audit a tree verifier (``exactcheck.tree.contract``) on the tree worlds of its sibling mode.
+    ``subject_name`` is how the ``exactcheck tree`` command names it; given, reproduce lines are
+    commands. The device is resolved here, once; the loop below gets the ``torch.device``."""
     options = AuditOptions.of(options, settings)
     if not callable(subject):
         raise UsageError(f"subject ({subject!r}) is not callable")
+    device = resolve_device(options.device)
     with call_time_limit(options.call_timeout):  # this audit's calls; a hang trips it once
-        return _run_tree_audit(subject, options, subject_name, progress)
+        return _run_tree_audit(subject, options, device, subject_name, progress)
 
 
-def _run_tree_audit(subject, options: AuditOptions, subject_name, progress) -> TreeAuditResult:
+def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progress) -> TreeAuditResult:
     plan, trials = plan_tree_audit(subject, options)
     rule = _rule(subject)
     name = subject_name or getattr(subject, "__name__", type(subject).__name__)
@@ -159,12 +163,10 @@ def _run_tree_audit(subject, options: AuditOptions, subject_name, progress) -> T
     pending, drawn = [], 0
     for w in plan.worlds:
         world_seed = derive_seed(options.seed, w.name)
-        reproduce = (f"exactcheck tree {subject_name} --level {options.level.value} --seed {options.seed} "
-                     f"--world {w.name}" if subject_name else
-                     f"run_tree_audit({name}, level={options.level.value!r}, seed={options.seed}, worlds=[{w.name!r}])")
+        reproduce = tree_audit_line(options, name, w.name, by_command=bool(subject_name))
         base = dict(world=w.name, seed=world_seed, reproduce=reproduce)
         try:
-            samples = drive_tree(subject, w, trials[w.name], world_seed, device=options.device)
+            samples = drive_tree(subject, w, trials[w.name], world_seed, device=device)
         except SubjectError as exc:
             pending.append(failure_verdict(exc, world=w.name, seed=world_seed, reproduce=base["reproduce"],
                                            samples=trials[w.name], condition="every verify call"))
@@ -175,6 +177,6 @@ def _run_tree_audit(subject, options: AuditOptions, subject_name, progress) -> T
     bar.close()
     verdicts = keep_plots_where_needed(apply_holm(pending, plan.budget))
     return TreeAuditResult(subject=name, level=options.level.value, seed=options.seed, alpha=plan.budget.alpha,
-                           device=str(options.device), verdicts=tuple(verdicts), started=started,
+                           device=str(device), verdicts=tuple(verdicts), started=started,
                            duration_s=time.perf_counter() - clock, environment=run_environment(),
                            samples_planned=sum(trials.values()), samples_drawn=drawn, require=options.require)
