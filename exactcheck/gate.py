@@ -17,6 +17,12 @@
     name = "generate"
     generator = "transformers-assisted"      # an end-to-end generator (built-in name or MODULE:CALLABLE)
 
+    [[tool.exactcheck.subject]]
+    tree = "my_pkg.eagle:verify_tree"        # a tree verifier (a built-in name or MODULE:CALLABLE)
+
+A subject's key is its audit kind: every row of ``exactcheck.subjects.ENTRY_POINTS`` that says
+``gate=True`` (``gate_kinds()``), audited through that row.
+
 ``exactcheck gate`` exits 1 when any subject has a failed check that is not exempt, and writes
 JUnit XML (one testsuite per subject, one testcase per check) and JSON for CI systems.
 """
@@ -33,7 +39,7 @@ from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, AuditOptions, Category, Level, SubjectKind
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Verdict
-from exactcheck.subjects import audit_subject, entry_point, plan_subject
+from exactcheck.subjects import audit_subject, entry_point, gate_kinds, plan_subject
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,8 +48,8 @@ else:  # pragma: no cover
 
 __all__ = ["GateSubject", "GateResult", "read_config", "check_exempt", "run_gate"]
 
-# keys of a [[tool.exactcheck.subject]] entry that are not audit settings
-_OWN_KEYS = ("name", "exempt", *(kind.value for kind in SubjectKind))
+# keys of a [[tool.exactcheck.subject]] entry that are not audit settings (besides its kind's key)
+_OWN_KEYS = ("name", "exempt")
 # settings [tool.exactcheck] may give every subject
 _SHARED = ("level", "seed", "alpha", "device", "require")
 
@@ -181,15 +187,17 @@ def _invalid(key: str, value, rule: str) -> str:
     return f"{key} ({value!r}) must be {rule}"
 
 
-def _validated(settings: dict, where: str, takes=None) -> dict:
+def _validated(settings: dict, where: str, takes=None, own_fields=None) -> dict:
     """``settings`` with every known field's type and range checked (``takes``: only the keys the
-    subject's entry point takes; the others are ``EntryPoint.split``'s to refuse), converted where
+    subject's entry point takes; the others are ``EntryPoint.split``'s to refuse; ``own_fields``:
+    the checks of settings only the subject's kind takes, ``EntryPoint.fields``), converted where
     the audit takes another form; a bad value is a one-line ``UsageError`` saying ``where``."""
+    fields = {**_FIELDS, **(own_fields or {})}
     out = dict(settings)
     for key, value in settings.items():
-        if key not in _FIELDS or (takes is not None and key not in takes):
+        if key not in fields or (takes is not None and key not in takes):
             continue
-        valid, rule = _FIELDS[key]
+        valid, rule = fields[key]
         if not valid(value):
             raise UsageError(f"{where}: {_invalid(key, value, rule)}")
         if key in _CONVERT:
@@ -254,11 +262,12 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
     defaults = {"level": DEFAULT_LEVEL, "seed": 0, "alpha": DEFAULT_ALPHA, "device": "cpu", **shared}
     overrides = {k: v for k, v in (("level", level), ("device", device)) if v is not None}
     subjects, names = [], set()
+    known = gate_kinds()
     for i, entry in enumerate(entries):
-        kinds = [kind for kind in SubjectKind if kind.value in entry]
+        kinds = [kind for kind in known if kind.value in entry]
         if len(kinds) != 1:
             raise UsageError(f"{path}: subject {i + 1} needs exactly one of "
-                             + " or ".join(repr(kind.value) for kind in SubjectKind))
+                             + " or ".join(repr(kind.value) for kind in known))
         kind = kinds[0]
         target = entry[kind.value]
         if not _name(target):
@@ -275,7 +284,8 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
             raise UsageError(f"{where}: {_invalid('exempt', exempt, 'a list of check or world names (strings)')}")
         entrypoint = entry_point(kind)
         takes = set(entrypoint.options) | set(entrypoint.settings)
-        own = _validated({**{k: v for k, v in entry.items() if k not in _OWN_KEYS}, **overrides}, where, takes)
+        own = _validated({**{k: v for k, v in entry.items() if k not in (*_OWN_KEYS, *known)}, **overrides}, where,
+                         takes, entrypoint.fields)
         settings = {**defaults, **own}
         try:
             options, own = entrypoint.split(settings)
@@ -347,8 +357,7 @@ def preflight(subjects: list[GateSubject], keep: bool = True) -> dict | None:
 
 def _interrupted(subject: GateSubject) -> AuditResult:
     import datetime
-    from exactcheck.report import result as results
-    return getattr(results, entry_point(subject.kind).result)(
+    return entry_point(subject.kind).result_type()(
         subject=subject.target, level=subject.level, seed=subject.options.seed, alpha=subject.options.alpha,
         device=subject.options.device, verdicts=(), duration_s=0.0, environment={}, interrupted=True,
         started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

@@ -1,6 +1,6 @@
 """What every layer of an audit reads, and nothing else: its options, its levels, how its alpha
 is split, the kinds of check, the checks and the plan record, the finding categories, the
-pseudo-worlds and the kinds of subject.
+pseudo-worlds and the name of an audit kind.
 
 This is the leaf of the package: it imports no other exactcheck module but ``exactcheck.errors``
 (itself a leaf: the one root exception), no torch and no scipy, so ``exactcheck --help``, the
@@ -18,13 +18,16 @@ from exactcheck.errors import UsageError
 
 __all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
            "derive_seed",
-           "REAL_MODELS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
+           "REAL_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
            "SubjectKind"]
 
 DEFAULT_ALPHA = 1e-3
 DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
 DEFAULT_REQUIRE = ("exactness", "conformance")  # always gating; --require adds the others
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
+# the generators ``exactcheck e2e`` (and every generator audit) takes by name (``exactcheck.subjects``)
+BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "transformers-assisted",
+                      "transformers-prompt-lookup", "transformers-ensemble-0.9")
 # elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
 # for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
 DEFAULT_CALL_ELEMENTS = 1 << 24
@@ -123,13 +126,45 @@ class PseudoWorld(str, enum.Enum):
     PROCESS = "process"
 
 
-class SubjectKind(enum.Enum):
-    """What a subject is: a step-level verifier (vLLM's rejection-sampler layout) or an end-to-end
-    generator (``exactcheck.e2e.generator``). Each kind has one audit entry point
-    (``exactcheck.subjects.entry_point``)."""
+class SubjectKind(str):
+    """The name of an audit kind: the key of its row in ``exactcheck.subjects.ENTRY_POINTS``, the
+    key naming a subject of that kind in the gate's ``[[tool.exactcheck.subject]]`` tables and the
+    ``kind`` the pytest plugin takes (``verifier``: a step-level verifier, vLLM's rejection-sampler
+    layout; ``generator``: an end-to-end generator, ``exactcheck.e2e.generator``; ``tree``: a tree
+    verifier, ``exactcheck.tree.contract``; ``greedy``, ``grammar``, ``cost``, ``selftest``).
 
-    VERIFIER = "verifier"
-    GENERATOR = "generator"
+    The registry, not this class, says which kinds exist: a new audit kind is its package and one
+    row there, and its name needs no member here. A kind is a string (``SubjectKind.TREE ==
+    "tree"``), one object per name (``SubjectKind("tree") is SubjectKind.TREE``), with ``value``
+    as an enum member has."""
+
+    __slots__ = ()
+    _names: dict = {}
+
+    def __new__(cls, name: str) -> "SubjectKind":
+        if isinstance(name, SubjectKind):
+            return name
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an audit kind is a non-empty name, not {name!r}")
+        known = cls._names.get(name)
+        if known is None:
+            known = cls._names.setdefault(name, super().__new__(cls, name))
+        return known
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"SubjectKind({self.value!r})"
+
+    def __reduce__(self):
+        return SubjectKind, (self.value,)
+
+
+SubjectKind.VERIFIER = SubjectKind("verifier")
+SubjectKind.GENERATOR = SubjectKind("generator")
+SubjectKind.TREE = SubjectKind("tree")
 
 
 @dataclass(frozen=True)

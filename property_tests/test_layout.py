@@ -226,3 +226,104 @@ def test_an_entry_point_refuses_a_setting_its_kind_does_not_take():
         entry_point(SubjectKind.GENERATOR).split({"call_elements": 100})
     options, own = entry_point(SubjectKind.GENERATOR).split({"level": "standard", "greedy": False})
     assert options.level.value == "standard" and own == {"greedy": False}
+
+
+def test_front_ends_name_no_audit_kind_and_no_runner():
+    """The audit kinds are the rows of ``exactcheck.subjects.ENTRY_POINTS``: the CLI, the gate and
+    the plugin import no kind's runner or entry module (imports inside functions counted), compare
+    no kind or command with a string and keep no table of the audits' commands."""
+    kinds = ("audit", "e2e", "tree", "greedy", "grammar", "cost", "selftest", "verifier", "generator")
+    forbidden = ("exactcheck.tree.subjects", "exactcheck.e2e.real_models", "exactcheck.e2e.real_grammar",
+                 "exactcheck.e2e.cost", "exactcheck.step.selftest")
+    for front in ("cli.py", "gate.py", "pytest_plugin.py"):
+        for module, alias in _imports(PACKAGE / front):
+            name = f"{module}.{alias}" if alias else module
+            assert not name.endswith((".runner", ".entry")) and ".runner." not in name and ".entry." not in name \
+                and not name.startswith(forbidden), f"{front}: imports {name}"
+        text = (PACKAGE / front).read_text()
+        for kind in kinds:
+            for needle in (f'== "{kind}"', f'"{kind}": _', f'in ("{kind}"', f'"{kind}" in '):
+                assert needle not in text, f"{front}: {needle}"
+
+
+def test_every_audit_kind_is_a_row_its_command_is_built_from(capsys):
+    """Each row's command is a sub-command offering the row's arguments, its reproduce-line
+    builder lives in ``exactcheck.reproduce``, its result type resolves, and the gate takes the
+    kinds that say so (with a plan to match exemptions against)."""
+    import argparse
+
+    from exactcheck.cli import main
+    from exactcheck.subjects import ENTRY_POINTS, entry_point, gate_kinds
+    assert [e.command for e in ENTRY_POINTS.values()] == ["audit", "selftest", "tree", "e2e", "greedy", "grammar",
+                                                          "cost"]
+    for kind, entry in ENTRY_POINTS.items():
+        assert entry.kind is kind and entry_point(kind.value) is entry and entry_point(entry.command) is entry
+        own = argparse.ArgumentParser(add_help=False)
+        entry.arguments(own)
+        with pytest.raises(SystemExit):
+            main([entry.command, "--help"])
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: exactcheck {entry.command} ")
+        assert all(option in shown for action in own._actions for option in action.option_strings)
+        assert entry.reproduce.__module__ == "exactcheck.reproduce"
+        assert isinstance(entry.result_type(), type)
+    assert set(gate_kinds()) == {"verifier", "generator", "tree"}
+    assert all(ENTRY_POINTS[kind].plan is not None for kind in gate_kinds())
+
+
+def _toy_row(calls: list):
+    """An audit kind no front end has heard of, as one registry row."""
+    from exactcheck import arguments
+    from exactcheck.options import AlphaBudget, AuditPlan, Check, CheckKind, SubjectKind
+    from exactcheck.report.result import TreeAuditResult
+    from exactcheck.reproduce import tree_audit_line
+    from exactcheck.subjects import EntryPoint
+
+    def add(parser):
+        parser.add_argument("subject")
+        parser.add_argument("--colour", default="blue")
+        arguments.common(parser)
+
+    def plan(subject, options, colour="blue"):
+        return AuditPlan(options, (Check(f"{colour}/law", CheckKind.LAW, colour, "law"),), AlphaBudget(options.alpha, 1))
+
+    def run(subject, options, *, subject_name=None, progress=True, executor=None, colour="blue"):
+        calls.append((subject, subject_name, options.level.value, colour))
+        return TreeAuditResult(subject=subject_name or "toy", level=options.level.value, seed=options.seed,
+                               alpha=options.alpha, device=options.device, verdicts=(), started="", duration_s=0.0,
+                               environment={})
+
+    return EntryPoint(SubjectKind("toy"), "toy", "a toy audit kind", add,
+                      lambda args: dict(level=args.level, seed=args.seed, colour=args.colour, progress=not args.quiet),
+                      lambda name: ("loaded", name), plan, run, "exactcheck.report.result:TreeAuditResult",
+                      tree_audit_line, "toy-", options=("level", "seed", "alpha", "device", "worlds", "require"),
+                      settings=("colour",), fields={"colour": (lambda v: v in ("red", "blue"), "red or blue")},
+                      gate=True)
+
+
+def test_a_new_audit_kind_is_one_registry_row(tmp_path, monkeypatch, capsys):
+    """One row added to the registry, nothing else: the CLI offers its command with the row's
+    arguments and runs it, the gate takes its key (and checks its own settings by the row's
+    fields), the plugin's ``audit_tests`` plans it."""
+    from exactcheck.cli import main
+    from exactcheck.errors import UsageError
+    from exactcheck.gate import read_config, run_gate
+    from exactcheck.options import SubjectKind
+    from exactcheck.pytest_plugin import audit_tests
+    from exactcheck.subjects import ENTRY_POINTS, plan_subject
+    calls = []
+    monkeypatch.setitem(ENTRY_POINTS, SubjectKind("toy"), _toy_row(calls))
+    assert main(["toy", "thing", "--colour", "red", "--quiet"]) == 0
+    assert calls == [(("loaded", "thing"), "thing", "quick", "red")]
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.exactcheck]\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "red"\n')
+    (subject,) = read_config(config)
+    assert subject.kind is SubjectKind("toy") and subject.settings == {"colour": "red"}
+    assert run_gate([subject], progress=False)[0].passed and calls[-1] == (("loaded", "thing"), "thing", "quick", "red")
+    config.write_text('[tool.exactcheck]\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "green"\n')
+    with pytest.raises(UsageError, match=r"colour \('green'\) must be red or blue"):
+        read_config(config)
+    test = audit_tests("toy", "thing", colour="red")
+    assert test.__exactcheck_spec__.kind is SubjectKind("toy")
+    assert plan_subject("toy", "thing", level="quick", colour="red").names == ["red/law"]
+    capsys.readouterr()

@@ -34,5 +34,5 @@ def load_tree_verifier(name: str):
         return subject
     if name.startswith(("tree-reference:", "tree-mutant:", "tree-corpus:")):
         raise UsageError(f"unknown tree verifier {name!r}; built in: {sorted(builtin)}")
-    from exactcheck.subjects import load_subject
+    from exactcheck.loading import load_subject
     return load_subject(name)

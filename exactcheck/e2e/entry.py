@@ -1,0 +1,249 @@
+"""The generator audits' rows of ``exactcheck.subjects.ENTRY_POINTS``: ``exactcheck e2e`` (the toy
+model worlds), ``greedy`` (greedy identity on real models), ``grammar`` (SmolLM2 under an xgrammar
+mask) and ``cost`` (the speed claim next to the exactness verdict): their command-line arguments,
+their settings from the parsed command line, how they plan, run and show their results. Light:
+the runners (and torch) are imported when an audit runs; each resolves its device once here
+(``exactcheck.core.resolve_device``) or in its runner."""
+from __future__ import annotations
+
+import dataclasses
+
+from exactcheck import arguments
+from exactcheck.errors import UsageError
+from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, DEFAULT_LEVEL, REAL_MODELS, AuditOptions, AuditPlan
+
+__all__ = ["parse_policy", "named", "show_generator_audit",
+           "e2e_arguments", "e2e_settings", "plan_e2e", "run_e2e",
+           "greedy_arguments", "greedy_settings", "plan_greedy", "run_greedy", "greedy_stem",
+           "grammar_arguments", "grammar_settings", "plan_grammar", "run_grammar",
+           "cost_arguments", "cost_settings", "run_cost", "cost_stem", "show_cost"]
+
+
+def parse_policy(spec: str):
+    """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2)."""
+    from exactcheck.e2e.policy import DecodingPolicy
+    kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
+    settings = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in kinds:
+            raise UsageError(f"policy {spec!r}: expected KEY=VALUE with KEY in {sorted(kinds)}")
+        try:
+            settings[key] = kinds[key](value)
+        except ValueError as exc:
+            raise UsageError(f"policy {spec!r}: {exc}") from exc
+    try:
+        return DecodingPolicy(**settings)
+    except ValueError as exc:
+        raise UsageError(f"policy {spec!r}: {exc}") from exc
+
+
+def named(result, subject: str):
+    """``result`` naming its subject as the command line gave it when that was MODULE:CALLABLE
+    (the runners name a generator by its callable's ``__name__``); a built-in generator or a loop
+    mutant keeps its own descriptive name."""
+    if subject in BUILTIN_GENERATORS or subject.startswith("loop-mutant:") or ":" not in subject:
+        return result
+    lossy = " [lossy by design]"
+    return dataclasses.replace(result, subject=subject + (lossy if result.subject.endswith(lossy) else ""))
+
+
+def show_generator_audit(result, args, stem: str, **how) -> int:
+    """``exactcheck.console.show_audit`` of a generator audit named as the command line named it."""
+    from exactcheck.console import show_audit
+    return show_audit(named(result, args.subject), args, stem, **how)
+
+
+def _seed_report_quiet(parser) -> None:
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def _models_device(parser) -> None:
+    parser.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
+
+
+# -- e2e: the toy model worlds -------------------------------------------------------------------
+
+def e2e_arguments(parser) -> None:
+    parser.add_argument("subject", help="a built-in generator (" + ", ".join(BUILTIN_GENERATORS) + ", or "
+                        "loop-mutant:NAME) or MODULE:CALLABLE")
+    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
+                        help="sampled generations per world: quick 2,000, standard 8,000, release 40,000")
+    parser.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
+    parser.add_argument("--temperature", type=float, action="append", metavar="T",
+                        help="sampling temperature (repeatable; default 1)")
+    parser.add_argument("--policy", action="append", metavar="SPEC",
+                        help="a decoding policy to audit under, e.g. 'temperature=0.7', 'top_k=2', "
+                             "'top_p=0.8,temperature=0.9', 'min_p=0.3' (repeatable; with --temperature)")
+    parser.add_argument("--world", action="append", metavar="NAME", help="only this model world (repeatable)")
+    parser.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy-identity sweep")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
+    parser.add_argument("--quiet", action="store_true")
+    _models_device(parser)
+    arguments.sharding(parser, "split each run's generations into N ranges (default 1); generations keep their "
+                               "seeds, so the verdicts are the unsharded audit's")
+    arguments.require(parser)
+    arguments.call_timeout(parser)
+    arguments.isolate(parser)
+
+
+def e2e_settings(args) -> dict:
+    from exactcheck.e2e.policy import DecodingPolicy
+    policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
+    policies += tuple(parse_policy(spec) for spec in (args.policy or []))
+    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, policies=policies,
+                generations=args.generations, greedy=args.greedy, progress=not args.quiet, require=args.require,
+                device=args.device, shards=args.shards, call_timeout=args.call_timeout, isolate=args.isolate)
+
+
+def plan_e2e(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
+    from exactcheck.e2e.generator import capabilities_of
+    from exactcheck.e2e.plan import plan_generator_audit
+    return plan_generator_audit(options, policies, greedy, capabilities_of(subject))
+
+
+def run_e2e(subject, options: AuditOptions, **keywords):
+    from exactcheck.e2e.runner import run_generator_audit
+    return run_generator_audit(subject, options=options, **keywords)
+
+
+# -- greedy: greedy identity on real models ------------------------------------------------------
+
+def greedy_arguments(parser) -> None:
+    parser.add_argument("subject", nargs="?", default="transformers-assisted",
+                        help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
+    parser.add_argument("--model", default="tiny-llama", choices=list(REAL_MODELS))
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--per-prompt", type=int, metavar="K",
+                        help="run K of the draft lengths 1..8 per prompt, in rotation (default: all 8)")
+    _seed_report_quiet(parser)
+    _models_device(parser)
+
+
+def greedy_settings(args) -> dict:
+    return dict(model=args.model, prompts=args.prompts, new_tokens=args.new_tokens, per_prompt=args.per_prompt,
+                seed=args.seed, progress=not args.quiet, device=args.device)
+
+
+def greedy_stem(args) -> str:
+    return f"greedy-{args.model}-"
+
+
+def plan_greedy(subject, options: AuditOptions, model: str = "tiny-llama", **_settings) -> AuditPlan:
+    from exactcheck.e2e.plan import plan_greedy_audit
+    return plan_greedy_audit(model)
+
+
+def run_greedy(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
+               model: str = "tiny-llama", **settings):
+    from exactcheck.core import resolve_device
+    from exactcheck.e2e.real_models import run_greedy_audit
+    return run_greedy_audit(subject, model, seed=options.seed, progress=progress,
+                            device=resolve_device(options.device), subject_name=subject_name, **settings)
+
+
+# -- grammar: SmolLM2 under an xgrammar mask -----------------------------------------------------
+
+def grammar_arguments(parser) -> None:
+    parser.add_argument("subject", nargs="?", default="transformers-assisted")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=24, help="sampled outputs for the chain-rule tests")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", metavar="DIR")
+    parser.add_argument("--quiet", action="store_true")
+    _models_device(parser)
+
+
+def grammar_settings(args) -> dict:
+    return dict(prompts=args.prompts, samples=args.samples, seed=args.seed, progress=not args.quiet,
+                device=args.device)
+
+
+def plan_grammar(subject, options: AuditOptions, **_settings) -> AuditPlan:
+    from exactcheck.e2e.plan import plan_grammar_audit
+    return plan_grammar_audit(options.alpha)
+
+
+def run_grammar(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
+                **settings):
+    from exactcheck.core import resolve_device
+    from exactcheck.e2e.real_grammar import run_grammar_audit
+    return run_grammar_audit(subject, seed=options.seed, progress=progress, device=resolve_device(options.device),
+                             subject_name=subject_name, **settings)
+
+
+# -- cost: the speed claim next to the exactness verdict -----------------------------------------
+
+def cost_arguments(parser) -> None:
+    parser.add_argument("subject", nargs="?", default="transformers-assisted",
+                        help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--model", choices=list(REAL_MODELS), help="a real model pair (default tiny-llama)")
+    where.add_argument("--world", metavar="NAME", help="a toy model world (the exact acceptance is known there)")
+    parser.add_argument("--draft-lengths", default="1,2,4,8", metavar="K,K,...")
+    parser.add_argument("--prompts", type=int, default=8, help="requests per draft length (default 8)")
+    parser.add_argument("--new-tokens", type=int, metavar="N", help="new tokens per request (default 32; a world's length)")
+    parser.add_argument("--policy", metavar="SPEC", help="'greedy', or e.g. 'temperature=0.7,top_k=50' (default: "
+                                                         "sampling at temperature 1)")
+    parser.add_argument("--no-exactness", dest="exactness", action="store_false",
+                        help="skip the exactness audit that goes into the same report")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML here")
+    parser.add_argument("--quiet", action="store_true")
+    _models_device(parser)
+
+
+def _cost_model(args) -> str | None:
+    return None if args.world else (args.model or "tiny-llama")
+
+
+def cost_settings(args) -> dict:
+    from exactcheck.reproduce import cost_line
+    try:
+        lengths = tuple(int(k) for k in args.draft_lengths.split(",") if k.strip())
+    except ValueError:
+        raise UsageError(f"--draft-lengths {args.draft_lengths!r}: expected integers like 1,2,4,8") from None
+    if not lengths or min(lengths) < 1:
+        raise UsageError(f"--draft-lengths {args.draft_lengths!r}: expected positive integers")
+    if args.prompts < 2:
+        raise UsageError("--prompts must be at least 2 (the intervals need more than one request)")
+    if args.policy is None:
+        policy = None
+    elif args.policy == "greedy":
+        from exactcheck.e2e.policy import GREEDY
+        policy = GREEDY
+    else:
+        policy = parse_policy(args.policy)
+    model = _cost_model(args)
+    reproduce = cost_line(args.subject, model, args.world, args.draft_lengths, args.prompts, args.seed,
+                          args.new_tokens, args.policy)
+    return dict(model=model, world=args.world, draft_lengths=lengths, prompts=args.prompts,
+                new_tokens=args.new_tokens, policy=policy, device=args.device, seed=args.seed,
+                exactness=args.exactness, progress=not args.quiet, reproduce=reproduce)
+
+
+def cost_stem(args) -> str:
+    return f"cost-{_cost_model(args) or args.world}-"
+
+
+def run_cost(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
+             **settings) -> dict:
+    """The cost report's JSON (``exactcheck.report.cost_report.COST_SCHEMA``)."""
+    from exactcheck.core import resolve_device
+    from exactcheck.e2e.cost import run_cost as cost
+    return cost(subject, device=resolve_device(options.device), seed=options.seed, progress=progress, **settings)
+
+
+def show_cost(data: dict, args, stem: str) -> int:
+    """The headline; the JSON, Markdown and HTML when ``--report``; 0 (the speed is measured, not judged)."""
+    from exactcheck.console import EXIT_PASS, write_and_list
+    from exactcheck.report.cost_report import cost_headline
+    print(cost_headline(data))
+    if args.report:
+        write_and_list(data, args.report, stem)
+    return EXIT_PASS

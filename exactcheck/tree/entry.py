@@ -1,0 +1,42 @@
+"""The tree audit's row of ``exactcheck.subjects.ENTRY_POINTS`` (``exactcheck tree``, the gate's
+``tree = "..."``): its command-line arguments, its settings from the parsed command line, how a
+tree verifier is loaded by name, planned and audited. Light: the runner is imported when an audit
+runs (it resolves the device once, ``exactcheck.tree.runner.run_tree_audit``)."""
+from __future__ import annotations
+
+from exactcheck import arguments
+from exactcheck.options import AuditOptions, AuditPlan
+
+__all__ = ["tree_arguments", "tree_settings", "load", "plan", "run", "OPTIONS"]
+
+# the ``AuditOptions`` fields a tree audit reads
+OPTIONS = ("level", "seed", "alpha", "worlds", "device", "detect_tv", "max_samples", "require", "call_timeout")
+
+
+def tree_arguments(parser) -> None:
+    parser.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
+                                        "MODULE:CALLABLE (the tree contract: docs/checks.md)")
+    parser.add_argument("--world", action="append", metavar="NAME", help="only this tree world (repeatable)")
+    arguments.common(parser)
+    arguments.isolate(parser)
+
+
+def tree_settings(args) -> dict:
+    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, device=args.device,
+                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
+                call_timeout=args.call_timeout, progress=not args.quiet, isolate=args.isolate)
+
+
+def load(name: str):
+    from exactcheck.tree.subjects import load_tree_verifier
+    return load_tree_verifier(name)
+
+
+def plan(subject, options: AuditOptions) -> AuditPlan:
+    from exactcheck.tree.runner import plan_tree_audit
+    return plan_tree_audit(subject, options)[0]
+
+
+def run(subject, options: AuditOptions, *, executor=None, **keywords):
+    from exactcheck.tree.runner import run_tree_audit
+    return run_tree_audit(subject, options=options, **keywords)
