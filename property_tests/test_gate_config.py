@@ -110,3 +110,25 @@ def test_check_exempt_names_an_unknown_entry_and_takes_checks_and_worlds(tmp_pat
     [subject] = read_config(_config(tmp_path, 'exempt = ["properties/seeded_rows", "three_token", '
                                               '"ctx_v8_l3_k2/contract"]'))
     check_exempt(subject, plan_subject(subject.kind, REFERENCE, options=subject.options, **subject.settings))
+
+
+def test_a_tree_verifier_is_a_gate_subject(tmp_path):
+    """``tree = "..."`` names a tree verifier: its settings are checked against the tree audit's,
+    its exemptions against its plan, and it is audited through the registry (a mutant fails)."""
+    from exactcheck.gate import run_gate
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.exactcheck]\nlevel = "quick"\n\n[[tool.exactcheck.subject]]\nname = "ref"\n'
+                    'tree = "tree-reference:multi_round"\nworlds = ["tree_iid_v3_3x1"]\n'
+                    'exempt = ["tree_iid_v3_3x1/first_token"]\n\n[[tool.exactcheck.subject]]\n'
+                    'tree = "tree-mutant:tree_read_as_chain"\nworlds = ["tree_iid_v3_3x1"]\n')
+    ref, mutant = read_config(path)
+    assert ref.kind is SubjectKind.TREE and ref.kind.value == "tree" and ref.options.worlds == ("tree_iid_v3_3x1",)
+    results = run_gate([ref, mutant], progress=False, isolate=False)
+    assert [r.passed for r in results] == [True, False]
+    assert {v.check for v in results[0].audit.verdicts} >= {"tree_iid_v3_3x1/sequence", "tree_iid_v3_3x1/first_token"}
+    path.write_text('[[tool.exactcheck.subject]]\ntree = "tree-reference:multi_round"\ngenerations = 5\n')
+    with pytest.raises(UsageError, match="a tree audit takes no generations"):
+        read_config(path)
+    path.write_text('[[tool.exactcheck.subject]]\ntree = "tree-reference:multi_round"\nexempt = ["tree_iid_v3_3x1/firsttoken"]\n')
+    with pytest.raises(UsageError, match="did you mean 'tree_iid_v3_3x1/first_token'"):
+        run_gate(read_config(path), progress=False)

@@ -161,3 +161,23 @@ def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, ca
     assert [s["name"] for s in gate["subjects"]] == ["first", "second"]
     assert gate["subjects"][1]["audit"]["budget"]["interrupted"] is True
     assert "first" in xml.read_text() and "third" not in xml.read_text()
+
+
+def test_audit_tests_takes_any_kind_with_a_plan(tmp_path):
+    """``audit_tests(kind, subject)``: one reported test per check of the kind's plan; a tree
+    verifier's, here, and a tree mutant's failing."""
+    from junitparser import JUnitXml
+    (tmp_path / "test_trees.py").write_text(
+        "from exactcheck.pytest_plugin import audit_tests\n"
+        "test_tree = audit_tests('tree', 'tree-reference:multi_round', worlds=['tree_iid_v3_3x1'])\n"
+        "test_chain = audit_tests('tree', 'tree-mutant:tree_read_as_chain', worlds=['tree_iid_v3_3x1'])\n")
+    xml = tmp_path / "junit.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                           "test_trees.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    cases = {case.name: _outcome(case) for suite in JUnitXml.fromfile(str(xml)) for case in suite}
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert {name: outcome for name, outcome in cases.items() if name.startswith("test_tree[")} == {
+        "test_tree[tree_iid_v3_3x1/sequence]": "passed", "test_tree[tree_iid_v3_3x1/first_token]": "passed",
+        "test_tree[tree_iid_v3_3x1/step_law@multi_round]": "passed"}
+    assert any(name.startswith("test_chain[") and outcome == "failed" for name, outcome in cases.items())
