@@ -172,7 +172,8 @@ def selftest_to_json(result: "SelftestResult") -> dict:
     return {
         "schema": SELFTEST_SCHEMA, "level": result.level, "seed": result.seed,
         "alpha": result.alpha, "passed": result.passed, "undetected": result.undetected,
-        "interrupted": result.interrupted, "mutants_planned": list(result.planned or [r[0] for r in result.mutants]),
+        "interrupted": getattr(result, "interrupted", False),
+        "mutants_planned": list(getattr(result, "planned", ()) or [r[0] for r in result.mutants]),
         "reference": audit_to_json(result.reference), "mutants": rows,
     }
 
