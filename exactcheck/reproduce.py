@@ -171,6 +171,16 @@ def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> st
                                              Setting(f"--seed {options.seed}", ""), Setting("--isolate", "")])
 
 
+def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str) -> str:
+    """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server)."""
+    settings = ([Setting(f"--reference {reference}", "")] if reference else []) + _head(options, world)
+    if options.max_samples is not None:
+        settings.append(Setting(f"--max-samples {int(options.max_samples)}", ""))
+    if options.detect_tv is not None:
+        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", ""))
+    return reproduce_line("serve", url, settings)
+
+
 def reproducer_path(check: str, subject: str = "", level: str | None = None, seed: int | None = None) -> str:
     """Where a report directory keeps the reproducer of ``check`` of ``subject`` (one file per
     subject and check, so subjects failing the same property in one gate keep theirs apart; with

@@ -31,6 +31,7 @@ from exactcheck.loading import builtin_generators, load_generator, load_subject
 from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, SubjectKind
 from exactcheck.step import entry as step
 from exactcheck.tree import entry as tree
+from exactcheck.serve import entry as serve
 
 __all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "SubjectKind",
            "EntryPoint", "ENTRY_POINTS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
@@ -164,6 +165,12 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
         options=("seed", "device"), settings=("prompts", "samples")),
+    EntryPoint(
+        SubjectKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
+                                       "with speculation off: continuation laws, greedy identity, logprobs",
+        serve.serve_arguments, serve.serve_settings, serve.load, serve.plan, serve.run,
+        _RESULT + "ServeAuditResult", reproduce.serve_audit_line, "serve-",
+        options=serve.OPTIONS, settings=serve.SETTINGS, fields=serve.FIELDS, gate=True),
     EntryPoint(
         SubjectKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
                                      "target alone on the same prompts and policy, per draft length",

@@ -22,6 +22,7 @@ from exactcheck.core import apply_holm, keep_plots_where_needed, not_run_verdict
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, CheckKind, derive_seed
 from exactcheck.progress import Progress
+from exactcheck.reproduce import serve_audit_line
 from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.serve.client import Client, EndpointError
@@ -117,10 +118,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         min_mass, max_calls = EXPANSION[options.level.value]
 
         def reproduce(world: str) -> str:
-            line = f"exactcheck serve {url}"
-            if settings.reference:
-                line += f" --reference {settings.reference}"
-            return line + f" --level {options.level.value} --seed {options.seed} --alpha {options.alpha!r} --world {world}"
+            return serve_audit_line(url, settings.reference, options, world)
 
         pending: list[Verdict] = []
         planned = drawn = 0
