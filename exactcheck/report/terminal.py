@@ -92,9 +92,10 @@ def selftest_row(name: str, audit: AuditResult, reference: bool) -> str:
 
 def selftest_footer(result: "SelftestResult", seconds: float) -> str:
     detected = len(result.mutants) - len(result.undetected)
-    reference = ("interrupted" if result.reference.interrupted else "passes" if result.reference.passed else "FAILS")
+    reference = ("interrupted" if getattr(result.reference, "interrupted", False) else "passes"
+                 if result.reference.passed else "FAILS")
     incomplete = (f" (INCOMPLETE: {len(result.mutants)} of {len(result.planned)} mutants audited before it was "
-                  f"stopped)" if result.interrupted else "")
+                  f"stopped)" if getattr(result, "interrupted", False) else "")
     return (f"reference {reference}; {detected} of {len(result.mutants)} mutants detected{incomplete}; "
             f"{seconds:.1f} s in all")
 
