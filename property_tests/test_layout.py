@@ -267,7 +267,7 @@ def test_every_audit_kind_is_a_row_its_command_is_built_from(capsys):
         assert all(option in shown for action in own._actions for option in action.option_strings)
         assert entry.reproduce.__module__ == "exactcheck.reproduce"
         assert isinstance(entry.result_type(), type)
-    assert set(gate_kinds()) == {"verifier", "generator", "tree"}
+    assert set(gate_kinds()) == {"verifier", "generator", "tree", "serve"}
     assert all(ENTRY_POINTS[kind].plan is not None for kind in gate_kinds())
 
 
