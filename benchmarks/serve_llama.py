@@ -34,6 +34,9 @@ def modes(pair):
         "draft model, probabilistic drafts": (dict(model=pair[0], draft=pair[1], draft_sampling="probabilistic",
                                                    draft_max=3), True),
         "n-gram (ngram-simple, n 2, m 3)": (dict(model=pair[0], spec_type="ngram-simple", extra_args=NGRAM), True),
+        "target against itself, OpenAI /v1/completions": (dict(model=pair[0], api="openai"), False),
+        "draft model, probabilistic drafts, OpenAI /v1/completions": (
+            dict(model=pair[0], draft=pair[1], draft_sampling="probabilistic", draft_max=3, api="openai"), True),
     }
 
 
@@ -45,12 +48,12 @@ def main() -> None:
     rows = []
     with llama_server(pair[0]) as target:
         for name, (server, against_target) in modes(pair).items():
-            model = server.pop("model")
+            model, api = server.pop("model"), server.pop("api", "auto")
             with llama_server(model, **server) as audited:
                 begun = time.perf_counter()
                 result = run_serve_audit(audited, reference=target if against_target else None, level="quick", seed=0,
                                          progress=False, prompts=PROMPTS, samplings=SAMPLINGS, n_probs=64,
-                                         max_samples=args.max_samples)
+                                         max_samples=args.max_samples, api=api)
                 seconds = time.perf_counter() - begun
             rows.append({
                 "mode": name, "passed": result.passed, "seconds": round(seconds, 1), "traffic": result.traffic,

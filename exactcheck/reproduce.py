@@ -171,9 +171,12 @@ def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> st
                                              Setting(f"--seed {options.seed}", ""), Setting("--isolate", "")])
 
 
-def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str) -> str:
+def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str, *, api: str = "auto",
+                     model: str | None = None, reference_probabilities: str | None = None) -> str:
     """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server)."""
     settings = ([Setting(f"--reference {reference}", "")] if reference else []) + _head(options, world)
+    settings += [Setting(f"{flag} {value}", "") for flag, value in (("--api", None if api == "auto" else api),
+                 ("--model", model), ("--reference-probabilities", reference_probabilities)) if value]
     if options.max_samples is not None:
         settings.append(Setting(f"--max-samples {int(options.max_samples)}", ""))
     if options.detect_tv is not None:

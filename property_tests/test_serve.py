@@ -108,3 +108,91 @@ def test_an_interrupted_audit_resumes_from_its_journal_and_sends_nothing_twice(t
     assert 0 < before and before + after == sent.count("/completion")  # each request sent once over the two runs
     assert [(v.check, v.outcome, v.statistic, v.samples) for v in resumed.verdicts] == \
         [(v.check, v.outcome, v.statistic, v.samples) for v in whole.verdicts]
+
+
+# --- OpenAI's /v1/completions: llama.cpp's (ids inside logprobs, post-sampling probabilities) and
+# vLLM's (return_token_ids, raw logprobs keyed "token_id:N", /metrics counters), on the toy server
+
+@pytest.fixture(scope="module")
+def vllm_servers():
+    model = ToyServedModel(api="vllm")
+    with served_model(model) as target, served_model(model.as_draft()) as draft, \
+            served_model(model.as_plain()) as plain:
+        yield model, target, draft, plain
+
+
+OPENAI = dict(SMALL, api="openai", samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)))
+
+
+@pytest.mark.parametrize("flavour", ["llama.cpp", "vllm"])
+def test_an_exact_server_passes_through_the_openai_api(flavour):
+    model = ToyServedModel(api=flavour)
+    with served_model(model) as target:
+        result = run_serve_audit(target.url, **OPENAI)
+    assert result.passed, [v.describe() for v in result.failed]
+    how = "token ids read from logprobs" if flavour == "llama.cpp" else "token ids from return_token_ids"
+    assert "OpenAI /v1/completions" in result.reference and how in result.reference
+    ran = next(v for v in result.verdicts if v.law == "speculation_ran").summary
+    assert ("during the 2,000 requests" if flavour == "vllm" else "ran on 2,000 of 2,000") in ran
+    assert all(v.samples == 2000 for v in result.verdicts if v.law == "continuation")
+
+
+@pytest.mark.parametrize("name", sorted(PROXY_MUTANTS))
+def test_each_proxy_mutant_is_found_through_vllms_openai_api(vllm_servers, name):
+    _, target, draft, plain = vllm_servers
+    mutant = PROXY_MUTANTS[name]
+    with proxy(name, target.url, draft=draft.url, plain=plain.url) as p:
+        result = run_serve_audit(p.url, reference=target.url, **dict(OPENAI, samplings=(Sampling(),)))
+    caught = {v.law: v.summary for v in result.failed}
+    assert not result.passed and mutant.caught_by in caught, caught
+    cause = {"hotter": "sampled hotter", "zero_logprobs": "every reported probability is 0 or 1",
+             "draft_logprobs": "not the target's", "speculation_off_for_logprobs": "switched speculation off",
+             "seed_cache": "answers repeated across seeds"}[name]
+    assert cause in caught[mutant.caught_by]
+
+
+def test_raw_probabilities_give_the_law_only_where_every_engine_agrees():
+    from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
+    raw = NextTokenLaw({0: 0.5, 1: 0.2, 2: 0.15}, 0.15)  # three listed, 0.15 spread over the rest
+    assert sampling_law_from_raw(raw, Sampling()) == raw
+    k2 = sampling_law_from_raw(raw, Sampling(temperature=0.5, top_k=2))
+    assert k2.other == 0 and k2.probabilities[0] == pytest.approx(0.25 / 0.29) and set(k2.probabilities) == {0, 1}
+    assert sampling_law_from_raw(raw, Sampling(top_p=0.6)).probabilities == pytest.approx({0: 5 / 7, 1: 2 / 7})
+    assert set(sampling_law_from_raw(raw, Sampling(min_p=0.35)).probabilities) == {0, 1}
+    assert sampling_law_from_raw(raw, Sampling(temperature=0)).probabilities == {0: 1.0}
+    for sampling, words in ((Sampling(temperature=0.7, top_p=0.9), "temperature 0.7 with top-p"),
+                            (Sampling(top_p=0.9, min_p=0.05), "top-p with min-p"),
+                            (Sampling(temperature=0.7), "without truncation"),
+                            (Sampling(top_k=4), "listed only 3"),
+                            (Sampling(top_p=0.9), "cut falls among the tokens"),
+                            (Sampling(min_p=0.2), "every listed token passes")):
+        with pytest.raises(NotDeterminable, match=words):
+            sampling_law_from_raw(raw, sampling)
+    full = NextTokenLaw({0: 0.5, 1: 0.3, 2: 0.2}, 0.0)
+    assert sampling_law_from_raw(full, Sampling(temperature=0.5)).probabilities[0] == pytest.approx(25 / 38)
+
+
+def test_a_lossy_verification_setting_the_server_exposes_is_named_with_its_exact_tv():
+    from exactcheck.serve.verdicts import settings_verdict
+    base = dict(world="server", seed=0, reproduce="exactcheck serve URL")
+    lossy = settings_verdict({"speculative_accept_threshold_single": 0.9, "speculative_accept_threshold_acc": 0.5},
+                             base)
+    assert lossy.outcome.value == "defect" and "sglang-threshold:single=0.9,acc=0.5" in lossy.summary
+    assert "exactcheck lossy sglang-threshold --param single=0.9 --param acc=0.5" in lossy.summary
+    exact = settings_verdict({"speculative_accept_threshold_single": 1.0, "speculative_accept_threshold_acc": 1.0},
+                             base)
+    assert exact.outcome.value == "exact"
+    assert settings_verdict({}, base).outcome.value == "inconclusive"
+    model = ToyServedModel(api="vllm", server_info={"speculative_accept_threshold_single": 0.9,
+                                                     "speculative_accept_threshold_acc": 0.5})
+    result = run_serve_audit("http://toy", **dict(OPENAI, samplings=(Sampling(),), max_samples=200),
+                             transport=lambda b, path, body: respond(model, path, body)[1])
+    assert not result.passed and [v.check for v in result.failed] == ["server/declared_settings"]
+
+
+def test_vllm_metrics_are_read_summed_over_their_labels():
+    from exactcheck.serve.openai_api import parse_metrics
+    text = ('# HELP x\nvllm:spec_decode_num_draft_tokens_total{engine="0"} 10.0\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="1"} 5\nvllm:spec_decode_num_draft_tokens_created 1.7e9\n'
+            'vllm:num_requests_running 2\n')
+    assert parse_metrics(text) == {"vllm:spec_decode_num_draft_tokens": 15.0, "vllm:num_requests_running": 2.0}

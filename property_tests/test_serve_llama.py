@@ -51,6 +51,15 @@ def test_the_target_against_itself_passes(target):
     assert time.monotonic() - begun < 120
 
 
+def test_the_target_against_itself_passes_through_the_openai_api(target):
+    """llama.cpp's /v1/completions: ids come only inside logprobs (every request asks logprobs=1),
+    post_sampling_probs is honoured there too, timings carry the speculation counters."""
+    result = run_serve_audit(target, **dict(AUDIT, api="openai", samplings=SAMPLINGS[:1], max_samples=1500))
+    assert result.passed, [v.describe() for v in result.failed]
+    assert "OpenAI /v1/completions" in result.reference and "token ids read from logprobs" in result.reference
+    assert all(v.outcome.value == "exact" for v in result.verdicts if v.law == "continuation")
+
+
 @pytest.mark.parametrize("mode", ["greedy", "probabilistic"])
 def test_draft_model_speculation_keeps_the_law_and_loses_the_logprobs(pair, target, mode):
     """Both draft modes are exact by the output law (sample-and-match, common/sampling.cpp:686;

@@ -10,6 +10,13 @@ exact residual (lossless), reporting its drafts as llama.cpp does. Randomness co
 request's seed only. Every request is counted per path (``requests``), so a test can count what
 reached the server.
 
+It speaks three APIs (``api``): ``"llama.cpp"`` (the native ``/completion`` and llama.cpp's
+``/v1/completions``: ids only inside ``logprobs.content``, ``post_sampling_probs`` honoured,
+``timings`` per request), and ``"vllm"`` (``/v1/models``, ``/v1/completions`` only: ``token_ids`` with
+``return_token_ids``, raw logprobs in the legacy format keyed ``"token_id:N"`` with
+``return_tokens_as_token_ids``, speculation counters server-wide in ``/metrics``, no ``/props``),
+as vLLM documents them; ``server_info`` adds SGLang's ``/get_server_info``.
+
 For tests and measurements only: it listens on 127.0.0.1, serves until stopped, and each request
 is bounded by its ``n_predict``.
 """
@@ -63,6 +70,8 @@ class ToyServedModel:
     draft_noise: float = 0.6
     speculative: bool = True
     draft_max: int = 3
+    api: str = "llama.cpp"  # or "vllm"
+    server_info: dict | None = None  # SGLang's /get_server_info, when set
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
 
@@ -71,17 +80,18 @@ class ToyServedModel:
         logits = rng.normal(size=(self.vocab + 1, self.vocab)) * self.sharpness
         self.target = _softmax(logits)
         self.draft = _softmax(logits + rng.normal(size=logits.shape) * self.draft_noise)
+        self.totals = [0, 0]  # drafted, accepted: vLLM's /metrics counters
+        self.lock = threading.Lock()
 
     def as_draft(self) -> "ToyServedModel":
         """The draft model served on its own: its table as the target, no speculation."""
-        other = ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False)
+        other = ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api)
         other.target = self.draft
         return other
 
     def as_plain(self) -> "ToyServedModel":
         """The same target without speculation."""
-        other = ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False)
-        return other
+        return ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api)
 
     def row(self, table: np.ndarray, context: list[int]) -> np.ndarray:
         return table[context[-1] if context else self.vocab]
@@ -126,6 +136,9 @@ class ToyServedModel:
                     token = _sample(self.law(context, sampling), rng)
                     out.append(token)
                     context.append(token)
+        with self.lock:
+            self.totals[0] += drafted
+            self.totals[1] += accepted
         return out[:n_predict], drafted, accepted
 
 
@@ -150,10 +163,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # quiet
         pass
 
-    def _reply(self, status: int, data: dict) -> None:
-        body = json.dumps(data).encode()
+    def _reply(self, status: int, data) -> None:
+        text = isinstance(data, str)
+        body = (data if text else json.dumps(data)).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -171,39 +185,123 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(*respond(self.server.model, self.path, body))
 
 
-def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict]:
-    """(HTTP status, JSON answer) of the served model to a GET (``body`` None) or a POST."""
+def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict | list | str]:
+    """(HTTP status, answer) of the served model to a GET (``body`` None) or a POST: JSON, or text
+    (a ``str``: vLLM's ``/metrics``)."""
     if body is None:
         if path == "/health":
             return 200, {"status": "ok"}
+        if path == "/get_server_info" and model.server_info is not None:
+            return 200, dict(model.server_info)
+        if path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": _model_name(model), "object": "model"}]}
+        if model.api == "vllm":
+            if path == "/metrics":
+                return 200, _metrics(model)  # Prometheus text, not JSON
+            return 404, {"error": "not found"}
         if path == "/props":
-            return 200, {"model_path": f"toy-served-v{model.vocab}-seed{model.seed}", "n_vocab": model.vocab,
-                         "speculative": model.speculative}
+            return 200, {"model_path": _model_name(model), "n_vocab": model.vocab, "speculative": model.speculative}
+        if path == "/slots":
+            return 200, [{"id": 0, "speculative": model.speculative,
+                          "params": {"speculative.types": "none,draft-simple" if model.speculative else "none"}}]
+        return 404, {"error": "not found"}
+    if path == "/v1/completions":
+        return _openai_completion(model, body)
+    if model.api == "vllm":
         return 404, {"error": "not found"}
     if path == "/tokenize":
         return 200, {"tokens": [ord(c) % model.vocab for c in str(body.get("content", ""))]}
     if path != "/completion":
         return 404, {"error": "not found"}
     prompt = body.get("prompt")
-    if not isinstance(prompt, list) or not all(isinstance(t, int) and 0 <= t < model.vocab for t in prompt):
+    if not _token_ids(model, prompt):
         return 400, {"error": "prompt must be token ids"}
-    sampling = {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40)),
-                "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05))}
+    sampling = _sampling(body)
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
     tokens, drafted, accepted = model.complete(prompt, n_predict, sampling, int(body.get("seed", 0)))
     answer = {"tokens": tokens, "content": "", "stop_type": "limit",
               "timings": {"predicted_n": len(tokens), "draft_n": drafted, "draft_n_accepted": accepted}}
     n_probs = int(body.get("n_probs", 0) or 0)
     if n_probs:
-        entries, context = [], list(prompt)
-        for token in tokens:
-            law = model.law(context, sampling) if body.get("post_sampling_probs") else model.row(model.target, context)
-            order = np.lexsort((np.arange(law.size), -law))[:n_probs]
+        answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
+                                                            bool(body.get("post_sampling_probs")))
+    return 200, answer
+
+
+def _model_name(model: ToyServedModel) -> str:
+    return f"toy-served-v{model.vocab}-seed{model.seed}"
+
+
+def _metrics(model: ToyServedModel) -> str:
+    with model.lock:
+        drafted, accepted = model.totals
+    return (f"# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="{_model_name(model)}"}} {drafted:.1f}\n'
+            f"# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="{_model_name(model)}"}} {accepted:.1f}\n')
+
+
+def _token_ids(model: ToyServedModel, prompt) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) and 0 <= t < model.vocab for t in prompt)
+
+
+def _sampling(body: dict) -> dict:
+    return {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40) or 0),
+            "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05))}
+
+
+def _llama_entries(model, prompt, tokens, sampling, n_probs, post_sampling: bool) -> list[dict]:
+    entries, context = [], list(prompt)
+    for token in tokens:
+        law = model.law(context, sampling) if post_sampling else model.row(model.target, context)
+        order = np.lexsort((np.arange(law.size), -law))[:n_probs]
+        if post_sampling:
             entries.append({"id": token, "prob": float(np.float32(law[token])),
-                            "top_probs": [{"id": int(i), "prob": float(np.float32(law[i]))}
-                                          for i in order if law[i] > 0]})
+                            "top_probs": [{"id": int(i), "prob": float(np.float32(law[i]))} for i in order if law[i] > 0]})
+        else:
+            entries.append({"id": token, "logprob": float(np.float32(np.log(law[token]))),
+                            "top_logprobs": [{"id": int(i), "logprob": float(np.float32(np.log(law[i])))}
+                                             for i in order if law[i] > 0]})
+        context.append(token)
+    return entries
+
+
+def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
+    """``/v1/completions`` as llama.cpp (``api="llama.cpp"``) or vLLM (``"vllm"``) answers it."""
+    prompt = body.get("prompt")
+    if body.get("model") not in (None, _model_name(model)):
+        return 404, {"error": {"message": f"the model {body.get('model')} does not exist", "code": 404}}
+    if not _token_ids(model, prompt):
+        return 400, {"error": {"message": "prompt must be token ids", "code": 400}}
+    # the OpenAI defaults: temperature 1, top_p 1, no top-k or min-p unless asked
+    sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
+                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+    n = max(0, min(int(body.get("max_tokens", 16)), 256))
+    tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
+    choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+    answer = {"object": "text_completion", "model": _model_name(model), "choices": [choice],
+              "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
+    logprobs = body.get("logprobs")
+    if model.api == "llama.cpp":
+        answer["timings"] = {"predicted_n": len(tokens), "draft_n": drafted, "draft_n_accepted": accepted}
+        if logprobs is not None and int(logprobs) > 0:
+            choice["logprobs"] = {"content": _llama_entries(model, prompt, tokens, sampling, int(logprobs),
+                                                            bool(body.get("post_sampling_probs")))}
+        return 200, answer
+    if body.get("return_token_ids"):
+        choice["token_ids"] = list(tokens)
+    if logprobs is not None:
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        name = (lambda i: f"token_id:{i}") if as_ids else (lambda i: chr(97 + int(i) % 26))
+        rows, context = [], list(prompt)
+        for token in tokens:
+            raw = model.row(model.target, context)  # vLLM's default logprobs_mode: raw_logprobs
+            order = np.lexsort((np.arange(raw.size), -raw))[:int(logprobs)]
+            rows.append((token, float(np.float32(np.log(raw[token]))),
+                         {name(i): float(np.float32(np.log(raw[i]))) for i in order if raw[i] > 0}))
             context.append(token)
-        answer["completion_probabilities"] = entries
+        choice["logprobs"] = {"tokens": [name(t) for t, _, _ in rows], "token_logprobs": [lp for _, lp, _ in rows],
+                              "top_logprobs": [top for _, _, top in rows], "text_offset": [0] * len(rows)}
     return 200, answer
 
 

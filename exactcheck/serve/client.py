@@ -112,9 +112,24 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def get(self, base: str, path: str) -> dict:
-        """A GET (server facts: /health, /props, /v1/models); not journalled, not retried past the first."""
-        return self._send(base, path, None)
+    def get(self, base: str, path: str, *, listing: bool = False) -> dict | list:
+        """A GET (server facts: /health, /props, /v1/models; ``listing``: a JSON list is an answer too,
+        as llama.cpp's /slots); not journalled, not retried past the first."""
+        answer = self._send(base, path, None, listing=listing)
+        return answer
+
+    def get_text(self, base: str, path: str) -> str:
+        """A GET whose answer is text (Prometheus ``/metrics``); not journalled."""
+        if self.transport is not None:
+            answer = self.transport(base, path, None)
+            if not isinstance(answer, str):
+                raise EndpointError(f"{base.rstrip('/')}{path} did not answer text")
+            return answer
+        try:
+            with urllib.request.urlopen(base.rstrip("/") + path, timeout=self.timeout) as response:
+                return response.read().decode("utf-8", "replace")
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            raise EndpointError(f"{base.rstrip('/')}{path}: {getattr(exc, 'reason', exc)}") from None
 
     def post(self, base: str, path: str, body: dict) -> Exchange:
         return self.post_many(base, path, [body])[0]
@@ -171,7 +186,7 @@ class Client:
         with self.stats.lock:
             self.stats.sent += 1
             self.stats.seconds += seconds / max(1, self.concurrency)
-            self.stats.tokens += len(answer.get("tokens", ()) or ())
+            self.stats.tokens += len(answer.get("tokens") or ()) or _completion_tokens(answer)
         if self._journal is not None:
             line = json.dumps({"key": exchange.key, "path": path, "body": body, "answer": answer,
                                "seconds": round(seconds, 4)}, separators=(",", ":"))
@@ -181,9 +196,14 @@ class Client:
         self._advance(1)
         return exchange
 
-    def _send(self, base: str, path: str, body: dict | None) -> dict:
+    def _send(self, base: str, path: str, body: dict | None, *, listing: bool = False) -> dict | list:
+        if body is not None:  # exactcheck_* keys tell identical requests apart in the journal; never sent
+            body = {k: v for k, v in body.items() if not k.startswith("exactcheck_")}
         if self.transport is not None:
-            return self.transport(base, path, body)
+            answer = self.transport(base, path, body)
+            if not isinstance(answer, dict) and not (listing and isinstance(answer, list)):
+                raise EndpointError(f"{base.rstrip('/')}{path} answered a {type(answer).__name__}, not a JSON object")
+            return answer
         url = base.rstrip("/") + path
         data = None if body is None else json.dumps(body).encode()
         last = ""
@@ -214,10 +234,16 @@ class Client:
             except ValueError:
                 raise EndpointError(f"{url} did not answer JSON (got {text[:80]!r}): is it an OpenAI-compatible "
                                     f"or llama.cpp server?") from None
-            if not isinstance(answer, dict):
+            if not isinstance(answer, dict) and not (listing and isinstance(answer, list)):
                 raise EndpointError(f"{url} answered a JSON {type(answer).__name__}, not an object")
             return answer
         raise EndpointError(f"no answer after {self.retries + 1} tries: {last}")
+
+
+def _completion_tokens(answer: dict) -> int:
+    usage = answer.get("usage")
+    value = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _read_journal(path: Path) -> dict[str, dict]:

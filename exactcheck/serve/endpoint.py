@@ -1,19 +1,32 @@
 """What an endpoint must answer, and how its answers are read: the serve audit's contract.
 
-A served model is reached through llama.cpp's native API (``POST /completion``: token-id prompts,
-``n_probs`` with ``post_sampling_probs``, the server's own speculation counters in ``timings``),
-which gives the audit everything it needs. ``Completion`` is one answer as the audit uses it;
-anything else is an ``EndpointError`` naming the field (one line, exit 2).
+An ``Endpoint`` is one API of one server, as the audit uses it: request bodies built from a
+prompt (token ids), a length, the ``Sampling`` settings and a seed; answers read into
+``Completion``s; the next-token law after a prefix (``next_token_laws``) in the kind asked for
+("post-sampling": what the sampler chain leaves; "raw": the model's softmax). Two APIs implement it:
+
+- llama.cpp's native ``POST /completion`` (``exactcheck.serve.llama_cpp_api``): token ids, ``n_probs``
+  with ``post_sampling_probs``, the server's speculation counters per request in ``timings``;
+- OpenAI's ``POST /v1/completions`` (``exactcheck.serve.openai_api``), as vLLM, SGLang and
+  llama.cpp serve it: token-id prompts, ids back (vLLM ``return_token_ids``; llama.cpp through
+  ``logprobs``), ``logprobs`` top lists, speculation counters from ``/metrics`` where the server
+  has them.
+
+``exactcheck.serve.apis.open_endpoint`` picks one. Anything an endpoint cannot use is an ``EndpointError`` naming the field (one line, exit 2).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.continuation_law import NextTokenLaw
+from exactcheck.serve.sampler_law import sampling_law_from_raw
 
-__all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING"]
+__all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING", "POST_SAMPLING", "RAW", "probability_of"]
+
+POST_SAMPLING, RAW = "post-sampling", "raw"
 
 
 @dataclass(frozen=True)
@@ -73,110 +86,95 @@ GREEDY_SAMPLING = Sampling(temperature=0.0)
 @dataclass(frozen=True)
 class Completion:
     """One answer: the generated token ids (an end-of-generation token included when the server
-    stopped on one), the probability the server reported for each (None when not asked), and its
-    speculation counters."""
+    stopped on one), the probability the server reported for each (None when not asked) and of
+    which kind (``POST_SAMPLING`` or ``RAW``), and its speculation counters (None: not reported
+    per request)."""
 
     tokens: tuple[int, ...]
     probabilities: tuple[float, ...] | None
     draft_n: int | None
     draft_accepted: int | None
     stopped_on_eog: bool
+    probability_kind: str = POST_SAMPLING
 
 
-@dataclass
 class Endpoint:
-    """A llama.cpp server at ``base`` (``http://127.0.0.1:8080``), read through ``client``."""
+    """One API of the server at ``base`` (``http://127.0.0.1:8080``), read through ``client``.
+    Subclasses say how a request is written (``body``) and an answer read (``read``,
+    ``listed_next_token``); what the audit asks of either is here."""
 
-    base: str
-    client: Client
-    eog: tuple[int, ...] = ()  # end-of-generation token ids, when known
-    vocab_size: int | None = None
+    api = "?"
+    kind = POST_SAMPLING  # the kind of the probabilities this endpoint lists
+    cache_switch = False  # whether a request can turn the server's prompt (prefix) cache off
+    path = "/completion"
 
-    def check(self) -> dict:
-        """The server's facts (``/props``), or an ``EndpointError`` saying it is down or not llama.cpp."""
-        health = self.client.get(self.base, "/health")
-        if health.get("status") not in (None, "ok"):
-            raise EndpointError(f"{self.base}/health says {health}")
-        return self.client.get(self.base, "/props")
+    def __init__(self, base: str, client: Client, *, model: str | None = None):
+        self.base, self.client, self.model = base, client, model
+        self.vocab_size: int | None = None
+
+    def describe(self) -> str:
+        return f"{self.base} ({self.api})"
+
+    def check(self) -> dict:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
 
     def tokenize(self, text: str) -> list[int]:
-        answer = self.client.post(self.base, "/tokenize", {"content": text}).answer
-        tokens = answer.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EndpointError(f"{self.base}/tokenize answered {str(answer)[:80]}, not token ids")
-        return tokens
+        raise EndpointError(f"{self.describe()} cannot tokenize text: give prompts as token ids (--prompt-ids)")
 
-    @staticmethod
-    def body(prompt: list[int], n_predict: int, sampling: Sampling, seed: int, n_probs: int = 0,
-             post_sampling: bool = True) -> dict:
-        # ignore_eos: every answer has exactly n_predict tokens (the end-of-text token masked, in the
-        # reference's one-token requests too, so the law stays the engine's own); stop handling is
-        # not audited here
-        body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
-                "cache_prompt": True, "stream": False, "ignore_eos": True, **sampling.fields()}
-        if n_probs:
-            body.update(n_probs=n_probs, post_sampling_probs=post_sampling)
-        return body
+    def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
+             cache: bool = True, tag: str | None = None) -> dict:  # pragma: no cover
+        raise NotImplementedError
+
+    def read(self, exchange: Exchange) -> Completion:  # pragma: no cover
+        raise NotImplementedError
+
+    def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:  # pragma: no cover
+        """The probabilities the answer to a one-token request lists for its first position (None:
+        the prompt already ends the text)."""
+        raise NotImplementedError
+
+    def speculation_totals(self) -> tuple[int, int] | None:
+        """(tokens drafted, drafts accepted) counted by the server since it started, where it counts
+        them server-wide (vLLM's ``/metrics``); None where it reports them per request or not at all."""
+        return None
+
+    def speculation_settings(self) -> dict[str, object]:
+        """The speculation settings the server exposes (name -> value); empty where it exposes none."""
+        return {}
 
     def complete_many(self, bodies: list[dict]) -> list[Completion]:
-        return [self.read(exchange) for exchange in self.client.post_many(self.base, "/completion", bodies)]
+        return [self.read(exchange) for exchange in self.client.post_many(self.base, self.path, bodies)]
 
-    def read(self, exchange: Exchange) -> Completion:
-        answer = exchange.answer
-        tokens = answer.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise EndpointError(f"{self.base}/completion answered no token ids (field 'tokens': "
-                                f"{str(tokens)[:60]}); exactcheck serve needs llama.cpp's /completion")
-        stopped = bool(answer.get("stopped_eos")) or answer.get("stop_type") == "eos"
-        probabilities = None
-        listed = answer.get("completion_probabilities")
-        if exchange.body.get("n_probs") and isinstance(listed, list):
-            probabilities = tuple(_token_probability(entry) for entry in listed[:len(tokens)])
-        timings = answer.get("timings") or {}
-        return Completion(tuple(tokens), probabilities, _int(timings.get("draft_n")),
-                          _int(timings.get("draft_n_accepted")), stopped)
-
-    def next_token_laws(self, prompt: list[int], prefixes: list[tuple[int, ...]], sampling: Sampling,
-                        n_probs: int) -> list[NextTokenLaw]:
-        """The law of the token after each prefix (one-token requests: the target alone), as the
-        server's sampler chain leaves it (``post_sampling_probs``)."""
-        bodies = [self.body(prompt + list(prefix), 1, sampling, seed=0, n_probs=n_probs) for prefix in prefixes]
+    def next_token_laws(self, prompt: Sequence[int], prefixes: list[tuple[int, ...]], sampling: Sampling,
+                        n_probs: int, kind: str = POST_SAMPLING) -> list[NextTokenLaw]:
+        """The law of the token after each prefix (one-token requests: the target alone), of ``kind``:
+        ``POST_SAMPLING``, the law ``sampling`` gives (the engine's own sampler chain where the server
+        reports it, else derived from the raw probabilities where that is determinable:
+        ``exactcheck.serve.sampler_law``); ``RAW``, the model's softmax (asked at temperature 1, no
+        truncation, where the server reports post-sampling probabilities)."""
+        asked = sampling if kind == self.kind or self.kind == RAW else Sampling()
+        bodies = [self.body(list(prompt) + list(prefix), 1, asked, seed=0, n_probs=n_probs) for prefix in prefixes]
         laws = []
-        for exchange in self.client.post_many(self.base, "/completion", bodies):
-            entries = exchange.answer.get("completion_probabilities")
-            if not isinstance(entries, list) or not entries:
-                if exchange.answer.get("stop_type") == "eos" or exchange.answer.get("stopped_eos"):
-                    laws.append(NextTokenLaw({}, 0.0))  # the prompt already ends the text
-                    continue
-                raise EndpointError(f"{self.base}/completion gave no completion_probabilities for n_probs="
-                                    f"{n_probs}: the reference must report post-sampling probabilities")
-            top = entries[0].get("top_probs") or entries[0].get("top_logprobs")
-            if not isinstance(top, list):
-                raise EndpointError(f"{self.base}/completion: completion_probabilities without top_probs")
-            listed = {}
-            for item in top:
-                token, p = item.get("id"), _probability(item)
-                if isinstance(token, int) and p is not None:
-                    listed[token] = listed.get(token, 0.0) + p
+        for exchange in self.client.post_many(self.base, self.path, bodies):
+            listed = self.listed_next_token(exchange)
+            if listed is None:
+                laws.append(NextTokenLaw({}, 0.0))  # the prompt already ends the text
+                continue
             complete = self.vocab_size is not None and n_probs >= self.vocab_size
-            laws.append(NextTokenLaw.normalised(listed, listed_all=complete or sum(listed.values()) >= 1 - 1e-6))
+            law = NextTokenLaw.normalised(listed, listed_all=complete or sum(listed.values()) >= 1 - 1e-6)
+            if kind == POST_SAMPLING and self.kind == RAW:
+                law = sampling_law_from_raw(law, sampling)  # NotDeterminable says why not
+            laws.append(law)
         return laws
 
 
-def _probability(item: dict) -> float | None:
-    if isinstance(item.get("prob"), (int, float)):
+def probability_of(item: dict) -> float | None:
+    if isinstance(item.get("prob"), (int, float)) and not isinstance(item.get("prob"), bool):
         return float(item["prob"])
-    if isinstance(item.get("logprob"), (int, float)):
+    if isinstance(item.get("logprob"), (int, float)) and not isinstance(item.get("logprob"), bool):
         return math.exp(float(item["logprob"]))
     return None
 
 
-def _token_probability(entry: dict) -> float:
-    p = _probability(entry)
-    if p is None:
-        raise EndpointError(f"a completion probability entry has neither prob nor logprob: {str(entry)[:80]}")
-    return p
-
-
-def _int(value) -> int | None:
+def int_or_none(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

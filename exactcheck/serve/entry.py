@@ -13,7 +13,7 @@ from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditO
 __all__ = ["serve_arguments", "serve_settings", "load", "plan", "run", "OPTIONS", "SETTINGS", "FIELDS"]
 
 OPTIONS = ("level", "seed", "alpha", "worlds", "max_samples", "detect_tv", "require")
-SETTINGS = ("reference", "prompts", "samplings", "length", "n_probs", "journal", "resume", "concurrency", "timeout",
+SETTINGS = ("reference", "api", "model", "reference_probabilities", "prompts", "samplings", "length", "n_probs", "journal", "resume", "concurrency", "timeout",
             "logprob_tolerance")
 
 
@@ -24,6 +24,9 @@ def _positive_int(v) -> bool:
 # how the gate checks a [[tool.exactcheck.subject]] serve = "URL" entry's own settings
 FIELDS = {
     "reference": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "a URL http://HOST:PORT"),
+    "api": (lambda v: v in ("auto", "llama.cpp", "openai"), "auto, llama.cpp or openai"),
+    "model": (lambda v: isinstance(v, str) and v != "", "a model name the server serves"),
+    "reference_probabilities": (lambda v: v in ("raw", "post-sampling"), "raw or post-sampling"),
     "length": (_positive_int, "a positive integer"),
     "n_probs": (_positive_int, "a positive integer"),
     "concurrency": (_positive_int, "a positive integer"),
@@ -36,11 +39,18 @@ FIELDS = {
 
 
 def serve_arguments(parser) -> None:
-    parser.add_argument("subject", metavar="URL", help="the audited server (llama.cpp's llama-server, its /completion "
-                                                       "API), e.g. http://127.0.0.1:8080")
+    parser.add_argument("subject", metavar="URL", help="the audited server (llama.cpp's /completion, or an "
+                                                       "OpenAI-compatible /v1/completions), e.g. http://127.0.0.1:8080")
     parser.add_argument("--reference", metavar="URL",
                         help="a server of the same model with speculation off (default: the audited server itself, "
                              "through one-token requests, which llama.cpp serves from the target alone)")
+    parser.add_argument("--api", default="auto", choices=("auto", "llama.cpp", "openai"),
+                        help="llama.cpp's /completion or OpenAI's /v1/completions (default auto: llama.cpp where the "
+                             "server answers its /props)")
+    parser.add_argument("--model", help="the model asked of an OpenAI endpoint (default: the one /v1/models lists)")
+    parser.add_argument("--reference-probabilities", choices=("raw", "post-sampling"),
+                        help="what an OpenAI reference's logprobs are: raw (vLLM's default) or post-sampling (vLLM "
+                             "--logprobs-mode processed_logprobs; llama.cpp); default: raw, llama.cpp post-sampling")
     parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
                         help="the TV every continuation law is planned to detect: quick 0.05, standard 0.01, release 0.003")
     parser.add_argument("--detect-tv", type=float, metavar="EPS", help="plan to detect this TV instead of the level's")
@@ -96,7 +106,8 @@ def serve_settings(args) -> dict:
     if args.resume and journal is None:
         raise UsageError("--resume needs the journal of the interrupted audit (--journal FILE or --report DIR)")
     settings = dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, max_samples=args.max_samples,
-                    detect_tv=args.detect_tv, require=args.require, reference=args.reference, length=args.length,
+                    detect_tv=args.detect_tv, require=args.require, reference=args.reference, api=args.api,
+                    model=args.model, reference_probabilities=args.reference_probabilities, length=args.length,
                     n_probs=args.n_probs, journal=journal, resume=args.resume, concurrency=args.concurrency,
                     timeout=args.timeout, logprob_tolerance=args.logprob_tolerance, progress=not args.quiet)
     if prompts:
@@ -126,6 +137,7 @@ def plan(subject, options: AuditOptions, **settings) -> AuditPlan:
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
+    checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
     return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, max(len(worlds), 1), stop_early=False))
 
 

@@ -61,23 +61,68 @@ def _forward(base: str, path: str, body: dict | None) -> tuple[int, dict]:
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
+            text = response.read()
+            try:
+                return response.status, json.loads(text)
+            except ValueError:  # Prometheus /metrics: passed on as text
+                return response.status, text.decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, {"error": exc.read().decode("utf-8", "replace")[:200]}
 
 
-def _draft_probabilities(server: _Server, body: dict, answer: dict) -> None:
+def _draft_probabilities(server: _Server, path: str, body: dict, answer: dict) -> None:
     """Replace each reported probability with the draft model's for that token after that prefix."""
-    prompt, tokens = list(body["prompt"]), answer.get("tokens", [])
-    for t, entry in enumerate(answer.get("completion_probabilities", [])):
-        probe = dict(body, prompt=prompt + tokens[:t], n_predict=1, n_probs=max(int(body.get("n_probs", 1)), 64),
-                     post_sampling_probs=True)
-        _, draft = _forward(server.draft, "/completion", probe)
-        listed = (draft.get("completion_probabilities") or [{}])[0].get("top_probs", [])
-        p = next((item.get("prob", 0.0) for item in listed if item.get("id") == entry.get("id")), 0.0)
-        entry["prob"] = p
-        if "logprob" in entry:
-            entry["logprob"] = math.log(p) if p > 0 else -1e30
+    prompt = list(body["prompt"])
+    if path == "/completion":
+        tokens, entries = answer.get("tokens", []), answer.get("completion_probabilities", [])
+    else:
+        choice = answer["choices"][0]
+        logprobs = choice.get("logprobs") or {}
+        entries = logprobs.get("content")
+        tokens = choice.get("token_ids") or [e.get("id") for e in entries or []]
+    for t, token in enumerate(tokens):
+        context = prompt + list(tokens[:t])
+        if path == "/completion":
+            probe = dict(body, prompt=context, n_predict=1, n_probs=64, post_sampling_probs=True)
+            _, draft = _forward(server.draft, path, probe)
+            listed = (draft.get("completion_probabilities") or [{}])[0].get("top_probs", [])
+            p = next((item.get("prob", 0.0) for item in listed if item.get("id") == token), 0.0)
+        else:
+            _, draft = _forward(server.draft, path, dict(body, prompt=context, max_tokens=1, logprobs=64,
+                                                         return_tokens_as_token_ids=True))
+            drafted = (draft["choices"][0].get("logprobs") or {})
+            if drafted.get("content"):
+                listed = drafted["content"][0].get("top_probs") or drafted["content"][0].get("top_logprobs") or []
+                p = next((item["prob"] if "prob" in item else math.exp(item["logprob"]) for item in listed
+                          if item.get("id") == token), 0.0)
+            else:
+                top = (drafted.get("top_logprobs") or [{}])[0]
+                p = math.exp(top[f"token_id:{token}"]) if f"token_id:{token}" in top else 0.0
+        if entries is not None and t < len(entries):
+            entry = entries[t]
+            if "prob" in entry:
+                entry["prob"] = p
+            if "logprob" in entry:
+                entry["logprob"] = math.log(p) if p > 0 else -1e30
+        elif path != "/completion" and t < len(logprobs.get("token_logprobs") or []):
+            logprobs["token_logprobs"][t] = math.log(p) if p > 0 else -1e30
+
+
+def _zero(answer: dict) -> None:
+    """Every reported probability 1 (logprob 0.0), in either API's answer."""
+    entries = list(answer.get("completion_probabilities") or [])
+    for choice in answer.get("choices") or []:
+        logprobs = choice.get("logprobs") or {}
+        entries += logprobs.get("content") or []
+        if logprobs.get("token_logprobs"):
+            logprobs["token_logprobs"] = [0.0] * len(logprobs["token_logprobs"])
+            logprobs["top_logprobs"] = [{k: 0.0 for k in top} for top in logprobs.get("top_logprobs") or []]
+    for entry in entries:
+        for item in [entry, *entry.get("top_probs", []), *entry.get("top_logprobs", [])]:
+            if "prob" in item:
+                item["prob"] = 1.0
+            if "logprob" in item:
+                item["logprob"] = 0.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -86,10 +131,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def _reply(self, status: int, data: dict) -> None:
-        text = json.dumps(data).encode()
+    def _reply(self, status: int, data) -> None:
+        plain = isinstance(data, str)
+        text = (data if plain else json.dumps(data)).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(text)))
         self.end_headers()
         self.wfile.write(text)
@@ -103,12 +149,12 @@ class _Handler(BaseHTTPRequestHandler):
         server.requests[self.path] += 1
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         name = server.mutant.name
-        if self.path != "/completion":
+        if self.path not in ("/completion", "/v1/completions"):
             return self._reply(*_forward(server.upstream, self.path, body))
         upstream = server.upstream
         if name == "hotter" and float(body.get("temperature", 1.0)) > 0:
             body = dict(body, temperature=float(body["temperature"]) * 1.3)
-        if name == "speculation_off_for_logprobs" and body.get("n_probs"):
+        if name == "speculation_off_for_logprobs" and (body.get("n_probs") or body.get("logprobs")):
             upstream = server.plain
         if name == "seed_cache":
             key = json.dumps({k: v for k, v in body.items() if k != "seed"}, sort_keys=True)
@@ -118,14 +164,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, held)
         status, answer = _forward(upstream, self.path, body)
         if status == 200 and name == "zero_logprobs":
-            for entry in answer.get("completion_probabilities", []):
-                for item in [entry, *entry.get("top_probs", []), *entry.get("top_logprobs", [])]:
-                    if "prob" in item:
-                        item["prob"] = 1.0
-                    if "logprob" in item:
-                        item["logprob"] = 0.0
-        if status == 200 and name == "draft_logprobs" and answer.get("completion_probabilities"):
-            _draft_probabilities(server, body, answer)
+            _zero(answer)
+        if status == 200 and name == "draft_logprobs" and (body.get("n_probs") or body.get("logprobs")):
+            _draft_probabilities(server, self.path, body, answer)
         if status == 200 and name == "seed_cache":
             with server.lock:
                 server.cache.setdefault(key, answer)

@@ -27,9 +27,11 @@ from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.serve.client import Client, EndpointError
 from exactcheck.serve.continuation_law import ContinuationLaw, expand
-from exactcheck.serve.endpoint import GREEDY_SAMPLING, Completion, Endpoint, Sampling
+from exactcheck.serve.apis import open_endpoint
+from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
+from exactcheck.serve.sampler_law import NotDeterminable
 from exactcheck.serve.verdicts import (continuation_law_verdict, greedy_verdict, logprob_verdict, seed_verdict,
-                                       speculation_verdict)
+                                       settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "DEFAULT_PROMPTS", "REQUEST_CAPS"]
@@ -58,6 +60,9 @@ class ServeSettings:
     """What only a serve audit takes besides ``AuditOptions``."""
 
     reference: str | None = None  # None: the audited URL itself, by one-token requests
+    api: str = "auto"  # "llama.cpp" (/completion), "openai" (/v1/completions), "auto": llama.cpp where it answers
+    model: str | None = None  # the model an OpenAI endpoint is asked for (default: the one it serves)
+    reference_probabilities: str | None = None  # "raw" | "post-sampling"; None: what the API reports
     prompts: tuple = DEFAULT_PROMPTS  # texts (tokenized by the server) or token-id tuples
     samplings: tuple[Sampling, ...] = DEFAULT_SAMPLINGS
     length: int = 3
@@ -99,13 +104,15 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
     bar = Progress(0, unit="request", desc="exactcheck: serve", enabled=progress, growing=True)
     client = Client(settings.journal, concurrency=settings.concurrency, timeout=settings.timeout,
                     resume=settings.resume, progress=bar, transport=transport)
-    audited, reference = Endpoint(url, client), Endpoint(reference_url, client)
+    audited = reference = None
     try:
-        for endpoint in (audited, reference) if reference_url != url else (audited,):
-            try:
-                endpoint.check()
-            except EndpointError as exc:
-                raise UsageError(f"{endpoint.base} cannot be audited: {exc}") from None
+        try:
+            audited = open_endpoint(settings.api, url, client, model=settings.model,
+                                    reference_probabilities=settings.reference_probabilities)
+            reference = open_endpoint(settings.api, reference_url, client, model=settings.model,
+                                      reference_probabilities=settings.reference_probabilities) if reference_url != url else audited
+        except EndpointError as exc:
+            raise UsageError(f"cannot be audited: {exc}") from None
         prompts = [tuple(p) if not isinstance(p, str) else tuple(audited.tokenize(p)) for p in settings.prompts]
         worlds = serve_worlds(prompts, settings.samplings, settings.length)
         if options.worlds:
@@ -118,7 +125,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         min_mass, max_calls = EXPANSION[options.level.value]
 
         def reproduce(world: str) -> str:
-            return serve_audit_line(url, settings.reference, options, world)
+            return serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
+                                    reference_probabilities=settings.reference_probabilities)
 
         pending: list[Verdict] = []
         planned = drawn = 0
@@ -129,31 +137,49 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
             for world in worlds:
                 seed = derive_seed(options.seed, world.name)
                 base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
-                law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
-                n = trials_to_detect(law.expected, eps, budget.first_share, cap) or cap
+                try:
+                    law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
+                except NotDeterminable as exc:
+                    law, why = None, str(exc)
+                n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
+                    else max(settings.probed, settings.seeds)
                 planned += n
                 bar.grow(n + settings.probed + 2 * settings.seeds)
-                bodies = [Endpoint.body(list(world.prompt), world.length, world.sampling, _request_seed(seed, i))
-                          for i in range(n)]
+                seeds = [_request_seed(seed, i) for i in range(n)]
+                bodies = [audited.body(world.prompt, world.length, world.sampling, s) for s in seeds]
+                before = audited.speculation_totals()
                 runs = audited.complete_many(bodies)
+                after = audited.speculation_totals()
                 drawn += len(runs)
                 law_runs += runs
-                pending.append(continuation_law_verdict(law, runs, world.describe(), budget.first_share,
-                                                        budget.alpha, base))
-                probes = audited.complete_many([dict(b, n_probs=1, post_sampling_probs=True)
-                                                for b in bodies[:settings.probed]])
+                if law is not None:
+                    pending.append(continuation_law_verdict(law, runs, world.describe(), budget.first_share,
+                                                            budget.alpha, base))
+                else:
+                    pending.append(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW,
+                                                         world.name, "continuation"), seed, base["reproduce"],
+                                                   f"not judged: the reference's probabilities do not determine the "
+                                                   f"law of these settings ({why})"))
+                probes = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s, n_probs=1)
+                                                for s in seeds[:settings.probed]])
+                probed = audited.speculation_totals()
                 probed_runs += probes
                 pending.append(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
                                                settings.logprob_tolerance, len(probes), base))
-                repeats = audited.complete_many([dict(b, exactcheck_repeat=1) for b in bodies[:settings.seeds]])
-                pending.append(seed_verdict([(b["seed"], a.tokens, r.tokens) for b, a, r in
-                                             zip(bodies, runs, repeats)], base))
-                pending.append(speculation_verdict(runs, probes, base))
+                repeats = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s,
+                                                              tag="repeat") for s in seeds[:settings.seeds]])
+                pending.append(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
+                pending.append(speculation_verdict(runs, probes, base, totals=_deltas(before, after, probed)))
             if worlds:
                 greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
                 pending += _greedy(audited, reference, prompts, settings, reference_url != url, greedy_base)
+                pending.append(settings_verdict(audited.speculation_settings(), dict(
+                    world="server", seed=options.seed, reproduce=reproduce("server"))))
         except KeyboardInterrupt:
             interrupted = True
+    except EndpointError as exc:  # the server went away, or answered what the audit cannot use
+        kept = f"; the answers so far are in {settings.journal}: rerun with --resume" if settings.journal else ""
+        raise UsageError(f"{url}: {exc}{kept}") from None
     finally:
         bar.close()
         client.close()
@@ -164,6 +190,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                    ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
         checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                    for law in ("greedy_identity", "greedy_under_load")]
+        checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
         pending += [not_run_verdict(c, options.seed, reproduce(c.world), "not run: the audit was interrupted before "
                                     "this check (its answers so far are in the journal: --resume)")
                     for c in checks if c.name not in done]
@@ -173,12 +200,20 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
         environment=run_environment(server=url, reference=reference_url), samples_planned=planned,
         samples_drawn=drawn, require=options.require, interrupted=interrupted,
-        reference=reference_url + ("" if settings.reference else " (the audited server, one-token requests)"),
+        reference=(reference.describe() if reference is not None else reference_url)
+        + ("" if settings.reference else " (the audited server, one-token requests)"),
         traffic=client.stats.line())
 
 
 def _request_seed(world_seed: int, i: int) -> int:
     return derive_seed(world_seed, f"request/{i}") % (1 << 31)
+
+
+def _deltas(before, after, probed):
+    """(drafted, accepted) on the law requests and on the probed ones, from server-wide counters."""
+    if before is None or after is None or probed is None:
+        return None
+    return (after[0] - before[0], after[1] - before[1]), (probed[0] - after[0], probed[1] - after[1])
 
 
 def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mass: float,
@@ -188,59 +223,68 @@ def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mas
                   world.length, min_mass=min_mass, max_calls=max_calls)
 
 
-def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationLaw, probes: list[Completion],
+def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationLaw | None, probes: list[Completion],
                       n_probs: int) -> list[tuple[int, int, float, float]]:
-    """(request, position, reported, the reference's) for every token the probed requests reported."""
+    """(request, position, reported, the reference's) for every token the probed requests reported,
+    the reference's probability of the kind the audited server reported (post-sampling, or raw)."""
     rows, missing = [], {}
     for r, c in enumerate(probes):
+        kind = c.probability_kind
         for t, (token, reported) in enumerate(zip(c.tokens, c.probabilities or ())):
             prefix = c.tokens[:t]
-            known = law.next_token(prefix)
+            known = law.next_token(prefix) if law is not None and kind == POST_SAMPLING else None
             if known is None:
-                missing.setdefault(prefix, []).append((r, t, token, reported))
+                missing.setdefault((kind, prefix), []).append((r, t, token, reported))
                 continue
             rows.append((r, t, reported, known.probabilities.get(token, 0.0)))
-    if missing:
-        prefixes = sorted(missing)
-        for prefix, next_law in zip(prefixes, reference.next_token_laws(list(world.prompt), prefixes, world.sampling,
-                                                                        n_probs)):
+    for kind in sorted({k for k, _ in missing}):
+        prefixes = sorted(prefix for k, prefix in missing if k == kind)
+        try:
+            laws = reference.next_token_laws(list(world.prompt), prefixes, world.sampling, n_probs, kind=kind)
+        except NotDeterminable:
+            continue  # these tokens are not judged (the verdict counts what it compared)
+        for prefix, next_law in zip(prefixes, laws):
             rows += [(r, t, reported, next_law.probabilities.get(token, 0.0))
-                     for r, t, token, reported in missing[prefix]]
+                     for r, t, token, reported in missing[(kind, prefix)]]
     return sorted(rows)
 
 
 def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSettings, separate: bool,
             base: dict) -> list[Verdict]:
     """Greedy output speculation on vs off per prompt (each prompt sent alone), and on alone vs on
-    under load (each prompt ``settings.load`` times at once, with the prompt cache): with the
-    reference being the audited server, "off" is built token by token from one-token requests."""
+    under load (each prompt ``settings.load`` times at once; with the prompt cache on and, where the
+    API has the switch, off): with the reference being the audited server, "off" is built token by
+    token from one-token requests."""
     tokens = settings.greedy_tokens
-    alone = [audited.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens]
-             for p in prompts]
+    alone = [audited.complete_many([audited.body(p, tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens] for p in prompts]
     if separate:
-        off = [c.tokens[:tokens] for c in reference.complete_many([Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0)
+        off = [c.tokens[:tokens] for c in reference.complete_many([reference.body(p, tokens, GREEDY_SAMPLING, 0)
                                                                    for p in prompts])]
     else:
         off = []
         for p in prompts:
             path: list[int] = []
             while len(path) < tokens:
-                (c,) = reference.complete_many([Endpoint.body(list(p) + path, 1, GREEDY_SAMPLING, 0)])
+                (c,) = reference.complete_many([reference.body(list(p) + path, 1, GREEDY_SAMPLING, 0)])
                 if not c.tokens:
                     break
                 path.append(c.tokens[0])
                 if c.stopped_on_eog:
                     break
             off.append(tuple(path))
-    loaded = audited.complete_many([dict(Endpoint.body(list(p), tokens, GREEDY_SAMPLING, 0), exactcheck_copy=j)
-                                    for p in prompts for j in range(settings.load)])
+    caches = (True, False) if audited.cache_switch else (True,)
+    copies = [(cache, j) for cache in caches for j in range(settings.load)]
+    loaded = audited.complete_many([audited.body(p, tokens, GREEDY_SAMPLING, 0, cache=cache, tag=f"load/{j}")
+                                    for p in prompts for cache, j in copies])
     pairs = [(list(p), a, tuple(r)) for p, a, r in zip(prompts, alone, off)]
     under_load = [(list(p), a, c.tokens[:tokens]) for i, (p, a) in enumerate(zip(prompts, alone))
-                  for c in loaded[i * settings.load:(i + 1) * settings.load]]
+                  for c in loaded[i * len(copies):(i + 1) * len(copies)]]
+    cache_words = "the prompt cache on and off" if audited.cache_switch else \
+        "the prompt cache as the server keeps it (no per-request switch in this API)"
     return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base),
             greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",
                            condition=f"temperature 0, {len(prompts)} prompts each alone and {settings.load} times at "
-                                     f"once (the prompt cache on), speculation on")]
+                                     f"once ({cache_words}), speculation on")]
 
 
 def _margins(reference: Endpoint, pairs, n_probs: int) -> dict:

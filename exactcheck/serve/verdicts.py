@@ -15,7 +15,7 @@ from exactcheck.serve.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
 
 __all__ = ["continuation_law_verdict", "greedy_verdict", "logprob_verdict", "speculation_verdict", "seed_verdict",
-           "NEAR_TIE", "cell_indices"]
+           "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "cell_indices"]
 
 # greedy identity: a first divergence where the reference's top two tokens are closer than this
 # (in probability) is a numerical near-tie (batch-shape arithmetic), not a defect
@@ -124,32 +124,81 @@ def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float,
             pvalue=0.0, reachability=observed_in(len(bad), len(rows), "token probabilities off:")))
 
 
-def speculation_verdict(law_runs: list[Completion], probed: list[Completion], base: dict) -> Verdict:
-    """Whether the server speculated at all (its own counters, llama.cpp ``timings.draft_n``): on the
-    law requests, and on the requests that asked for probabilities (vLLM #34497: asking for
-    logprobs silently switched speculation off)."""
+def speculation_verdict(law_runs: list[Completion], probed: list[Completion], base: dict,
+                        totals: tuple[tuple[int, int], tuple[int, int]] | None = None) -> Verdict:
+    """Whether the server speculated at all (its own counters: llama.cpp's ``timings.draft_n`` per
+    request, or ``totals``, the server-wide counters' increase over the law requests and over the
+    probed ones, from vLLM's ``/metrics``): on the law requests, and on the requests that asked for
+    probabilities (vLLM #34497: asking for logprobs silently switched speculation off)."""
+    where = "vLLM's /metrics counters over each batch of requests (other traffic on the server counts too)" \
+        if totals is not None else "the server's own speculation counters (timings.draft_n, draft_n_accepted)"
     common = dict(base, check=f"{base['world']}/speculation_ran", law="speculation_ran", kind=CheckKind.SPECULATION,
-                  samples=len(law_runs) + len(probed), category=Category.SPECULATION,
-                  condition="the server's own speculation counters (timings.draft_n, draft_n_accepted)")
+                  samples=len(law_runs) + len(probed), category=Category.SPECULATION, condition=where)
     counted = [c for c in law_runs + probed if c.draft_n is not None]
-    if not counted:
+    if not counted and totals is None:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary="not judged: the server reports no speculation counters",
                        **common)
-    drafted = sum(c.draft_n or 0 for c in law_runs)
-    accepted = sum(c.draft_accepted or 0 for c in law_runs)
-    probed_drafts = sum(c.draft_n or 0 for c in probed)
-    ran = sum((c.draft_n or 0) > 0 for c in law_runs)
+    if totals is not None and not counted:
+        (drafted, accepted), (probed_drafts, _) = totals
+        ran = len(law_runs) if drafted else 0
+    else:
+        drafted = sum(c.draft_n or 0 for c in law_runs)
+        accepted = sum(c.draft_accepted or 0 for c in law_runs)
+        probed_drafts = sum(c.draft_n or 0 for c in probed)
+        ran = sum((c.draft_n or 0) > 0 for c in law_runs)
     rate = f"{accepted:,} of {drafted:,} drafts accepted" if drafted else "no drafts"
     if drafted == 0:
         return Verdict(outcome=Outcome.DEFECT, summary=(
-            f"speculation never ran on {len(law_runs):,} requests (timings.draft_n = 0 on every one): the law "
+            f"speculation never ran on {len(law_runs):,} requests ({'no draft counted by /metrics over them' if totals is not None and not counted else 'timings.draft_n = 0 on every one'}): the law "
             f"checks say nothing about speculative decoding here"), **common, evidence=FindingEvidence(pvalue=0.0))
     if probed and probed_drafts == 0:
         return Verdict(outcome=Outcome.DEFECT, summary=(
             f"asking for probabilities switched speculation off: 0 drafts on the {len(probed)} requests with n_probs, "
             f"{rate} on the others (vLLM #34497)"), **common, evidence=FindingEvidence(pvalue=0.0))
-    return Verdict(outcome=Outcome.EXACT, summary=f"speculation ran on {ran:,} of {len(law_runs):,} requests; {rate}",
-                   **common)
+    ran_on = f"on {ran:,} of {len(law_runs):,} requests" if totals is None or counted else \
+        f"during the {len(law_runs):,} requests"
+    return Verdict(outcome=Outcome.EXACT, summary=f"speculation ran {ran_on}; {rate}", **common)
+
+
+# the speculation settings a server exposes that name a registered lossy rule: (setting keys, rule,
+# the rule's parameter for each key); the rule is exact where every parameter is at its exact value
+LOSSY_SETTINGS = ((("speculative_accept_threshold_single", "speculative_accept_threshold_acc"), "sglang-threshold",
+                   ("single", "acc")),)
+
+
+def settings_verdict(settings: dict, base: dict) -> Verdict:
+    """The server's verification settings where it exposes them (SGLang's ``/get_server_info``,
+    llama.cpp's ``/slots``): a setting of a registered lossy rule away from its exact value is a
+    finding, with the rule's exact TV on the built-in step worlds (``exactcheck lossy``)."""
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "none"
+    common = dict(base, check="server/declared_settings", law="declared_settings", kind=CheckKind.SPECULATION,
+                  samples=0, condition=f"the speculation settings the server exposes: {shown}"[:400])
+    if not settings:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            "not judged: the server exposes no speculation settings (llama.cpp shows them in /slots, SGLang in "
+            "/get_server_info; vLLM through no endpoint)"), **common)
+    for keys, rule, parameters in LOSSY_SETTINGS:
+        values = {name: settings[key] for key, name in zip(keys, parameters)
+                  if isinstance(settings.get(key), (int, float)) and not isinstance(settings.get(key), bool)}
+        if not values:
+            continue
+        from exactcheck.rules import rule_spec
+        spec = rule_spec(rule, **{k: float(v) for k, v in values.items()})
+        if spec.exact:
+            continue
+        tv = _largest_tv(spec)
+        line = " ".join(f"--param {k}={v:g}" for k, v in values.items())
+        return Verdict(outcome=Outcome.DEFECT, summary=(
+            f"the server verifies with a lossy setting: {spec.label}; its exact TV from the target's law is up to "
+            f"{tv:.4f} on the built-in step worlds (exactcheck lossy {rule} {line})"), **common,
+            evidence=FindingEvidence(pvalue=0.0))
+    return Verdict(outcome=Outcome.EXACT, summary=f"no lossy setting among those exposed ({shown})"[:300], **common)
+
+
+def _largest_tv(spec) -> float:
+    from exactcheck.rules import output_tv
+    from exactcheck.suite import default_worlds
+    return max(output_tv(spec, world) for world in default_worlds())
 
 
 def seed_verdict(pairs: list[tuple[int, tuple[int, ...], tuple[int, ...]]], base: dict) -> Verdict:

@@ -1,0 +1,120 @@
+"""llama.cpp's native API (``POST /completion``) as a serve-audit ``Endpoint``.
+
+It gives everything the audit needs: token-id prompts and ``tokens`` back (``return_tokens``),
+``n_probs`` with ``post_sampling_probs`` (the law the sampler chain leaves), the speculation
+counters of each request (``timings.draft_n``, ``draft_n_accepted``), the per-request prompt-cache
+switch (``cache_prompt``) and the speculation types each slot runs (``/slots``). See
+docs/serving-llama-cpp.md for what each field is in llama.cpp's source.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from exactcheck.serve.client import Client, EndpointError, Exchange
+from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
+
+__all__ = ["LlamaCppEndpoint", "is_llama_cpp"]
+
+
+def is_llama_cpp(client: Client, base: str) -> bool:
+    """Whether ``base`` answers llama.cpp's ``/props`` (a server without it is taken for OpenAI's API)."""
+    try:
+        props = client.get(base, "/props")
+    except EndpointError:
+        return False
+    return any(key in props for key in ("default_generation_settings", "build_info", "model_path", "n_vocab"))
+
+
+class LlamaCppEndpoint(Endpoint):
+    api = "llama.cpp /completion"
+    kind = POST_SAMPLING
+    cache_switch = True
+    path = "/completion"
+
+    def check(self) -> dict:
+        """The server's facts (``/props``), or an ``EndpointError`` saying it is down or not llama.cpp."""
+        health = self.client.get(self.base, "/health")
+        if health.get("status") not in (None, "ok"):
+            raise EndpointError(f"{self.base}/health says {health}")
+        return self.client.get(self.base, "/props")
+
+    def tokenize(self, text: str) -> list[int]:
+        answer = self.client.post(self.base, "/tokenize", {"content": text}).answer
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EndpointError(f"{self.base}/tokenize answered {str(answer)[:80]}, not token ids")
+        return tokens
+
+    def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
+             cache: bool = True, tag: str | None = None) -> dict:
+        # ignore_eos: every answer has exactly n_predict tokens (the end-of-text token masked, in the
+        # reference's one-token requests too, so the law stays the engine's own); stop handling is
+        # not audited here
+        body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
+                "cache_prompt": bool(cache), "stream": False, "ignore_eos": True, **sampling.fields()}
+        if n_probs:
+            body.update(n_probs=n_probs, post_sampling_probs=True)
+        if tag is not None:
+            body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
+        return body
+
+    def read(self, exchange: Exchange) -> Completion:
+        answer = exchange.answer
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise EndpointError(f"{self.base}/completion answered no token ids (field 'tokens': "
+                                f"{str(tokens)[:60]}); --api llama.cpp needs llama.cpp's /completion")
+        stopped = bool(answer.get("stopped_eos")) or answer.get("stop_type") == "eos"
+        probabilities = None
+        listed = answer.get("completion_probabilities")
+        if exchange.body.get("n_probs") and isinstance(listed, list):
+            probabilities = tuple(_token_probability(entry) for entry in listed[:len(tokens)])
+        timings = answer.get("timings") or {}
+        return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
+                          int_or_none(timings.get("draft_n_accepted")), stopped, POST_SAMPLING)
+
+    def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
+        entries = exchange.answer.get("completion_probabilities")
+        if not isinstance(entries, list) or not entries:
+            if exchange.answer.get("stop_type") == "eos" or exchange.answer.get("stopped_eos"):
+                return None
+            raise EndpointError(f"{self.base}/completion gave no completion_probabilities for n_probs="
+                                f"{exchange.body.get('n_probs')}: the reference must report post-sampling probabilities")
+        return listed_top(self.base, entries[0])
+
+    def speculation_settings(self) -> dict[str, object]:
+        try:
+            slots = self.client.get(self.base, "/slots", listing=True)
+        except EndpointError:
+            return {}
+        if isinstance(slots, dict):
+            slots = slots.get("slots", [])
+        settings = {}
+        for slot in slots if isinstance(slots, list) else []:
+            params = slot.get("params") if isinstance(slot, dict) else None
+            for key, value in (params or {}).items():
+                if "spec" in key or "draft" in key:
+                    settings[key] = value
+            if isinstance(slot, dict) and "speculative" in slot:
+                settings["speculative"] = slot["speculative"]
+        return settings
+
+
+def listed_top(base: str, entry: dict) -> dict[int, float]:
+    """The top list of one llama.cpp probability entry (``top_probs`` or ``top_logprobs``), by id."""
+    top = entry.get("top_probs") or entry.get("top_logprobs")
+    if not isinstance(top, list):
+        raise EndpointError(f"{base}: a probability entry without top_probs or top_logprobs")
+    listed: dict[int, float] = {}
+    for item in top:
+        token, p = item.get("id"), probability_of(item)
+        if isinstance(token, int) and not isinstance(token, bool) and p is not None:
+            listed[token] = listed.get(token, 0.0) + p
+    return listed
+
+
+def _token_probability(entry: dict) -> float:
+    p = probability_of(entry)
+    if p is None:
+        raise EndpointError(f"a completion probability entry has neither prob nor logprob: {str(entry)[:80]}")
+    return p

@@ -1,0 +1,240 @@
+"""OpenAI's ``POST /v1/completions`` as a serve-audit ``Endpoint``, as vLLM, SGLang and
+llama.cpp serve it.
+
+- **prompts** are token ids (``"prompt": [ids]``: the completions API takes them; a chat API does not);
+- **token ids back**: vLLM (>= 0.10.2) returns ``choices[0].token_ids`` with ``return_token_ids``;
+  llama.cpp returns them only inside ``logprobs.content[*].id``, and vLLM inside ``logprobs.tokens``
+  as ``"token_id:N"`` with ``return_tokens_as_token_ids``. ``check`` finds which the server does; where
+  ids come only with logprobs, every request asks ``logprobs=1`` and the report says so;
+- **probabilities**: ``logprobs=N`` top lists. llama.cpp honours ``post_sampling_probs`` here too (the
+  law the sampler chain leaves); vLLM reports raw probabilities unless started with
+  ``--logprobs-mode processed_logprobs`` (``reference_kind``), and the law of a setting is then
+  derived where determinable (``exactcheck.serve.sampler_law``);
+- **sampling settings**: ``temperature``, ``top_p``, ``seed`` as OpenAI names them; ``top_k``, ``min_p``
+  and ``ignore_eos`` as vLLM, SGLang and llama.cpp take them, sent only when set;
+- **speculation counters**: llama.cpp's ``timings`` per request; vLLM's ``/metrics`` counters
+  (``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens``) server-wide;
+- **settings**: SGLang's ``/get_server_info`` (``speculative_*``), llama.cpp's ``/slots``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from exactcheck.serve.client import Client, EndpointError, Exchange
+from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top
+
+__all__ = ["OpenAICompletionsEndpoint", "parse_metrics"]
+
+_TOKEN_ID = "token_id:"
+DRAFTED_METRIC, ACCEPTED_METRIC = "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"
+
+
+class OpenAICompletionsEndpoint(Endpoint):
+    api = "OpenAI /v1/completions"
+    path = "/v1/completions"
+
+    def __init__(self, base: str, client: Client, *, model: str | None = None, reference_kind: str | None = None):
+        super().__init__(base, client, model=model)
+        self.llama_cpp = False
+        self.ids_through_logprobs = False
+        self.kind = reference_kind or RAW
+        self._declared_kind = reference_kind
+
+    def describe(self) -> str:
+        how = "token ids read from logprobs (every request asks logprobs=1)" if self.ids_through_logprobs else \
+            "token ids from return_token_ids"
+        return f"{self.base} ({self.api}, model {self.model}, {how}, {self.kind} probabilities)"
+
+    def check(self) -> dict:
+        models = self.client.get(self.base, "/v1/models")
+        served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)] \
+            if isinstance(models.get("data"), list) else []
+        if not served:
+            raise EndpointError(f"{self.base}/v1/models lists no model: is it an OpenAI-compatible server?")
+        if self.model is None:
+            if len(served) > 1:
+                raise EndpointError(f"{self.base} serves {len(served)} models ({', '.join(map(str, served[:4]))}): "
+                                    f"name one with --model")
+            self.model = served[0]
+        elif self.model not in served:
+            raise EndpointError(f"{self.base} does not serve model {self.model!r} (it serves "
+                                f"{', '.join(map(str, served[:4]))})")
+        self.llama_cpp = is_llama_cpp(self.client, self.base)
+        if self.llama_cpp:
+            self.kind, self.cache_switch = self._declared_kind or POST_SAMPLING, True
+        probe = self.client.post(self.base, self.path, self.body([0], 1, Sampling(), 0, tag="check")).answer
+        if not _choice_token_ids(probe):
+            self.ids_through_logprobs = True
+            answer = self.client.post(self.base, self.path, self.body([0], 1, Sampling(), 0, tag="check")).answer
+            if not _logprob_token_ids(_choice(answer)):
+                raise EndpointError(f"{self.base}{self.path} returns no token ids (asked with return_token_ids, and "
+                                    f"with logprobs and return_tokens_as_token_ids): the audit needs them (vLLM >= "
+                                    f"0.10.2; llama.cpp's /completion with --api llama.cpp)")
+        return models
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's ``/tokenize`` (``content``) or vLLM's (``model``, ``prompt``; no special tokens added)."""
+        body = {"content": text} if self.llama_cpp else {"model": self.model, "prompt": text, "add_special_tokens": False}
+        answer = self.client.post(self.base, "/tokenize", body).answer
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise EndpointError(f"{self.base}/tokenize answered {str(answer)[:80]}, not token ids: give prompts as "
+                                f"token ids (--prompt-ids)")
+        return tokens
+
+    def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
+             cache: bool = True, tag: str | None = None) -> dict:
+        body = {"model": self.model, "prompt": list(prompt), "max_tokens": n_predict, "n": 1, "stream": False,
+                "seed": int(seed), "temperature": sampling.temperature, "top_p": sampling.top_p, "ignore_eos": True,
+                "return_token_ids": True}
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
+        if sampling.min_p:
+            body["min_p"] = sampling.min_p
+        logprobs = max(n_probs, 1 if self.ids_through_logprobs else 0)
+        if logprobs:
+            body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
+            if self.llama_cpp:
+                body["post_sampling_probs"] = self.kind == POST_SAMPLING
+        if self.llama_cpp:
+            body["cache_prompt"] = bool(cache)
+        if tag is not None:
+            body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
+        return body
+
+    def read(self, exchange: Exchange) -> Completion:
+        answer = exchange.answer
+        choice = _choice(answer)
+        if choice is None:
+            raise EndpointError(f"{self.base}{self.path} answered no choices: {str(answer)[:80]}")
+        tokens = _choice_token_ids(answer) or _logprob_token_ids(choice)
+        if tokens is None:
+            raise EndpointError(f"{self.base}{self.path} answered no token ids (choices[0]: {str(choice)[:80]})")
+        probabilities = _token_probabilities(choice, len(tokens)) if exchange.body.get("logprobs") else None
+        timings = answer.get("timings") or {}
+        return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
+                          int_or_none(timings.get("draft_n_accepted")), choice.get("finish_reason") == "stop",
+                          self.kind)
+
+    def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
+        choice = _choice(exchange.answer) or {}
+        logprobs = choice.get("logprobs")
+        if not isinstance(logprobs, dict):
+            if choice.get("finish_reason") == "stop" and not (_choice_token_ids(exchange.answer) or []):
+                return None
+            raise EndpointError(f"{self.base}{self.path} gave no logprobs for logprobs="
+                                f"{exchange.body.get('logprobs')}")
+        content = logprobs.get("content")
+        if isinstance(content, list):  # llama.cpp: entries with ids
+            return listed_top(self.base, content[0]) if content else None
+        top = logprobs.get("top_logprobs")
+        if not isinstance(top, list):
+            raise EndpointError(f"{self.base}{self.path}: logprobs without top_logprobs")
+        if not top:
+            return None
+        listed: dict[int, float] = {}
+        for key, value in (top[0] or {}).items():
+            token = _token_id(key)
+            if token is None:
+                raise EndpointError(f"{self.base}{self.path}: top_logprobs keyed by text ({key!r}), not by token id: "
+                                    f"the server ignored return_tokens_as_token_ids")
+            p = probability_of({"logprob": value})
+            if p is not None:
+                listed[token] = listed.get(token, 0.0) + p
+        return listed
+
+    def speculation_totals(self) -> tuple[int, int] | None:
+        if self.llama_cpp:
+            return None  # per request, in timings
+        try:
+            text = self.client.get_text(self.base, "/metrics")
+        except EndpointError:
+            return None
+        metrics = parse_metrics(text)
+        if DRAFTED_METRIC not in metrics:
+            return None
+        return int(metrics[DRAFTED_METRIC]), int(metrics.get(ACCEPTED_METRIC, 0))
+
+    def speculation_settings(self) -> dict[str, object]:
+        if self.llama_cpp:
+            return LlamaCppEndpoint(self.base, self.client).speculation_settings()
+        try:
+            info = self.client.get(self.base, "/get_server_info")  # SGLang
+        except EndpointError:
+            return {}
+        return {k: v for k, v in info.items() if k.startswith("speculative_")}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text: each metric's value summed over its labels (``_total`` names folded onto
+    the bare name; ``_created`` samples skipped)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match.group(1).endswith("_created"):
+            continue
+        name = match.group(1)
+        name = name[:-len("_total")] if name.endswith("_total") else name
+        try:
+            totals[name] = totals.get(name, 0.0) + float(match.group(2))
+        except ValueError:
+            continue
+    return totals
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def _choice(answer: dict) -> dict | None:
+    choices = answer.get("choices")
+    return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+
+
+def _ids(values) -> list[int] | None:
+    if isinstance(values, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in values):
+        return list(values)
+    return None
+
+
+def _choice_token_ids(answer: dict) -> list[int] | None:
+    choice = _choice(answer) or {}
+    return _ids(choice.get("token_ids"))
+
+
+def _token_id(text) -> int | None:
+    if isinstance(text, str) and text.startswith(_TOKEN_ID):
+        try:
+            return int(text[len(_TOKEN_ID):])
+        except ValueError:
+            return None
+    return None
+
+
+def _logprob_token_ids(choice: dict | None) -> list[int] | None:
+    logprobs = (choice or {}).get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):  # llama.cpp
+        return _ids([entry.get("id") for entry in content if isinstance(entry, dict)])
+    tokens = logprobs.get("tokens")
+    if isinstance(tokens, list):  # vLLM with return_tokens_as_token_ids
+        ids = [_token_id(t) for t in tokens]
+        return ids if all(i is not None for i in ids) else None
+    return None
+
+
+def _token_probabilities(choice: dict, n: int) -> tuple[float, ...] | None:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        values = [probability_of(entry) for entry in content[:n]]
+    else:
+        values = [probability_of({"logprob": v}) for v in (logprobs.get("token_logprobs") or [])[:n]]
+    if any(v is None for v in values):
+        raise EndpointError(f"a logprobs entry has no probability: {str(logprobs)[:80]}")
+    return tuple(values)
