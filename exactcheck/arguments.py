@@ -64,6 +64,10 @@ def sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
     parser.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
 
 
+def jobs(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help=help_text)
+
+
 def call_size(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--call-elements", metavar="N|auto",
                         help="largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, "

@@ -99,7 +99,7 @@ def _stem_settings(args) -> dict:
     the report files (``report_stem``) so runs that differ in them never share a stem. The
     defaults are the ones the kind's row gives its arguments."""
     ignored = {"command", "subject", "level", "seed", "report", "quiet", "isolate", "executor", "ray_address",
-               "junit_xml", "json", "config", "live"}
+               "jobs", "junit_xml", "json", "config", "live"}
     own = argparse.ArgumentParser(add_help=False)
     entry_point(args.command).arguments(own)
     return {k: v for k, v in vars(args).items() if k not in ignored and v != own.get_default(k)}

@@ -1,5 +1,6 @@
 """Where an audit's shards run: in this process (``LocalExecutor``) or as Ray tasks across a
-cluster (``RayExecutor``, ``pip install 'exactcheck[distributed]'``).
+cluster (``RayExecutor``, ``pip install 'exactcheck[distributed]'``); ``worker_pool``: the worker
+processes of ``exactcheck selftest --jobs N``.
 
 A sharded step audit (``AuditOptions.shards`` = N > 1) splits each world's batch of trials into N
 shards, each driven with its own seed derived from the batch seed (``shard_seed``), and merges the
@@ -15,7 +16,8 @@ from typing import Any, Callable, Sequence
 from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
-__all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed"]
+__all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
+           "worker_pool"]
 
 
 def split(n: int, shards: int) -> list[int]:
@@ -51,6 +53,24 @@ class LocalExecutor(Executor):
 
     def submit(self, fn, calls):
         return [lambda args=args: fn(*args) for args in calls]
+
+
+def _quiet_worker() -> None:
+    """A worker of ``worker_pool``: one torch thread (the workers share the cores), and Ctrl-C left
+    to the parent, which stops the pool and keeps what finished."""
+    import signal
+
+    import torch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+
+
+def worker_pool(jobs: int):
+    """``jobs`` spawned worker interpreters (a fresh interpreter each: no fork of torch's threads)."""
+    import concurrent.futures
+    import multiprocessing
+    return concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_quiet_worker)
 
 
 class RayExecutor(Executor):

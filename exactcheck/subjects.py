@@ -139,7 +139,7 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
         "exactcheck.step.selftest:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
         options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
-        settings=("mutants", "on_audit")),
+        settings=("mutants", "on_audit", "jobs")),
     EntryPoint(
         SubjectKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
                                   "verify call) by its output law, and by its declared tree rule",

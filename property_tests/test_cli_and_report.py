@@ -292,3 +292,16 @@ def test_the_grammar_and_cost_reproduce_lines_call_the_same_audit(argv, monkeypa
 
 class _Recorded(Exception):
     """Raised by a recording runner with the reproduce line it was handed or built."""
+
+
+def test_selftest_jobs_gives_the_serial_verdicts():
+    """``selftest --jobs 2`` runs the same seeded audits in worker processes: the same verdicts."""
+    from exactcheck.step.selftest import run_selftest
+    names = ["bonus_argmax", "accept_if_p_ge_q"]
+    serial = run_selftest(level="quick", seed=3, mutants=names)
+    parallel = run_selftest(level="quick", seed=3, mutants=names, jobs=2)
+
+    def key(result):
+        return [(v.check, v.outcome, v.statistic, v.samples) for a in [result.reference] + [m[2] for m in result.mutants]
+                for v in a.verdicts]
+    assert key(serial) == key(parallel) and parallel.passed and not parallel.interrupted

@@ -57,6 +57,8 @@ def run(subject, options: AuditOptions, **keywords):
 
 def selftest_arguments(parser) -> None:
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
+    arguments.jobs(parser, "audit the reference and the mutants in N worker processes (default 1); the verdicts "
+                           "are the serial run's with the same seed")
     arguments.common(parser)
     arguments.call_size(parser)
 
@@ -64,16 +66,16 @@ def selftest_arguments(parser) -> None:
 def selftest_settings(args) -> dict:
     return dict(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device, mutants=args.mutant,
                 stop_early=args.stop_early, detect_tv=args.detect_tv, max_samples=args.max_samples,
-                call_elements=args.call_elements)
+                call_elements=args.call_elements, jobs=args.jobs)
 
 
 def run_selftest(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
-                 mutants=None, on_audit=None):
+                 mutants=None, on_audit=None, jobs: int = 1):
     """The selftest (its subject is always the reference and the mutants: ``subject`` is None)."""
     from exactcheck.step.selftest import run_selftest as selftest
     return selftest(level=options.level.value, seed=options.seed, alpha=options.alpha, device=options.device,
                     mutants=mutants, on_audit=on_audit, stop_early=options.stop_early, detect_tv=options.detect_tv,
-                    max_samples=options.max_samples, call_elements=options.call_elements)
+                    max_samples=options.max_samples, call_elements=options.call_elements, jobs=jobs)
 
 
 def selftest_main(args, stem: str, audit) -> int:

@@ -44,11 +44,14 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
                  device: str = "cpu", mutants: list[str] | None = None,
                  on_audit: Callable[[str, AuditResult], None] | None = None,
                  stop_early: bool = True, detect_tv: float | None = None,
-                 max_samples: int | None = None, call_elements: int | str | None = None) -> SelftestResult:
+                 max_samples: int | None = None, call_elements: int | str | None = None,
+                 jobs: int = 1) -> SelftestResult:
     """Audit ``reference_verifier`` and each mutant (all, or those named). With ``stop_early``
     a mutant's audit ends at the first evident defect (see ``run_audit``), and its property
     searches run first (``properties_first``): a mutant found at forced random numbers draws no
-    trials. The reference runs every check in full."""
+    trials. The reference runs every check in full. ``jobs`` > 1: the audits run in that many
+    worker processes (``exactcheck.executors.worker_pool``), each the same seeded audit as in the
+    serial run, so the verdicts are the same; ``on_audit`` still sees them in order."""
     names = list(MUTANTS) if mutants is None else mutants
     unknown = [m for m in names if m not in MUTANTS]
     if unknown:
@@ -61,6 +64,12 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
                          detect_tv=detect_tv, max_samples=max_samples, call_elements=call_elements,
                          properties_first=mutant and stop_early)
 
+    if jobs < 1:
+        raise UsageError(f"--jobs ({jobs}) must be at least 1")
+    if jobs > 1:
+        settings = dict(level=level, seed=seed, alpha=alpha, device=device, stop_early=stop_early, detect_tv=detect_tv,
+                        max_samples=max_samples, call_elements=call_elements)
+        return _run_in_workers(names, settings, on_audit, jobs)
     reference = audit(reference_verifier, REFERENCE_NAME, mutant=False)
     rows = []
     # Ctrl-C (or SIGTERM) anywhere from here on stops the selftest and keeps what it finished: the
@@ -79,3 +88,37 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
         pass
     interrupted = reference.interrupted or len(rows) < len(names)
     return SelftestResult(level, seed, alpha, reference, tuple(rows), interrupted, tuple(names))
+
+
+def _audit_one(mutant: str | None, settings: dict) -> AuditResult:
+    """One selftest audit in a worker: the reference (``mutant`` None) or that mutant."""
+    verifier = reference_verifier if mutant is None else MUTANTS[mutant].verifier
+    name = REFERENCE_NAME if mutant is None else f"exactcheck.step.mutants:{mutant}"
+    return run_audit(verifier, subject_name=name, progress=False, properties_first=mutant is not None
+                     and settings["stop_early"], **settings)
+
+
+def _run_in_workers(names: list[str], settings: dict, on_audit, jobs: int) -> SelftestResult:
+    from exactcheck.executors import worker_pool
+    pool = worker_pool(jobs)
+    rows = []
+    reference = None
+    try:
+        # the longest audit (the reference, every check in full) first, then the mutants in order
+        futures = [pool.submit(_audit_one, None, settings)] + [pool.submit(_audit_one, m, settings) for m in names]
+        reference = futures[0].result()
+        if on_audit:
+            on_audit(REFERENCE_NAME, reference)
+        for m, future in zip(names, futures[1:]):
+            result = future.result()
+            rows.append((m, MUTANTS[m].defect, result))
+            if on_audit:
+                on_audit(f"exactcheck.step.mutants:{m}", result)
+    except KeyboardInterrupt:
+        if reference is None:
+            raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    interrupted = len(rows) < len(names)
+    return SelftestResult(settings["level"], settings["seed"], settings["alpha"], reference, tuple(rows), interrupted,
+                          tuple(names))
