@@ -92,6 +92,12 @@ class TreeWorld:
     def depth(self) -> int:
         return len(self.branching)
 
+    def width(self, path: tuple[int, ...]) -> int:
+        """How many children the node reached by ``path`` (its tokens from the root) has: the
+        exact laws (``exactcheck.tree.laws``) ask the world, so a shape that is not one width per
+        depth is the world's business alone."""
+        return self.branching[len(path)] if len(path) < self.depth else 0
+
     @functools.cached_property
     def topology(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tree_topology(self.branching)
