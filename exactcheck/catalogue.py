@@ -34,10 +34,14 @@ def build_listing() -> str:
         model_worlds = tuple
     lines.append("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
     lines += [f"  {w.name:<26} {w.description}" for w in model_worlds()]
+    if model_worlds is not tuple:
+        lines.append("tokenizer worlds (a generator declaring different_tokenizers; two vocabularies, need tokenizers):")
+        lines += [f"  {w.name:<26} {w.description}" for w in model_worlds(different_tokenizers=True)]
     lines.append("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
     lines += [f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else "")
               for name, g in builtin_generators().items()]
-    for m in LOOP_MUTANTS:
+    from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
+    for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS):
         doc = " ".join(type(m).__doc__.split())
         lines.append(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
     lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")

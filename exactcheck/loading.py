@@ -52,21 +52,26 @@ def load_generator(name: str):
         return generator
     if name.startswith("loop-mutant:"):
         from exactcheck.e2e.loop import LOOP_MUTANTS
+        from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
         wanted = name.split(":", 1)[1]
-        for m in LOOP_MUTANTS:
+        for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS):
             if m.name == f"mutant: {wanted}":
                 return m
         raise UsageError(f"unknown loop mutant {wanted!r}; known: "
-                         f"{[m.name.split(': ')[1] for m in LOOP_MUTANTS]}")
+                         f"{[m.name.split(': ')[1] for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS)]}")
     return load_subject(name)
 
 
 def builtin_generators() -> dict:
     """Name -> generator, for ``BUILTIN_GENERATORS`` (imports transformers)."""
-    from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup
+    from exactcheck.adapters.hf_generate import AssistedDifferentTokenizers, AssistedGeneration, PromptLookup
     from exactcheck.e2e.batched_loop import BatchedReferenceLoop
     from exactcheck.e2e.loop import ReferenceSpeculativeLoop
+    from exactcheck.e2e.two_vocab_loop import StringLevelExactMatch, TokenLevelIntersection
     return {"reference-loop": ReferenceSpeculativeLoop(), "batched-reference-loop": BatchedReferenceLoop(),
             "transformers-assisted": AssistedGeneration(),
             "transformers-prompt-lookup": PromptLookup(),
-            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9)}
+            "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9),
+            "reference-tli": TokenLevelIntersection(), "reference-slem": StringLevelExactMatch(),
+            "transformers-assisted-universal": AssistedDifferentTokenizers(),
+            "transformers-assisted-different-tokenizers": AssistedDifferentTokenizers(greedy_only=True)}

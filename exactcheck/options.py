@@ -26,8 +26,9 @@ DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plu
 DEFAULT_REQUIRE = ("exactness", "conformance")  # always gating; --require adds the others
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
 # the generators ``exactcheck e2e`` (and every generator audit) takes by name (``exactcheck.subjects``)
-BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "transformers-assisted",
-                      "transformers-prompt-lookup", "transformers-ensemble-0.9")
+BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "reference-tli", "reference-slem", "transformers-assisted",
+                      "transformers-prompt-lookup", "transformers-ensemble-0.9", "transformers-assisted-universal",
+                      "transformers-assisted-different-tokenizers")
 # elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
 # for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
 DEFAULT_CALL_ELEMENTS = 1 << 24

@@ -50,9 +50,11 @@ class ContextWorld:
     prompt_state: int
     length: int
     draft_length: int
+    # False: the draft has a vocabulary (and state machine) of its own (``toy_models.tokenizer_worlds``)
+    shared_vocabulary: bool = True
 
     def __post_init__(self) -> None:
-        if self.target.table.shape != self.draft.table.shape:
+        if self.shared_vocabulary and self.target.table.shape != self.draft.table.shape:
             raise ValueError(f"world {self.name}: target and draft tables differ in shape")
 
     @property

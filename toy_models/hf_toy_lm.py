@@ -83,6 +83,14 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return None
 
+    def token_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token ids the call conditions on (a subclass reads them through its embedding)."""
+        return input_ids
+
+    def logits_at(self, states: torch.Tensor) -> torch.Tensor:
+        """[B, T] states -> [B, T, V] logits (a subclass computes them with an LM head)."""
+        return self.table[states].log()
+
     def record(self, enabled: bool = True) -> None:
         self.calls = [] if enabled else None
 
@@ -108,6 +116,7 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is None and use_cache:
             cache = DynamicCache()
         past = cache.get_seq_length() if cache is not None else 0
+        input_ids = self.token_ids(input_ids)
         batch, n = input_ids.shape
         if past:
             held = cache.layers[0].keys[:, 0]  # [B, past, 2]
@@ -125,7 +134,7 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
                 tuple(input_ids[0].tolist()), None if given is None else tuple(given[0].tolist())))
         prefix = torch.cat([cached_tokens, input_ids], 1)
         states = self.state_after(prefix)[:, past:]
-        logits = self.table[states].log()
+        logits = self.logits_at(states)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         if cache is not None and use_cache:
@@ -194,6 +203,16 @@ class ModelWorld:
 
     def models(self) -> tuple[ToyLMForCausalLM, ToyLMForCausalLM]:
         return model_pair(self.world)
+
+    @property
+    def shared_vocabulary(self) -> bool:
+        """Whether target and draft share one vocabulary (a tokenizer world's do not)."""
+        return self.world.shared_vocabulary
+
+    def generator_keywords(self) -> dict:
+        """Keyword arguments every generator call in this world gets besides the contract's
+        positional ones (a tokenizer world: ``target_tokenizer`` and ``draft_tokenizer``)."""
+        return {}
 
     def prompt_ids(self) -> torch.Tensor:
         return torch.tensor([self.prompt], dtype=torch.int64)

@@ -6,6 +6,9 @@
   every step drafts ``draft_length`` tokens), and restored afterwards. ``ensemble_weight`` sets
   ``assistant_ensemble_weight``; a weight in (0, 1) targets a mixture of p and q on purpose, so
   the generator declares itself lossy.
+- ``AssistedDifferentTokenizers``: the same with a draft of another vocabulary
+  (``tokenizer=``, ``assistant_tokenizer=``): universal speculative decoding when sampling,
+  re-tokenised text when greedy (``exactcheck.e2e.generator``: two vocabularies).
 - ``PromptLookup``: ``generate(prompt_lookup_num_tokens=draft_length)``; the draft model is
   not used (candidates come from n-grams of the prompt).
 - ``TargetGenerate``: plain ``target.generate`` without a draft, the baseline.
@@ -22,14 +25,15 @@ with the call's seed inside ``torch.random.fork_rng`` so the caller's global sta
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from exactcheck.adapters.transformers_compat import output_cache, prompt_lookup_kwargs, require_ensemble_weight
-from exactcheck.e2e.generator import DecodingPolicy, Generation
+from exactcheck.e2e.generator import Capabilities, DecodingPolicy, Generation
 
-__all__ = ["AssistedGeneration", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
+__all__ = ["AssistedGeneration", "AssistedDifferentTokenizers", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
 
 
 class PolicyMask:
@@ -103,21 +107,63 @@ class AssistedGeneration:
         return self.ensemble_weight is not None and 0 < self.ensemble_weight < 1
 
     def __call__(self, target, draft, input_ids, policy, max_new_tokens, seed):
-        config = draft.generation_config
-        settings = dict(num_assistant_tokens=self.draft_length, num_assistant_tokens_schedule="constant",
-                        assistant_confidence_threshold=0.0)
-        saved = {key: getattr(config, key, None) for key in settings}
-        for key, value in settings.items():
-            setattr(config, key, value)
-        try:
+        with _drafting(draft, self.draft_length):
             extra = {}
             if self.ensemble_weight is not None:
                 require_ensemble_weight()
                 extra = dict(assistant_ensemble_weight=self.ensemble_weight)
             return _generate(target, input_ids, policy, max_new_tokens, seed, assistant_model=draft, **extra)
-        finally:
-            for key, value in saved.items():
-                setattr(config, key, value)
+
+
+@contextlib.contextmanager
+def _drafting(draft, draft_length: int):
+    """``draft.generation_config`` set to draft ``draft_length`` tokens every step (a constant
+    schedule, confidence threshold 0), restored afterwards."""
+    config = draft.generation_config
+    settings = dict(num_assistant_tokens=draft_length, num_assistant_tokens_schedule="constant",
+                    assistant_confidence_threshold=0.0)
+    saved = {key: getattr(config, key, None) for key in settings}
+    for key, value in settings.items():
+        setattr(config, key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+@dataclass(frozen=True)
+class AssistedDifferentTokenizers:
+    """transformers assisted generation with a draft of another vocabulary:
+    ``target.generate(assistant_model=draft, tokenizer=target_tokenizer,
+    assistant_tokenizer=draft_tokenizer)``. Sampling goes through
+    ``UniversalSpeculativeDecodingGenerator`` (token-level intersection: the assistant samples over
+    the tokens both vocabularies spell alike, its LM head pruned to them in place, its logits mapped
+    into the target's vocabulary by the ``AssistantToTargetTranslator`` that
+    ``AssistantVocabTranslatorCache`` keeps per tokenizer pair); greedy through
+    ``AssistedCandidateGeneratorDifferentTokenizers`` (the candidates' text re-tokenised).
+    ``greedy_only``: the greedy path alone (the sampled laws are not applicable)."""
+
+    draft_length: int = 4
+    greedy_only: bool = False
+    different_tokenizers = True
+
+    @property
+    def name(self) -> str:
+        path = ("AssistedCandidateGeneratorDifferentTokenizers, greedy" if self.greedy_only
+                else "UniversalSpeculativeDecodingGenerator when sampling")
+        return (f"transformers.generate(assistant_model=draft, tokenizer=, assistant_tokenizer=, "
+                f"num_assistant_tokens={self.draft_length}) [{path}]")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(greedy_only=self.greedy_only)
+
+    def __call__(self, target, draft, input_ids, policy, max_new_tokens, seed, *, target_tokenizer,
+                 draft_tokenizer):
+        with _drafting(draft, self.draft_length):
+            return _generate(target, input_ids, policy, max_new_tokens, seed, assistant_model=draft,
+                             tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer)
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
         return _drive_batched(generator, world, n, seed, policy, probe, progress, device,
                               batch or getattr(generator, "max_batch", None) or 256, first)
     target, draft = (m.to(device) for m in world.models())
+    keywords = world.generator_keywords()
     prompt = world.prompt_ids().to(device)
     outputs = []
     breaches: list[tuple[int, Breach]] = []
@@ -129,10 +130,10 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     drafts = None
     for i in range(first, first + n):
         log = [] if probe else None
-        target.calls = draft.calls = log
+        _record(target, draft, world, log)
         try:
             new, generation = call_generator(generator, target, draft, prompt, policy, world.new_tokens,
-                                             generation_seed(seed, i), world.vocab_size)
+                                             generation_seed(seed, i), world.vocab_size, keywords=keywords)
         finally:
             target.calls = draft.calls = None
         outputs.append(tuple(new.tolist()))
@@ -142,7 +143,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
             cached += sum(1 for call in log if call.cached_tokens)
             final = torch.cat([prompt[0].cpu(), new])
             found = check_calls(log, final.tolist())
-            found += _final_caches(target, draft, generation, final)
+            found += _final_caches(target, draft, generation, final, world.shared_vocabulary)
             checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
             breaches.extend((i, b) for b in found)
         done = i + 1 - first
@@ -152,10 +153,20 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
                             drafts=drafts)
 
 
-def _final_caches(target, draft, generation: Generation, final: torch.Tensor) -> list[Breach]:
+def _record(target, draft, world: ModelWorld, log: list | None) -> None:
+    """Record the forward calls into ``log``: both models' where they share the target's
+    vocabulary; the target's alone where the draft has its own (its cache holds draft ids, which
+    the committed-prefix invariants, stated in target ids, cannot judge)."""
+    target.calls = log
+    draft.calls = log if world.shared_vocabulary else None
+
+
+def _final_caches(target, draft, generation: Generation, final: torch.Tensor,
+                  shared_vocabulary: bool = True) -> list[Breach]:
     found = []
-    for model, cache, role, slack in ((target, generation.target_cache, "target", 1),
-                                      (draft, generation.draft_cache, "draft", 2)):
+    roles = ((target, generation.target_cache, "target", 1),) + (
+        ((draft, generation.draft_cache, "draft", 2),) if shared_vocabulary else ())
+    for model, cache, role, slack in roles:
         if cache is not None:
             found += final_cache(model, cache, final[None], role, slack=slack)
     return found
@@ -164,6 +175,7 @@ def _final_caches(target, draft, generation: Generation, final: torch.Tensor) ->
 def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, probe: bool,
                    progress, device, batch: int, first: int = 0) -> GeneratorSamples:
     target, draft = (m.to(device) for m in world.models())
+    keywords = world.generator_keywords()
     prompt = world.prompt_ids().to(device)[0]
     outputs = []
     breaches: list[tuple[int, Breach]] = []
@@ -172,18 +184,19 @@ def _drive_batched(generator, world: ModelWorld, n: int, seed: int, policy: Deco
     for start in range(first, first + n, batch):
         size = min(batch, first + n - start)
         log = [] if probe else None
-        target.calls = draft.calls = log
+        _record(target, draft, world, log)
         try:
             answers = call_generator_batch(generator, target, draft, [prompt] * size, policy, world.new_tokens,
                                            [generation_seed(seed, start + j) for j in range(size)],
-                                           world.vocab_size)
+                                           world.vocab_size, keywords=keywords)
         finally:
             target.calls = draft.calls = None
         for j, (new, generation) in enumerate(answers):
             outputs.append(tuple(new.tolist()))
             drafts = _with_drafts(drafts, generation, seed, start + j)
             if probe:
-                found = _final_caches(target, draft, generation, torch.cat([prompt.cpu(), new]))
+                found = _final_caches(target, draft, generation, torch.cat([prompt.cpu(), new]),
+                                      world.shared_vocabulary)
                 checked += sum(c is not None for c in (generation.target_cache, generation.draft_cache))
                 breaches.extend((start + j, b) for b in found)
         if probe:

@@ -101,9 +101,9 @@ def e2e_settings(args) -> dict:
 
 
 def plan_e2e(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
-    from exactcheck.e2e.generator import capabilities_of
+    from exactcheck.e2e.generator import capabilities_of, takes_different_tokenizers
     from exactcheck.e2e.plan import plan_generator_audit
-    return plan_generator_audit(options, policies, greedy, capabilities_of(subject))
+    return plan_generator_audit(options, policies, greedy, capabilities_of(subject), takes_different_tokenizers(subject))
 
 
 def run_e2e(subject, options: AuditOptions, **keywords):

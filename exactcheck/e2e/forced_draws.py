@@ -111,6 +111,7 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
                          capabilities: Capabilities | None = None) -> list[Verdict]:
     """The three forced-draw verdicts of ``world`` (``FORCED_CHECKS``, in order)."""
     target, draft = (m.to(device) for m in world.models())
+    keywords = world.generator_keywords()
     prompts = [prompt_for_state(world.world, len(world.prompt), derive_seed(seed, f"forced/prompt/{i}"))
                for i in range(FORCED_PROMPTS)]
     prompt_ids = [torch.tensor(p, dtype=torch.int64, device=target.device) for p, _ in prompts]
@@ -118,11 +119,25 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
     greedy = _greedy_policy(world)
     expected_greedy: dict[int, list[int]] = {}
 
+    fresh: dict = {}
+
+    def draft_for(policy) -> tuple:
+        """The draft and keywords a policy's runs use: the world's one pair where target and draft
+        share a vocabulary; in a tokenizer world a fresh draft and tokenizers per policy (a
+        generator that changes its draft in place when sampling is judged on reuse by
+        ``draft_reuse``, not here)."""
+        if world.shared_vocabulary:
+            return draft, keywords
+        if policy.label() not in fresh:
+            fresh[policy.label()] = (world.models()[1].to(device), world.generator_keywords())
+        return fresh[policy.label()]
+
     def generate(policy, i, value, run_seed, only=None) -> ForcedRun:
+        model, extra = draft_for(policy)
         with controlled_randomness(value, only=only, watch_created=True) as log:
             try:
-                new, _ = call_generator(generator, target, draft, prompt_ids[i][None], policy, world.new_tokens,
-                                        run_seed, world.vocab_size)
+                new, _ = call_generator(generator, target, model, prompt_ids[i][None], policy, world.new_tokens,
+                                        run_seed, world.vocab_size, keywords=extra)
                 output, error = tuple(new.tolist()), None
             except SubjectError as exc:
                 output, error = None, exc

@@ -29,6 +29,13 @@ token, the token and the row q it was (said to be) drawn from; the audit then ch
 tokens follow the rows (``draft_follows_q``), which names a drafter whose q is not the law it sampled
 from.
 
+**Two vocabularies.** A generator that declares ``different_tokenizers = True`` drafts with a
+model whose vocabulary is not the target's. It is audited on the tokenizer worlds
+(``toy_models.tokenizer_worlds``) and every call gets two more keyword arguments,
+``target_tokenizer`` and ``draft_tokenizer`` (transformers ``PreTrainedTokenizerFast`` objects);
+prompts and outputs are target ids, and the law judged is the target's law of target token
+sequences (non-canonical spellings included: plain target sampling produces them).
+
 ``lossy`` (True for a mode that targets another law on purpose, such as transformers'
 ``assistant_ensemble_weight``): the audit then reports its measured TV as the price of the mode
 instead of calling it exact.
@@ -49,7 +56,7 @@ from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "DraftRecord",
            "Capabilities", "capabilities_of", "call_generator", "call_generator_batch", "validated", "is_batched",
-           "with_draft_length", "draft_length_support", "is_lossy", "generator_name"]
+           "with_draft_length", "draft_length_support", "is_lossy", "takes_different_tokenizers", "generator_name"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class Capabilities:
     batched contract (``generate_batch``; False drives a batched generator one request at a time);
     ``cache``: it keeps a KV cache (False: cache rollback is not applicable without looking; None:
     not said, the probe decides); ``reports_draft_q``: its ``Generation.drafts`` carries the q of
-    every drafted token."""
+    every drafted token; ``greedy_only``: it decodes greedily only (its sampled laws are not
+    applicable)."""
 
     grammar_masks: bool = True
     stop_tokens: bool = True
@@ -89,6 +97,7 @@ class Capabilities:
     batching: bool = True
     cache: bool | None = None
     reports_draft_q: bool = False
+    greedy_only: bool = False
 
     @classmethod
     def of(cls, declared) -> "Capabilities":
@@ -106,6 +115,8 @@ class Capabilities:
 
     def missing_for(self, policy: DecodingPolicy) -> str | None:
         """What this generator lacks to take ``policy`` ("grammar masks", ...), or None."""
+        if not policy.greedy and self.greedy_only:
+            return "sampling (it declares greedy decoding only)"
         if policy.mask is not None and not self.grammar_masks:
             return "grammar masks"
         if policy.stop_tokens and not self.stop_tokens:
@@ -145,6 +156,11 @@ class BatchedGenerator(Protocol):
 
 def generator_name(generator) -> str:
     return getattr(generator, "name", None) or getattr(generator, "__name__", None) or type(generator).__name__
+
+
+def takes_different_tokenizers(generator) -> bool:
+    """Whether ``generator`` drafts in another vocabulary (``different_tokenizers = True``)."""
+    return bool(getattr(generator, "different_tokenizers", False))
 
 
 def is_lossy(generator) -> bool:
@@ -196,17 +212,20 @@ class _WithDraftLength:
             return functools.partial(value, draft_length=self.draft_length)
         return value
 
-    def __call__(self, *args):
-        return self.generator(*args, draft_length=self.draft_length)
+    def __call__(self, *args, **keywords):
+        return self.generator(*args, draft_length=self.draft_length, **keywords)
 
 
 def call_generator(generator: Generator, target, draft, input_ids: torch.Tensor, policy: DecodingPolicy,
                    max_new_tokens: int, seed: int, vocab_size: int,
-                   stop_tokens: tuple[int, ...] | None = None) -> tuple[torch.Tensor, Generation]:
+                   stop_tokens: tuple[int, ...] | None = None,
+                   keywords: dict | None = None) -> tuple[torch.Tensor, Generation]:
     """Run the generator once and validate what it returns: (new tokens [n] int64, Generation).
-    Stop tokens (default: the policy's) end the output: it must stop right after the first."""
+    Stop tokens (default: the policy's) end the output: it must stop right after the first.
+    ``keywords``: the world's extra arguments (``ModelWorld.generator_keywords``: a tokenizer
+    world's two tokenizers)."""
     guard = SnapshotInputs(("input_ids", input_ids))
-    out = call_subject(generator, target, draft, *guard.copies, policy, max_new_tokens, seed)
+    out = call_subject(generator, target, draft, *guard.copies, policy, max_new_tokens, seed, **(keywords or {}))
     guard.check()
     return validated(out, input_ids[0], policy, max_new_tokens, vocab_size, stop_tokens)
 
@@ -220,13 +239,14 @@ def is_batched(generator) -> bool:
 
 def call_generator_batch(generator: "BatchedGenerator", target, draft, prompts: list[torch.Tensor],
                          policy: DecodingPolicy, max_new_tokens: int, seeds: list[int], vocab_size: int,
-                         stop_tokens: tuple[int, ...] | None = None) -> list[tuple[torch.Tensor, Generation]]:
+                         stop_tokens: tuple[int, ...] | None = None,
+                         keywords: dict | None = None) -> list[tuple[torch.Tensor, Generation]]:
     """One ``generate_batch`` call for ``prompts`` (each [P_i]) with one seed each; every answer
     validated as ``call_generator`` validates one. A wrong count of answers is a contract
     violation; so is any one invalid answer (the whole call fails, as one request would)."""
     guard = SnapshotInputs(*((f"prompts[{i}]", p) for i, p in enumerate(prompts)))
     outs = call_subject(generator.generate_batch, target, draft, list(guard.copies), policy, max_new_tokens,
-                        list(seeds))
+                        list(seeds), **(keywords or {}))
     guard.check()
     if not isinstance(outs, (list, tuple)) or len(outs) != len(prompts):
         got = f"{len(outs)} answers" if isinstance(outs, (list, tuple)) else type(outs).__name__

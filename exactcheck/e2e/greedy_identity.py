@@ -137,11 +137,13 @@ def classify_divergence(target, target64, prompt_length: int, prefix, expected: 
 
 def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft_lengths, max_new_tokens: int,
                     seed: int = 0, vocab_size: int | None = None, tie_tolerance: float = TIE_TOLERANCE,
-                    progress=None, pairs=None, on_generation=None, policy=GREEDY) -> GreedyIdentityResult:
+                    progress=None, pairs=None, on_generation=None, policy=GREEDY,
+                    keywords: dict | None = None) -> GreedyIdentityResult:
     """Run ``generator`` greedily on each prompt at each draft length (or on the given
     ``pairs`` of (prompt index, draft length)) and compare with ``target_greedy``. A draft
     length of ``None`` runs the generator at its own setting. ``on_generation(prompt index,
-    draft length, new tokens, Generation)`` sees every successful run (for cache checks)."""
+    draft length, new tokens, Generation)`` sees every successful run (for cache checks).
+    ``keywords``: the world's extra arguments to every call (a tokenizer world's tokenizers)."""
     vocab_size = vocab_size or target.config.vocab_size
     prompts = [p.to(target.device) for p in prompts]  # the generator gets ids on the model's device
     pairs = pairs or [(i, k) for i in range(len(prompts)) for k in draft_lengths]
@@ -150,7 +152,8 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
     runs = identical = tokens = 0
     divergences, failures = [], []
     crashed = False
-    batched = _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_tokens, seed, vocab_size)
+    batched = _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_tokens, seed, vocab_size,
+                               keywords)
     for index, (i, k) in enumerate(pairs):
         prompt = prompts[i]
         if i not in expected:
@@ -165,7 +168,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
                 got, generation = answer
             else:
                 got, generation = call_generator(subject, target, draft, prompt[None], policy, max_new_tokens,
-                                                 seed, vocab_size)
+                                                 seed, vocab_size, keywords=keywords)
         except SubjectError as exc:
             crashed = crashed if failures else isinstance(exc, SubjectCrashed)
             failures.append(f"prompt {i}, draft length {k}: {exc}")
@@ -190,7 +193,7 @@ def greedy_identity(generator, target, draft, prompts: list[torch.Tensor], draft
 
 
 def _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_tokens: int, seed: int,
-                     vocab_size: int) -> list | None:
+                     vocab_size: int, keywords: dict | None = None) -> list | None:
     """For a batched generator: every pair's answer, one ``generate_batch`` call per draft
     length over its prompts (a failed call fails each of its pairs); None for a batch-1 one."""
     if not is_batched(generator):
@@ -201,7 +204,7 @@ def _batched_answers(generator, target, draft, prompts, pairs, policy, max_new_t
         subject = generator if k is None else with_draft_length(generator, k)
         try:
             got = call_generator_batch(subject, target, draft, [prompts[pairs[j][0]] for j in chosen], policy,
-                                       max_new_tokens, [seed] * len(chosen), vocab_size)
+                                       max_new_tokens, [seed] * len(chosen), vocab_size, keywords=keywords)
         except SubjectError as exc:
             got = [exc] * len(chosen)
         for j, answer in zip(chosen, got):

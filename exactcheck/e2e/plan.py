@@ -6,6 +6,8 @@ checks.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
 from exactcheck.e2e.forced_draws import FORCED_CHECKS
@@ -19,8 +21,13 @@ __all__ = ["all_model_worlds", "policy_suffix", "plan_generator_audit", "plan_gr
 GRAMMAR_WORLD = "smollm2-json"
 
 
-def all_model_worlds() -> list[ModelWorld]:
-    """The toy model worlds, then the grammar world (generated under its own policy)."""
+def all_model_worlds(different_tokenizers: bool = False) -> list[ModelWorld]:
+    """The toy model worlds, then the grammar world (generated under its own policy); for a
+    generator that drafts in another vocabulary, the tokenizer worlds
+    (``toy_models.tokenizer_worlds``)."""
+    if different_tokenizers:
+        from toy_models.tokenizer_worlds import tokenizer_worlds
+        return list(tokenizer_worlds())
     from toy_models.grammar import grammar_world
     return [*model_worlds(), grammar_world()]
 
@@ -38,15 +45,17 @@ def world_policies(world: ModelWorld, policies) -> tuple[DecodingPolicy, ...]:
 
 
 def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True,
-                         capabilities: Capabilities | None = None) -> AuditPlan:
+                         capabilities: Capabilities | None = None, different_tokenizers: bool = False) -> AuditPlan:
     """Per model world and policy, the law of whole outputs, its first-token marginal, the stop
     position (with stop tokens) and the world's own marginals, and with ``reports_draft_q`` whether
     the drafts follow their q; validity on grammar worlds; cache rollback once per world; greedy
     identity; the forced-draw properties (``exactcheck.e2e.forced_draws``). With the generator's
     declared ``capabilities``, the checks of a world or policy it cannot take are planned as not
-    applicable (``AuditPlan.not_applicable``) and spend none of alpha."""
+    applicable (``AuditPlan.not_applicable``) and spend none of alpha. ``different_tokenizers``
+    (the generator drafts in another vocabulary): the tokenizer worlds, each with its
+    ``draft_reuse`` check (``exactcheck.e2e.draft_reuse``)."""
     policies = tuple(policies) if policies else (SAMPLING,)
-    worlds = all_model_worlds()
+    worlds = all_model_worlds(different_tokenizers)
     if options.worlds:
         unknown = set(options.worlds) - {w.name for w in worlds}
         if unknown:
@@ -65,7 +74,9 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
         for i, policy in enumerate(world_policies(world, policies)):
             suffix = policy_suffix(policy, world)
             missing = capabilities.missing_for(policy) if capabilities is not None else None
-            world_missing = world_missing or (missing if world.policy is not None else None)
+            if world.policy is not None and capabilities is not None:  # what its greedy and forced checks run under
+                world_missing = world_missing or capabilities.missing_for(
+                    dataclasses.replace(world.policy, temperature=0.0))
             laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
             laws += [name for name, _, _ in world.marginals]
             for law in laws:
@@ -83,6 +94,8 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
         if greedy:
             add(Check(f"{world.name}/greedy_identity", CheckKind.GREEDY_IDENTITY, world.name, "greedy_identity"),
                 world_missing)
+        if different_tokenizers:
+            add(Check(f"{world.name}/draft_reuse", CheckKind.PROPERTY, world.name, "draft_reuse"), world_missing)
         for name in FORCED_CHECKS:
             add(Check(f"{world.name}/{name}", CheckKind.PROPERTY, world.name, name), world_missing)
     skipped_names = {name for name, _ in skipped}
@@ -92,11 +105,12 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
 
 
 def planned_generator_checks(worlds: list[str] | None = None, policies=(SAMPLING,), greedy: bool = True,
-                             capabilities: Capabilities | None = None) -> list[str]:
+                             capabilities: Capabilities | None = None, different_tokenizers: bool = False) -> list[str]:
     """The names of the checks an end-to-end audit with these options reports, in order. A world
     where the generator crashes or breaks its contract is reported by one ``WORLD/contract``
     verdict per policy in place of its laws."""
-    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy, capabilities).names
+    return plan_generator_audit(AuditOptions.build(worlds=worlds), policies, greedy, capabilities,
+                                different_tokenizers).names
 
 
 def plan_greedy_audit(model: str) -> AuditPlan:

@@ -15,7 +15,10 @@ For every model world (``toy_models.hf_toy_lm.model_worlds``):
 - ``draft_follows_q`` (a generator that declares ``reports_draft_q``): its drafted tokens follow
   the q it reported for them (a failure names the cause in the world's law verdicts);
 - ``forced_no_forbidden_token``, ``forced_no_crash``, ``forced_greedy``: generations with every
-  draw forced to a boundary value (``exactcheck.e2e.forced_draws``).
+  draw forced to a boundary value (``exactcheck.e2e.forced_draws``);
+- ``draft_reuse`` (a generator that drafts in another vocabulary, on the tokenizer worlds
+  ``toy_models.tokenizer_worlds``): the same draft used again after a sampled call, and a second
+  draft sharing the tokenizers (``exactcheck.e2e.draft_reuse``).
 
 A generator's declared ``capabilities`` make the checks of a world or policy it cannot take "not
 applicable" (reported, not run, no alpha spent).
@@ -34,7 +37,9 @@ from exactcheck.core import (apply_holm, failure_verdict, keep_plots_where_neede
                              run_environment, unreached_verdicts)
 from exactcheck.e2e.drive import drive_generator, drive_generator_sharded
 from exactcheck.e2e.forced_draws import forced_draw_verdicts
-from exactcheck.e2e.generator import SAMPLING, DecodingPolicy, capabilities_of, generator_name, is_lossy
+from exactcheck.e2e.draft_reuse import draft_reuse_verdict
+from exactcheck.e2e.generator import (SAMPLING, DecodingPolicy, capabilities_of, generator_name, is_lossy,
+                                      takes_different_tokenizers)
 from exactcheck.e2e.plan import plan_generator_audit, policy_suffix, world_policies
 from exactcheck.e2e.verdicts import (draft_q_verdict, generation_law_verdicts, greedy_verdict, name_causes,
                                     rollback_verdict, validity_verdict)
@@ -75,7 +80,7 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     capabilities = capabilities_of(generator)
-    plan = plan_generator_audit(options, policies, greedy, capabilities)
+    plan = plan_generator_audit(options, policies, greedy, capabilities, takes_different_tokenizers(generator))
     not_applicable = dict(plan.not_applicable)
     level, seed, budget = options.level, options.seed, plan.budget
     n = options.generations_per_world
@@ -132,6 +137,9 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
                 pending.append(greedy_verdict(generator, world, world_seed, base, lossy, device))
             if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in pending):
                 continue  # its contract verdict stands for the checks of a world it cannot be driven on
+            if f"{world.name}/draft_reuse" in plan.names:
+                bar.step(f"{world.name}/draft_reuse", 0)
+                pending.append(draft_reuse_verdict(generator, world, world_seed, base, device, capabilities))
             bar.step(f"{world.name}/forced_draws", 0)
             pending.extend(forced_draw_verdicts(generator, world, policies, derive_seed(world_seed, "forced"), base,
                                                 device, capabilities))

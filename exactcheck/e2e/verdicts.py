@@ -195,7 +195,7 @@ def greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: s
     policy = GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
     new_tokens = GREEDY_NEW_TOKENS if world.policy is None else world.new_tokens
     result = greedy_identity(generator, target, draft, prompts, lengths, new_tokens, seed, world.vocab_size,
-                             policy=policy)
+                             policy=policy, keywords=world.generator_keywords())
     swept = {"field": "draft lengths 1..8 (its draft_length field)",
              "keyword": "draft lengths 1..8 (passed as draft_length=)",
              None: "its own draft length (it takes no draft_length keyword or field)"}[support]
