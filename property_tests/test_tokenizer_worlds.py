@@ -1,9 +1,10 @@
 """Different tokenizers (issue 43): the two-tokenizer worlds, the two-vocabulary generator contract,
 the TLI and SLEM references, their mutants, and transformers' two paths as shipped.
 
-The 50-seed false-alarm figures of the references and the standard-level mutant table are measured
-by ``benchmarks/tokenizer_worlds.py`` (too slow for the default run); here each reference passes one
-seeded audit and each mutant is found on the world that shows it, at a few hundred generations."""
+The false-alarm figures of the references over seeds and the standard-level mutant table are
+measured by ``benchmarks/tokenizer_worlds.py`` (too slow for the default run); here each reference
+passes one seeded audit and each mutant is found on the world that shows it, at a few hundred
+generations (``draft_only_mass_in_q``, the smallest bias, needs 2,000: marked slow)."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,7 +73,7 @@ def test_two_vocabulary_generators_get_the_tokenizer_worlds_and_a_reuse_check():
 
 @pytest.mark.parametrize("reference", [TokenLevelIntersection(), StringLevelExactMatch()], ids=["tli", "slem"])
 def test_the_references_pass(reference):
-    result = run_generator_audit(reference, level="quick", seed=3, generations=600, progress=False)
+    result = run_generator_audit(reference, level="quick", seed=3, generations=400, progress=False)
     assert result.passed, [(v.check, v.outcome.value, v.summary[:120]) for v in result.verdicts if v.outcome.failed]
     checks = {v.check: v for v in result.verdicts}
     assert checks["tok_abc_l4/greedy_identity"].outcome.value == "exact"
@@ -81,14 +82,16 @@ def test_the_references_pass(reference):
 
 MUTANT_FINDINGS = [
     (QWrittenInVocabOrder(), "tok_abc_l4", "tok_abc_l4/draft_follows_q"),
-    (DraftOnlyMassInQ(), "tok_abc_l4", "tok_abc_l4/first_token"),
+    pytest.param(DraftOnlyMassInQ(), "tok_abc_l4", "tok_abc_l4/first_token", marks=pytest.mark.slow),
     (TargetOnlyTokensInQ(), "tok_abc_l4", "tok_abc_l4/draft_follows_q"),
     (DraftStopInTargetIds(), "tok_abcd_stop", "tok_abcd_stop/contract"),
     (CommittedTokensRetokenised(), "tok_abc_l4", "tok_abc_l4/sequence"),
 ]
 
 
-@pytest.mark.parametrize("mutant, world, check", MUTANT_FINDINGS, ids=[m.name.split(": ")[1] for m, _, _ in MUTANT_FINDINGS])
+@pytest.mark.parametrize("mutant, world, check", MUTANT_FINDINGS,
+                         ids=["q_written_in_vocab_order", "draft_only_mass_in_q", "target_only_tokens_in_q",
+                              "draft_stop_in_target_ids", "committed_tokens_retokenised"])
 def test_each_mutant_is_found(mutant, world, check):
     generations = 2000 if isinstance(mutant, DraftOnlyMassInQ) else 500  # its bias is the smallest: ~0.06 TV
     result = run_generator_audit(mutant, level="quick", seed=0, generations=generations, worlds=[world], greedy=False,

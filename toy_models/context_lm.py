@@ -52,6 +52,8 @@ class ContextWorld:
     draft_length: int
     # False: the draft has a vocabulary (and state machine) of its own (``toy_models.tokenizer_worlds``)
     shared_vocabulary: bool = True
+    # the tokens random prompts are drawn from (None: every token; ``hf_toy_lm.prompt_for_state``)
+    prompt_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.shared_vocabulary and self.target.table.shape != self.draft.table.shape:

@@ -162,7 +162,11 @@ def model_pair(world: ContextWorld, initial_state: int = 0) -> tuple[ToyLMForCau
 def prompt_for_state(world: ContextWorld, length: int, seed: int, initial_state: int = 0) -> tuple[list[int], int]:
     """A random prompt of ``length`` tokens and the rolling-hash state it leads to."""
     g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(world.vocab_size, (length,), generator=g).tolist()
+    allowed = world.prompt_tokens
+    if allowed is None:
+        prompt = torch.randint(world.vocab_size, (length,), generator=g).tolist()
+    else:  # a world whose prompts avoid some tokens (a tokenizer world's special tokens)
+        prompt = [allowed[i] for i in torch.randint(len(allowed), (length,), generator=g).tolist()]
     state = initial_state
     for x in prompt:
         state = int(world.next_state(state, x))

@@ -193,8 +193,9 @@ def _world(name: str, target: Vocabulary, draft: Vocabulary, target_states: int,
         return torch.tensor(rows, dtype=torch.float32)
 
     prompt_ids = tuple(target.id(t) for t in prompt)
+    plain = tuple(i for i, t in enumerate(target.tokens) if t not in target.special)  # prompts are text
     context = ContextWorld(name, "", ToyLM(f32(p)), ToyLM(f32(q)), prompt_state=0, length=length,
-                           draft_length=draft_length, shared_vocabulary=False)
+                           draft_length=draft_length, shared_vocabulary=False, prompt_tokens=plain)
     state = 0
     for x in prompt_ids:
         state = int(context.next_state(state, x))

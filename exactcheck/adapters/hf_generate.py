@@ -81,11 +81,13 @@ def policy_kwargs(policy: DecodingPolicy, prompt_length: int) -> dict:
 
 def _generate(model, input_ids, policy, max_new_tokens, seed, **kwargs) -> Generation:
     devices = [model.device] if model.device.type == "cuda" else []
-    minimum = 0 if policy.stop_tokens else max_new_tokens  # with a stop token, stopping early is the law
+    # with a stop token, stopping early is the law: no minimum is passed at all (min_new_tokens=0 would
+    # still make transformers 4.57 build a MinLengthLogitsProcessor, which its assisted paths refuse)
+    minimum = {} if policy.stop_tokens else dict(min_new_tokens=max_new_tokens)
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(seed)
         out = model.generate(input_ids.to(model.device), attention_mask=torch.ones_like(input_ids, device=model.device),
-                             max_new_tokens=max_new_tokens, min_new_tokens=minimum,
+                             max_new_tokens=max_new_tokens, **minimum,
                              return_dict_in_generate=True, **policy_kwargs(policy, input_ids.shape[-1]), **kwargs)
     return Generation(out.sequences, target_cache=output_cache(out))
 

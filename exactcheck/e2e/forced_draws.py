@@ -128,9 +128,10 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
         ``draft_reuse``, not here)."""
         if world.shared_vocabulary:
             return draft, keywords
-        if policy.label() not in fresh:
-            fresh[policy.label()] = (world.models()[1].to(device), world.generator_keywords())
-        return fresh[policy.label()]
+        key = (policy.label(), policy.greedy)  # a world's own policy names its greedy variant alike
+        if key not in fresh:
+            fresh[key] = (world.models()[1].to(device), world.generator_keywords())
+        return fresh[key]
 
     def generate(policy, i, value, run_seed, only=None) -> ForcedRun:
         model, extra = draft_for(policy)
