@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exactcheck import arguments
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan
 
 __all__ = ["serve_arguments", "serve_settings", "load", "plan", "run", "OPTIONS", "SETTINGS", "FIELDS"]
 
@@ -127,17 +127,12 @@ def load(name: str) -> str:
 
 def plan(subject, options: AuditOptions, **settings) -> AuditPlan:
     """The checks by name (the worlds are the prompts x the samplings; nothing is asked of the server)."""
-    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, serve_worlds
+    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, serve_checks, serve_worlds
     prompts = settings.get("prompts") or DEFAULT_PROMPTS
     worlds = serve_worlds([() for _ in prompts], settings.get("samplings") or DEFAULT_SAMPLINGS, settings.get("length", 3))
     if options.worlds:
         worlds = [w for w in worlds if w.name in options.worlds]
-    checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
-              (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
-               ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
-    checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
-               for law in ("greedy_identity", "greedy_under_load")]
-    checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
+    checks = serve_checks(worlds)
     return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, max(len(worlds), 1), stop_early=False))
 
 

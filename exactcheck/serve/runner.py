@@ -87,6 +87,19 @@ def _sampling_name(s: Sampling) -> str:
     return s.spec().replace("=", "").replace(",", "-").replace(".", "_") or "t1"
 
 
+
+def serve_checks(worlds) -> list[Check]:
+    """The checks a serve audit reports, in order: per world its continuation law, logprob
+    fidelity, seed reproducibility and speculation counters; then greedy identity alone and under
+    load, and the server's declared settings."""
+    checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
+              (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
+               ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
+    checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
+               for law in ("greedy_identity", "greedy_under_load")]
+    checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
+    return checks
+
 def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: ServeSettings | None = None,
                     progress: bool = True, subject_name: str | None = None, transport=None,
                     **keywords) -> ServeAuditResult:
@@ -185,12 +198,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         client.close()
     if interrupted:
         done = {v.check for v in pending}
-        checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
-                  (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
-                   ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
-        checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
-                   for law in ("greedy_identity", "greedy_under_load")]
-        checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
+        checks = serve_checks(worlds)
         pending += [not_run_verdict(c, options.seed, reproduce(c.world), "not run: the audit was interrupted before "
                                     "this check (its answers so far are in the journal: --resume)")
                     for c in checks if c.name not in done]
