@@ -1,7 +1,20 @@
+import os
+import signal
+
 import pytest
 import torch
 
 from exactcheck.step.selftest import run_selftest
+
+# Ctrl-C is part of what the tests check (interrupted audits keep what they finished). A runner
+# that starts the suite as a background job hands it SIGINT ignored, and Python then raises no
+# KeyboardInterrupt at all (nor do the subprocesses it starts): restore the default handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Under pytest-xdist (``-n 2``) each worker is one of the cores: one torch thread each.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def _selftest(level: str):

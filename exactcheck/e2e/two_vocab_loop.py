@@ -53,6 +53,14 @@ def shared_token_map(target_tokenizer, draft_tokenizer, draft_vocab_size: int) -
     return mapping
 
 
+def _in_target_ids(q_draft: torch.Tensor, mapping: torch.Tensor, vocab_t: int) -> torch.Tensor:
+    """The draft's row over the shared tokens, written at their target ids (not renormalised)."""
+    q = torch.zeros(vocab_t, dtype=torch.float64, device=q_draft.device)
+    shared = mapping >= 0
+    q[mapping[shared]] = q_draft[shared]
+    return q
+
+
 def _draft_policy(policy: DecodingPolicy) -> DecodingPolicy:
     """The policy's sampling settings without what is stated in target ids (bias, bans, stops, a
     mask): how the draft samples in its own vocabulary."""
@@ -110,10 +118,11 @@ class TokenLevelIntersection(_TwoVocabularyLoop):
                     if context.numel() == 0:
                         break
                     q_draft = _draft_policy(policy).probabilities(_last_logits(draft, context)[None])[0]
-                    q = self.target_q(q_draft, mapping, vocab_t, draft_tokenizer)
-                    if not q.sum() > 0:
+                    law = self.sampling_law(q_draft, mapping, vocab_t)
+                    if not law.sum() > 0:
                         break  # no shared mass: nothing to draft this round
-                    x = int(torch.multinomial(self.sampling_law(q_draft, mapping, vocab_t), 1, generator=generator))
+                    q = self.target_q(law, q_draft, mapping, vocab_t, draft_tokenizer)
+                    x = int(torch.multinomial(law, 1, generator=generator))
                     candidates.append(x)
                     rows.append(q)
                     context = torch.cat([context, torch.tensor([to_draft[x]], device=device)])
@@ -140,15 +149,15 @@ class TokenLevelIntersection(_TwoVocabularyLoop):
     # -- the steps a mutant overrides ---------------------------------------------------------
     def sampling_law(self, q_draft: torch.Tensor, mapping: torch.Tensor, vocab_t: int) -> torch.Tensor:
         """The law a candidate (a target id) is drawn from: the draft's law restricted to the
-        shared tokens, renormalised, in target ids."""
-        q = torch.zeros(vocab_t, dtype=torch.float64, device=q_draft.device)
-        shared = mapping >= 0
-        q[mapping[shared]] = q_draft[shared]
-        return q / q.sum()
+        shared tokens, renormalised, in target ids (all zeros when no shared token has mass)."""
+        q = _in_target_ids(q_draft, mapping, vocab_t)
+        total = q.sum()
+        return q / total if total > 0 else q
 
-    def target_q(self, q_draft: torch.Tensor, mapping: torch.Tensor, vocab_t: int, draft_tokenizer) -> torch.Tensor:
-        """The q reported and verified with: for the exact loop, the sampling law itself."""
-        return self.sampling_law(q_draft, mapping, vocab_t)
+    def target_q(self, law: torch.Tensor, q_draft: torch.Tensor, mapping: torch.Tensor, vocab_t: int,
+                 draft_tokenizer) -> torch.Tensor:
+        """The q reported and verified with, given the sampling ``law``: for the exact loop, the law."""
+        return law
 
     def draft_stops(self, draft_id: int, target_id: int, policy: DecodingPolicy) -> bool:
         """Whether drafting ends at this candidate: the exact loop drafts on (a stop token among
@@ -212,7 +221,7 @@ class QWrittenInVocabOrder(TokenLevelIntersection):
 
     name: str = "mutant: q_written_in_vocab_order"
 
-    def target_q(self, q_draft, mapping, vocab_t, draft_tokenizer):
+    def target_q(self, law, q_draft, mapping, vocab_t, draft_tokenizer):
         order = [d for d in draft_tokenizer.get_vocab().values() if d < mapping.numel() and mapping[d] >= 0]
         positions = mapping[mapping >= 0]  # target ids, in draft-id order
         q = torch.zeros(vocab_t, dtype=torch.float64, device=q_draft.device)
@@ -227,11 +236,8 @@ class DraftOnlyMassInQ(TokenLevelIntersection):
 
     name: str = "mutant: draft_only_mass_in_q"
 
-    def target_q(self, q_draft, mapping, vocab_t, draft_tokenizer):
-        q = torch.zeros(vocab_t, dtype=torch.float64, device=q_draft.device)
-        shared = mapping >= 0
-        q[mapping[shared]] = q_draft[shared]
-        return q
+    def target_q(self, law, q_draft, mapping, vocab_t, draft_tokenizer):
+        return _in_target_ids(q_draft, mapping, vocab_t)
 
 
 @dataclass(frozen=True)
@@ -241,8 +247,8 @@ class TargetOnlyTokensInQ(TokenLevelIntersection):
 
     name: str = "mutant: target_only_tokens_in_q"
 
-    def target_q(self, q_draft, mapping, vocab_t, draft_tokenizer):
-        q = self.sampling_law(q_draft, mapping, vocab_t)
+    def target_q(self, law, q_draft, mapping, vocab_t, draft_tokenizer):
+        q = law
         only = torch.ones(vocab_t, dtype=torch.bool, device=q.device)
         only[mapping[mapping >= 0]] = False
         if only.any():
