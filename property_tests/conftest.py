@@ -1,4 +1,3 @@
-import os
 import signal
 
 import pytest
@@ -11,10 +10,6 @@ from exactcheck.step.selftest import run_selftest
 # KeyboardInterrupt at all (nor do the subprocesses it starts): restore the default handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# Under pytest-xdist (``-n 2``) each worker is one of the cores: one torch thread each.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
 
 
 def _selftest(level: str):

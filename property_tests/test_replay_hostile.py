@@ -157,7 +157,7 @@ def _assert_usage_error(capsys, argv, words: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("field,value,words", TAMPERED, ids=[f"{f}={v!r}"[:40] for f, v, _ in TAMPERED])
+@pytest.mark.parametrize("field,value,words", TAMPERED, ids=[(f"{f}=<deleted>" if v is _DELETE else f"{f}={v!r}")[:40] for f, v, _ in TAMPERED])
 def test_a_tampered_file_is_one_line_and_exit_2_before_its_subject_is_imported(genuine, room, capsys,
                                                                                field, value, words):
     tmp_path, marker, _ = room
