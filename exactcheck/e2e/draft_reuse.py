@@ -17,12 +17,11 @@ A greedy-only generator (``Capabilities.greedy_only``) gets the greedy halves al
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from exactcheck.e2e.generator import GREEDY, SAMPLING, Capabilities, call_generator
+from exactcheck.e2e.generator import SAMPLING, Capabilities, call_generator
 from exactcheck.e2e.greedy_identity import greedy_identity
+from exactcheck.e2e.policy import greedy_variant
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import observed_in
@@ -39,7 +38,7 @@ def draft_reuse_verdict(generator, world: ModelWorld, seed: int, base: dict, dev
                         capabilities: Capabilities | None = None) -> Verdict:
     samples = capabilities is None or not capabilities.greedy_only
     sampled = world.policy if world.policy is not None else SAMPLING
-    greedy = GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
+    greedy = greedy_variant(world.policy)
     target, draft = (m.to(device) for m in world.models())
     keywords = world.generator_keywords()
     prompts = [torch.tensor(prompt_for_state(world.world, len(world.prompt), derive_seed(seed, f"reuse/{i}"))[0],

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.generator import GREEDY, Capabilities, DecodingPolicy, call_generator
+from exactcheck.e2e.generator import Capabilities, DecodingPolicy, call_generator
 from exactcheck.e2e.greedy_identity import classify_divergence, target_greedy
+from exactcheck.e2e.policy import greedy_variant
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import Reachability
@@ -79,10 +80,6 @@ def forced_policies(world: ModelWorld, policies, capabilities: Capabilities | No
     return tuple(p for p in chosen if capabilities is None or capabilities.missing_for(p) is None)
 
 
-def _greedy_policy(world: ModelWorld) -> DecodingPolicy:
-    return GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
-
-
 class _Laws:
     """The exact law of a world's outputs from each prompt state under each policy, cached."""
 
@@ -116,7 +113,7 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
                for i in range(FORCED_PROMPTS)]
     prompt_ids = [torch.tensor(p, dtype=torch.int64, device=target.device) for p, _ in prompts]
     laws = _Laws(world)
-    greedy = _greedy_policy(world)
+    greedy = greedy_variant(world.policy)
     expected_greedy: dict[int, list[int]] = {}
 
     fresh: dict = {}

@@ -6,13 +6,11 @@ checks.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
 from exactcheck.e2e.forced_draws import FORCED_CHECKS
 from exactcheck.e2e.generator import Capabilities
-from exactcheck.e2e.policy import SAMPLING, DecodingPolicy
+from exactcheck.e2e.policy import SAMPLING, DecodingPolicy, greedy_variant
 from toy_models.hf_toy_lm import ModelWorld, model_worlds
 
 __all__ = ["all_model_worlds", "policy_suffix", "plan_generator_audit", "plan_greedy_audit", "plan_grammar_audit",
@@ -75,8 +73,7 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
             suffix = policy_suffix(policy, world)
             missing = capabilities.missing_for(policy) if capabilities is not None else None
             if world.policy is not None and capabilities is not None:  # what its greedy and forced checks run under
-                world_missing = world_missing or capabilities.missing_for(
-                    dataclasses.replace(world.policy, temperature=0.0))
+                world_missing = world_missing or capabilities.missing_for(greedy_variant(world.policy))
             laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
             laws += [name for name, _, _ in world.marginals]
             for law in laws:

@@ -12,8 +12,9 @@ import torch
 
 from exactcheck.core import sample_law_verdict
 from exactcheck.e2e.drive import GeneratorSamples
-from exactcheck.e2e.generator import GREEDY, draft_length_support
+from exactcheck.e2e.generator import draft_length_support
 from exactcheck.e2e.greedy_identity import greedy_identity
+from exactcheck.e2e.policy import greedy_variant
 from exactcheck.e2e.plan import policy_suffix
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import observed_in
@@ -192,7 +193,7 @@ def greedy_verdict(generator, world: ModelWorld, seed: int, base: dict, lossy: s
                for i in range(GREEDY_PROMPTS)]
     support = draft_length_support(generator)
     lengths = GREEDY_DRAFT_LENGTHS if support else (None,)
-    policy = GREEDY if world.policy is None else dataclasses.replace(world.policy, temperature=0.0)
+    policy = greedy_variant(world.policy)
     new_tokens = GREEDY_NEW_TOKENS if world.policy is None else world.new_tokens
     result = greedy_identity(generator, target, draft, prompts, lengths, new_tokens, seed, world.vocab_size,
                              policy=policy, keywords=world.generator_keywords())
