@@ -59,10 +59,6 @@ class Vocabulary:
     def id(self, token: str) -> int:
         return self.tokens.index(token)
 
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        return tuple(self.id(t) for t in self.special)
-
 
 def build_tokenizer(vocabulary: Vocabulary):
     """A transformers ``PreTrainedTokenizerFast`` over ``vocabulary`` (a new object each call)."""
