@@ -7,7 +7,10 @@ transformers' ``PreTrainedTokenizerFast``; nothing is downloaded) and a context 
 - draft-only tokens ("bb") and target-only tokens ("ca", "abc");
 - merges that spell one string two ways ("ab" is one token or "a" + "b"; plain target sampling
   produces the non-canonical spelling too, so the law is over target *token* sequences);
-- ids assigned out of alphabetical order (and ``get_vocab()`` iterates in hash order anyway);
+- ids assigned out of alphabetical order, and ``get_vocab()`` iterating in alphabetical order, not
+  id order (a real fast tokenizer's ``get_vocab()`` iterates in its hash map's order, a new one on
+  every call; a fixed order other than id order is one of those orders, and keeps every verdict
+  reproducible: an implementation that depends on the order then sees the same one every call);
 - special-token sets that differ (the target's ``<|t_end|>``, the draft's ``<|d_end|>``; the stop
   world's ``<eos>`` is in both at different ids).
 
@@ -61,9 +64,16 @@ class Vocabulary:
 
 
 def build_tokenizer(vocabulary: Vocabulary):
-    """A transformers ``PreTrainedTokenizerFast`` over ``vocabulary`` (a new object each call)."""
+    """A transformers ``PreTrainedTokenizerFast`` over ``vocabulary`` (a new object each call) whose
+    ``get_vocab()`` iterates in alphabetical order."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
+
+    class AlphabeticalVocabTokenizer(PreTrainedTokenizerFast):
+        def get_vocab(self):
+            vocab = super().get_vocab()
+            return {token: vocab[token] for token in sorted(vocab)}
+
     model = models.BPE(vocab={t: i for i, t in enumerate(vocabulary.tokens)}, merges=list(vocabulary.merges))
     backend = Tokenizer(model)
     backend.decoder = decoders.Fuse()  # tokens are joined as they are spelled
@@ -72,7 +82,7 @@ def build_tokenizer(vocabulary: Vocabulary):
     others = [t for t in vocabulary.special if t != vocabulary.eos]
     if others:  # the name both transformers 4.57 and 5 take
         extra["additional_special_tokens"] = others
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False, **extra)
+    tokenizer = AlphabeticalVocabTokenizer(tokenizer_object=backend, clean_up_tokenization_spaces=False, **extra)
     tokenizer.model_input_names = ["input_ids", "attention_mask"]
     return tokenizer
 

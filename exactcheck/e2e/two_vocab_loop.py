@@ -215,9 +215,10 @@ class StringLevelExactMatch(_TwoVocabularyLoop):
 @dataclass(frozen=True)
 class QWrittenInVocabOrder(TokenLevelIntersection):
     """The q of each shared token is written to another token: the target positions are taken in
-    draft-id order, the values in the draft tokenizer's ``get_vocab()`` order (a hash order), as
-    transformers' pruned-head translator does (candidate_generator.py ``get_target_logits``). The
-    candidates are drawn from the right law; the q verified with is not it."""
+    draft-id order, the values in the draft tokenizer's ``get_vocab()`` order (a hash order for a
+    real fast tokenizer; alphabetical in the worlds), as transformers' pruned-head translator does
+    (candidate_generator.py ``get_target_logits``). The candidates are drawn from the right law; the
+    q verified with is not it."""
 
     name: str = "mutant: q_written_in_vocab_order"
 
