@@ -69,6 +69,7 @@ def test_v50000_temperature_error_detected_with_few_sequences():
     assert _rejects(world, hot.sequences, seed=7)
 
 
+@pytest.mark.long
 def test_audit_runs_the_large_world_when_named_and_flags_a_temperature_error():
     from exactcheck import run_audit
     from exactcheck.step.mutants import temperature_1_05

@@ -115,6 +115,7 @@ def test_reproducers_are_named_per_subject_and_the_reproduce_line_names_the_dire
     assert all("REPORT_DIR" not in v["reproduce"] for v in data["verdicts"])
 
 
+@pytest.mark.long
 def test_selftest_report_has_an_html_page(tmp_path, capsys):
     assert main(["selftest", "--level", "quick", "--mutant", "bonus_argmax", "--report", str(tmp_path), "--quiet"]) == 0
     page = next(tmp_path.glob("selftest-quick-seed0-h*.html")).read_text()
@@ -159,6 +160,7 @@ def _statistics(result, world: str) -> dict:
     return {v.check: (v.statistic, v.samples) for v in result.verdicts if v.world == world}
 
 
+@pytest.mark.long
 def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
     """Every setting that changes what a world draws is in its reproduce line (budget caps, the
     target TV, decoding policies, generations, the greedy sweep): the line, run as written (the
@@ -294,6 +296,7 @@ class _Recorded(Exception):
     """Raised by a recording runner with the reproduce line it was handed or built."""
 
 
+@pytest.mark.long
 def test_selftest_jobs_gives_the_serial_verdicts():
     """``selftest --jobs 2`` runs the same seeded audits in worker processes: the same verdicts."""
     from exactcheck.step.selftest import run_selftest

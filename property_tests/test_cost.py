@@ -79,6 +79,7 @@ def test_speedup_and_fraction_slower_are_paired_and_a_slowdown_reads_as_one():
     assert summary.target_calls_per_token == {"baseline": 1.0, "speculative": 0.5}
 
 
+@pytest.mark.long
 def test_the_cost_command_writes_one_report_with_the_exactness_verdict(tmp_path, capsys):
     code = main(["cost", "reference-loop", "--world", WORLD.name, "--draft-lengths", "1,2", "--prompts", "4",
                  "--report", str(tmp_path), "--quiet"])

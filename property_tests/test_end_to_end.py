@@ -98,6 +98,7 @@ def test_a_crashing_or_misbehaving_generator_gets_a_verdict_not_a_traceback():
     assert {v.outcome for v in result.verdicts} == {Outcome.CONTRACT_VIOLATION}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("generator", [ReferenceSpeculativeLoop(3), AssistedGeneration(3), PromptLookup(2)],
                          ids=["reference_loop", "transformers_assisted", "transformers_prompt_lookup"])
 def test_exact_generators_pass_the_end_to_end_audit(generator):
@@ -124,6 +125,7 @@ def _transformers_boundary_finding(generator, verdict) -> bool:
             and 2.0 ** -26 <= reach.probability <= 2.0 ** -24)
 
 
+@pytest.mark.long
 def test_temperature_policy_is_checked_against_the_transformed_law():
     hot = DecodingPolicy(0.5)
     generator = AssistedGeneration(2)
@@ -172,6 +174,7 @@ def test_drafter_q_mutants_are_caught_by_the_sequence_law(mutant):
     assert not any(v.law == "cache_rollback" for v in result.failed)  # its caches are fine
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not transformers_compat.has_ensemble_weight(),
                     reason="version: this transformers has no assistant_ensemble_weight (5.x has it; 4.57 does not)")
 def test_ensemble_weight_is_reported_lossy_with_its_tv():

@@ -22,6 +22,7 @@ from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 WORLD = model_worlds()[1]  # hf_v4_l3_k2
 
 
+@pytest.mark.long
 def test_the_vllm_adapter_through_the_full_quick_audit():
     """vLLM V1's semantics (the stand-in) through the adapter's layout: every law is exact; the one
     finding is vLLM's ``p / q >= u`` accepting a draft the target forbids when the float32
@@ -141,6 +142,7 @@ from exactcheck.step.runner import run_audit  # noqa: E402
 from standins import sglang_kernel  # noqa: E402
 
 
+@pytest.mark.long
 def test_the_sglang_adapter_through_the_full_quick_audit():
     """SGLang's target-only chain verification (the stand-in kernel) through the adapter's layout:
     every law of the target-only rule is exact; the one finding is ``coin <= p(x)`` accepting a
@@ -246,6 +248,7 @@ def _run_recipe(path: pathlib.Path, monkeypatch, modules: dict) -> list[str]:
     return failures
 
 
+@pytest.mark.long
 def test_the_vllm_recipe_runs_as_written_and_names_the_finding(monkeypatch):
     vllm_package = types.ModuleType("vllm")
     failures = _run_recipe(RECIPES / "test_vllm_rejection_sampler.py", monkeypatch,
@@ -258,6 +261,7 @@ def test_the_vllm_recipe_runs_as_written_and_names_the_finding(monkeypatch):
     assert all(f.count(" law in world ") == 1 for f in failures)
 
 
+@pytest.mark.long
 def test_the_sglang_recipe_runs_as_written_and_names_the_finding(monkeypatch):
     kernel = types.ModuleType("sgl_kernel")
     kernel.tree_speculative_sampling_target_only = sglang_kernel.tree_speculative_sampling_target_only
@@ -265,6 +269,7 @@ def test_the_sglang_recipe_runs_as_written_and_names_the_finding(monkeypatch):
     assert len(failures) == 1 and "no_forbidden_token" in failures[0] and "2^-24" in failures[0]
 
 
+@pytest.mark.long
 def test_vllm_v2_block_verification_passes_its_laws_through_the_adapter():
     """vLLM 0.33's model-runner-V2 sampler in block mode (the stand-in: its signature, packing and
     float32 log-space semantics) through the V2 adapter: the adapter declares block verification,

@@ -93,6 +93,7 @@ def test_a_generator_raising_system_exit_is_a_crash(hostile, capsys):
     assert code == 2 and "SystemExit: 0" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_a_gate_whose_first_subject_exits_still_audits_the_second_and_fails(hostile, tmp_path):
     junitparser = pytest.importorskip("junitparser")
     (tmp_path / "gate.toml").write_text(textwrap.dedent(f"""
@@ -132,6 +133,7 @@ def test_the_call_timeout_is_in_the_reproduce_line():
 
 # ---- what no in-process guard survives: the isolated mode reports it, exit 1 ----
 
+@pytest.mark.long
 @pytest.mark.parametrize("name, how", [("os_exit", "it exited with status 0"),
                                        ("segfault", "signal SIGSEGV"),
                                        ("hangs_natively", "hung past the call time limit of 1 s")])
@@ -261,6 +263,7 @@ def _interrupt_after(args: list[str], cwd: Path, marker: str, sig: int) -> tuple
     return proc.returncode, seen + out + err
 
 
+@pytest.mark.long
 def test_a_selftest_stopped_by_sigint_writes_what_it_finished(tmp_path):
     code, text = _interrupt_after(["selftest", "--level", "quick", "--report", "r"], tmp_path,
                                   "reference_verifier", signal.SIGINT)
@@ -270,6 +273,7 @@ def test_a_selftest_stopped_by_sigint_writes_what_it_finished(tmp_path):
     assert data["interrupted"] is True and data["passed"] is False and data["reference"]["summary"]["passed"]
 
 
+@pytest.mark.long
 def test_an_audit_stopped_by_sigterm_writes_its_partial_report(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "exactcheck", "audit", "exactcheck.step.reference:reference_verifier",
                              "--level", "standard", "--report", "r"], cwd=tmp_path, stdout=subprocess.PIPE,

@@ -46,6 +46,7 @@ def test_the_reference_verifiers_law_is_the_exact_law():
         assert 0.5 * np.abs(ours - exact_output_law(world)).sum() <= (world.draft_length + 1) * off, world.name
 
 
+@pytest.mark.long
 def test_every_mutant_law_differs_from_the_rule_it_declares():
     for name, m in WITH_LAW.items():
         spec, emission = rule_spec(m.rule), mutant_emission(m.verifier)

@@ -44,6 +44,7 @@ def test_every_mutant_has_an_expectation():
 LEVELS = ["quick", pytest.param("standard", marks=pytest.mark.slow)]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("level", LEVELS)
 def test_reference_passes(request, level):
     ref = request.getfixturevalue(f"{level}_selftest").reference

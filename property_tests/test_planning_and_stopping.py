@@ -80,6 +80,7 @@ def test_e_process_is_a_martingale_with_mean_one():
     assert total == pytest.approx(1.0, abs=1e-8)  # log-gamma differences at A = 1e6 lose ~1e-9
 
 
+@pytest.mark.long
 def test_villes_inequality_holds_on_the_reference_law():
     """P(sup_n E_n >= 1/a) <= a: over 2,000 exact runs, checked after every batch."""
     rng = np.random.default_rng(7)

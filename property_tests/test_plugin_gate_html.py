@@ -34,6 +34,7 @@ def _outcome(case) -> str:
     return "failed" if kinds & {"Failure", "Error"} else ("skipped" if "Skipped" in kinds else "passed")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("workers", [None, pytest.param("2", marks=pytest.mark.slow)], ids=["serial", "xdist_n2"])
 def test_example_project_fails_exactly_the_planted_defect(tmp_path, workers):
     code, cases = _pytest_example(tmp_path, *(["-n", workers] if workers else []))
@@ -57,6 +58,7 @@ def test_adding_exactcheck_to_a_project_takes_at_most_five_lines():
     assert len(lines) <= 5
 
 
+@pytest.mark.long
 def test_gate_on_the_example_exits_1_and_writes_junit(tmp_path, monkeypatch, capsys):
     from junitparser import JUnitXml
     monkeypatch.chdir(EXAMPLE)
@@ -75,6 +77,7 @@ def test_gate_on_the_example_exits_1_and_writes_junit(tmp_path, monkeypatch, cap
     assert [s["passed"] for s in gate["subjects"]] == [True, False]
 
 
+@pytest.mark.long
 def test_gate_exemptions_and_config_errors(tmp_path):
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.exactcheck]\nlevel = "quick"\n\n[[tool.exactcheck.subject]]\n'
@@ -134,6 +137,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
+@pytest.mark.long
 def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, capsys):
     (tmp_path / "gate_interrupting_subject.py").write_text(
         "from exactcheck.step.reference import reference_verifier\n"

@@ -61,6 +61,7 @@ def test_grammar_law_covers_exactly_the_valid_objects():
     assert FORBIDDEN_KEY not in allowed((0,)) and allowed(best) == (EOS,)
 
 
+@pytest.mark.long
 def test_reference_loop_is_exact_under_the_grammar():
     result = run_generator_audit(ReferenceSpeculativeLoop(3), worlds=[JSON.name], generations=300, seed=1,
                                  progress=False)
@@ -77,6 +78,7 @@ def test_reference_loop_is_exact_under_the_grammar():
     (MaskAfterAcceptance(), JSON.name, None, 50, "greedy_identity"),
     (TokensAfterStop(), JSON.name, None, 50, "contract"),
 ], ids=lambda x: x.name.split(": ")[1] if hasattr(x, "draft_length") else None)
+@pytest.mark.long
 def test_each_policy_mutant_is_detected(mutant, world, policy, n, caught_by):
     result = run_generator_audit(mutant, worlds=[world], generations=n, seed=2, progress=False,
                                  policies=(policy,) if policy else (DecodingPolicy(),),

@@ -70,6 +70,7 @@ def test_edge_mutant_fails_its_property_deterministically(name):
         assert case.vocab_size <= 3 and case.batch <= 2  # small enough to read
 
 
+@pytest.mark.long
 def test_edge_mutants_fail_quick_audits_with_minimal_reproducers(tmp_path):
     for name, (prop, _) in EDGE.items():
         result = run_audit(mutant(name), subject_name=f"exactcheck.step.mutants:{name}", level="quick",

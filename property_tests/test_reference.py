@@ -1,4 +1,5 @@
 """The reference verifier: exact on worlds with known answers, and safe at the boundaries."""
+import pytest
 import numpy as np
 import torch
 
@@ -37,6 +38,7 @@ def test_accepted_length_frequencies_follow_the_exact_law():
     assert np.abs(freq - law).max() < 0.005  # 5 sigma at n = 200k is about 0.0045
 
 
+@pytest.mark.long
 def test_reference_holds_every_property():
     for name in PROPERTIES:
         result = search(reference_verifier, name, examples=15, seed=3)

@@ -67,6 +67,7 @@ def test_an_exact_served_system_passes_with_its_detectable_tv_stated(servers):
     assert "speculation ran on 2,000 of 2,000" in next(v for v in result.verdicts if v.law == "speculation_ran").summary
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(PROXY_MUTANTS))
 def test_each_proxy_mutant_is_found_through_http_with_its_cause(servers, name):
     _, target, draft, plain = servers
@@ -124,6 +125,7 @@ def vllm_servers():
 OPENAI = dict(SMALL, api="openai", samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("flavour", ["llama.cpp", "vllm"])
 def test_an_exact_server_passes_through_the_openai_api(flavour):
     model = ToyServedModel(api=flavour)
@@ -137,6 +139,7 @@ def test_an_exact_server_passes_through_the_openai_api(flavour):
     assert all(v.samples == 2000 for v in result.verdicts if v.law == "continuation")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(PROXY_MUTANTS))
 def test_each_proxy_mutant_is_found_through_vllms_openai_api(vllm_servers, name):
     _, target, draft, plain = vllm_servers

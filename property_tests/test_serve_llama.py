@@ -43,6 +43,7 @@ def _laws(result) -> dict:
     return {v.check: v for v in result.verdicts}
 
 
+@pytest.mark.long
 def test_the_target_against_itself_passes(target):
     begun = time.monotonic()
     result = run_serve_audit(target, **AUDIT)
@@ -60,6 +61,7 @@ def test_the_target_against_itself_passes_through_the_openai_api(target):
     assert all(v.outcome.value == "exact" for v in result.verdicts if v.law == "continuation")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["greedy", "probabilistic"])
 def test_draft_model_speculation_keeps_the_law_and_loses_the_logprobs(pair, target, mode):
     """Both draft modes are exact by the output law (sample-and-match, common/sampling.cpp:686;
@@ -78,6 +80,7 @@ def test_draft_model_speculation_keeps_the_law_and_loses_the_logprobs(pair, targ
     assert verdicts["greedy/greedy_identity"].outcome.value in ("exact", "inconclusive")
 
 
+@pytest.mark.long
 def test_ngram_speculation_keeps_the_law(target, pair):
     with llama_server(pair[0], spec_type="ngram-simple",
                       extra_args=("--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "3")) as audited:

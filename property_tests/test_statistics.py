@@ -10,6 +10,7 @@ def _binomial_band(n: int, rate: float, tail: float = 1e-4) -> tuple[int, int]:
     return int(stats.binom.ppf(tail, n, rate)), int(stats.binom.isf(tail, n, rate))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("cells,concentration,n", [(10, 1.0, 2_000), (1_000, 0.3, 20_000),
                                                    (4_096, 0.2, 20_000)])
 def test_false_alarm_rate_matches_level_on_sparse_laws(cells, concentration, n):

@@ -71,6 +71,7 @@ def test_two_vocabulary_generators_get_the_tokenizer_worlds_and_a_reuse_check():
     assert not any(n.startswith("tok_") for n in planned_generator_checks())
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("reference", [TokenLevelIntersection(), StringLevelExactMatch()], ids=["tli", "slem"])
 def test_the_references_pass(reference):
     result = run_generator_audit(reference, level="quick", seed=3, generations=400, progress=False)
@@ -101,6 +102,7 @@ def test_each_mutant_is_found(mutant, world, check):
     assert check in failed, sorted(failed)
 
 
+@pytest.mark.long
 def test_transformers_universal_path_as_shipped_is_judged_by_its_translator():
     """transformers' universal speculative decoding, on the installed release: the sampled laws fail
     exactly when the translator writes the pruned head's columns (in ``get_vocab()`` order,

@@ -200,6 +200,7 @@ def all_zero_race(target_probs, draft_probs, draft_tokens, generator):
     return out
 
 
+@pytest.mark.long
 def test_a_joint_forcing_event_is_unreachable_boundary_behaviour():
     result = search(all_zero_race, "no_forbidden_token", 30, 0)
     assert result.failure is None and result.unreachable is not None
