@@ -31,6 +31,7 @@ import torch
 
 from exactcheck.adapters.transformers_compat import forward, new_cache
 from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
+from exactcheck.e2e.policy import greedy_variant
 from exactcheck.step.reference import ReferenceVerifier
 
 __all__ = ["ReferenceSpeculativeLoop", "DilutedDraft", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
@@ -370,7 +371,7 @@ class GreedyWhenSampling(ReferenceSpeculativeLoop):
     name: str = "mutant: greedy_when_sampling"
 
     def policy_rows(self, logits, policy, prefixes, role):
-        return dataclasses.replace(policy, temperature=0.0).probabilities(logits, prefixes)
+        return greedy_variant(policy).probabilities(logits, prefixes)
 
 
 FORCED_DRAW_MUTANTS = (InlineRatioTest(),)

@@ -19,8 +19,8 @@ Stop tokens end a generation: the stop token is emitted and nothing after it.
 """
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -174,10 +174,10 @@ class DecodingPolicy:
 
 
 GREEDY = DecodingPolicy(0.0)
+SAMPLING = DecodingPolicy(1.0)
 
 
 def greedy_variant(policy: "DecodingPolicy | None") -> "DecodingPolicy":
     """A world's own policy decoded greedily (its mask and stops kept), or ``GREEDY`` for none:
     what greedy identity and the greedy forced draws run under."""
     return GREEDY if policy is None else dataclasses.replace(policy, temperature=0.0)
-SAMPLING = DecodingPolicy(1.0)

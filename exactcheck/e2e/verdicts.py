@@ -90,7 +90,7 @@ def _decoded_greedily(run: GeneratorSamples, law: dict) -> str | None:
     policy = run.policy
     if policy.greedy or run.size < 2 or len(set(run.outputs)) != 1:
         return None
-    greedy_law = policy_sequence_law(run.world.world, dataclasses.replace(policy, temperature=0.0),
+    greedy_law = policy_sequence_law(run.world.world, greedy_variant(policy),
                                      run.world.new_tokens)
     path = max(greedy_law, key=greedy_law.get)
     probability = law.get(path, 0.0)
