@@ -2,6 +2,7 @@
 
     python benchmarks/correct_corpus.py --seeds 50 --level quick [--jobs 2] [--members a,b]
     python benchmarks/correct_corpus.py --seeds 1 --level standard
+    python benchmarks/correct_corpus.py --seeds 50 --level quick --worlds properties --jobs 2
     python benchmarks/correct_corpus.py --generators --seeds 10 --level quick
 
 For every exact verifier of ``exactcheck.corpus.verifiers`` and ``exactcheck.corpus.other_rules``
@@ -28,14 +29,14 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def audit_one(kind: str, name: str, level: str, seed: int) -> dict:
+def audit_one(kind: str, name: str, level: str, seed: int, worlds: tuple | None = None) -> dict:
     import torch
     torch.set_num_threads(1)  # one core per worker: timings stay comparable across --jobs
     from exactcheck.report.verdict import Category, Outcome
     start = time.perf_counter()
     if kind == "verifier":
         from exactcheck import run_audit
-        audit = run_audit(_verifiers()[name], level=level, seed=seed, progress=False)
+        audit = run_audit(_verifiers()[name], level=level, seed=seed, progress=False, worlds=worlds)
     else:
         from exactcheck.corpus.generators import correct_generators
         from exactcheck.e2e.runner import run_generator_audit
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--level", default="quick")
     parser.add_argument("--generators", action="store_true", help="audit the corpus generators instead")
     parser.add_argument("--members", help="comma-separated subset")
+    parser.add_argument("--worlds", help="comma-separated worlds of the verifiers' audits (e.g. properties: "
+                        "the forced-value searches alone)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", help="write every audit's row here")
     args = parser.parse_args()
@@ -87,14 +90,16 @@ def main() -> None:
     if args.members:
         names = [n for n in names if n in args.members.split(",")]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    jobs = [(kind, name, args.level, seed) for name in names for seed in seeds]
+    worlds = tuple(args.worlds.split(",")) if args.worlds else None
+    jobs = [(kind, name, args.level, seed, worlds) for name in names for seed in seeds]
     start = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(audit_one, *zip(*jobs)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"correct {kind}s, level {args.level}, seeds {seeds.start}-{seeds.stop - 1}, "
+    print(f"correct {kind}s, level {args.level}, seeds {seeds.start}-{seeds.stop - 1}"
+          + (f", worlds {args.worlds}" if args.worlds else "") + ", "
           f"{time.perf_counter() - start:.0f} s")
     head = (f"{'member':<28} {'audits':>6} {'determ.':>7} {'stat. FA':>8} {'conform.':>8} {'reprod.':>7} "
             f"{'inputs':>6} {'unreach.':>8} {'inconcl.':>8} {'known':>5} {'s/audit':>7}  rule named")

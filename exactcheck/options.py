@@ -209,10 +209,11 @@ class AuditOptions:
     # worlds; ``max_seconds`` resolves to this when the audit starts, so a report's reproduce
     # lines draw the same trials on any machine (``--trials WORLD=N``)
     trials: tuple[tuple[str, int], ...] | None = None
-    # step audits under early stopping, without ``max_seconds``: search the properties before any
-    # trial and skip the laws when one shows a defect (the selftest's mutants, where the question
-    # is whether each is found; an audit of a real subject keeps its laws whatever the properties
-    # find, since a boundary finding says nothing of the output law)
+    # step audits under early stopping, without ``max_seconds``: the laws look once, at 1/64 of
+    # their budget, then the properties are searched before any further trial, and the audit stops
+    # at the first defect either shows (the selftest's mutants, where the question is whether each
+    # is found, and by what a user meets first; an audit of a real subject keeps its laws whatever
+    # the properties find, since a boundary finding says nothing of the output law)
     properties_first: bool = False
     # step audits under early stopping: the looks double from one trial (True), or start at the
     # first share of the budget (False: what ``max_seconds`` resolves to, whose calls are costly);

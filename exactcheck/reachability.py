@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["Reachability", "FLOOR", "FLOOR_LOG2", "forced_draws", "observed_in", "structural"]
+__all__ = ["Reachability", "FLOOR", "FLOOR_LOG2", "ORDINARY", "forced_draws", "observed_in", "structural", "wrong_uniforms"]
 
 FLOOR_LOG2 = -60
 FLOOR = 2.0 ** FLOOR_LOG2
+# a finding whose trigger has at least this probability per call is met with ordinary random
+# numbers in a run of a million calls (about 2^-20)
+ORDINARY = 2.0 ** -20
 # dtypes whose uniform draws take each value with an exact, known probability (2^-24, 2^-53)
 _EXACT_GRIDS = ("float32", "float64")
 
@@ -53,6 +56,8 @@ class Reachability:
     minimal: bool = True
     observed: int = 0
     trials: int = 0
+    low: float | None = None  # an interval finding's uniforms: [low, high]
+    high: float | None = None
 
     @property
     def reachable(self) -> bool:
@@ -76,6 +81,11 @@ class Reachability:
                     f"({self.dtype}) at {self.value!r}: probability {bound}{_power(self.probability)} per call"
                     + ("" if self.minimal else " (set not fully shrunk: the trigger may be likelier still)")
                     + ("" if self.reachable else f", below the floor {_power(FLOOR)}: unreachable"))
+        if self.kind == "interval":
+            return (f"wrong decisions at every uniform in [{self.low:.9g}, {self.high:.9g}] ({self.dtype}), "
+                    f"a fraction {self.probability:.3g} of them, forced at {self.value!r} and grown by bisection: "
+                    + ("reachable with ordinary random numbers" if self.probability >= ORDINARY
+                       else f"probability about {_power(self.probability)} per call"))
         return self.detail
 
     def to_dict(self) -> dict:
@@ -105,6 +115,14 @@ def forced_draws(probabilities: list[float], dtypes: list[str], functions: list[
         "forced", probability, "", draws=len(probabilities), per_draw_probability=per_draw,
         dtype=", ".join(sorted(set(dtypes))), draw_function=", ".join(sorted(set(functions))),
         value=value, minimal=minimal)
+
+
+def wrong_uniforms(low: float, high: float, value: float, dtype: str) -> Reachability:
+    """An acceptance finding whose wrong decision holds for every uniform in [low, high] (every
+    uniform of the call forced to that one value; ``exactcheck.step.properties.wrong_interval``):
+    its measure, the chance that a uniform lands there, is the figure."""
+    return Reachability("interval", high - low, "", draws=1, dtype=dtype, draw_function="the acceptance uniform",
+                        value=value, low=low, high=high)
 
 
 def observed_in(count: int, trials: int, what: str) -> Reachability:

@@ -239,10 +239,11 @@ def test_a_small_acceptance_bias_on_nearly_equal_rows_is_found_at_standard():
     assert result.samples_drawn <= 2_048
 
 
-def test_properties_first_stops_a_mutant_before_its_trials_and_only_when_asked():
+def test_properties_first_stops_a_mutant_after_one_look_and_only_when_asked():
     boundary = MUTANTS["accept_on_equal_uniform"].verifier
     first = run_audit(boundary, level="quick", progress=False, properties_first=True)
-    assert not first.passed and first.samples_drawn == 0
+    # one look at 1/64 of each world's budget (its laws exact: nothing evident), then the searches
+    assert not first.passed and 0 < first.samples_drawn <= first.samples_planned / 64 + 64
     assert first.stopped_at == "properties/no_forbidden_token"
     assert all("stopped early on a defect at properties/no_forbidden_token" in v.summary
                for v in first.verdicts if v.kind is CheckKind.LAW)
@@ -250,3 +251,15 @@ def test_properties_first_stops_a_mutant_before_its_trials_and_only_when_asked()
     usual = run_audit(boundary, level="quick", worlds=["three_token", "properties"], progress=False)
     assert not usual.passed and usual.samples_drawn == usual.samples_planned
     assert all(v.outcome is Outcome.EXACT for v in usual.verdicts if v.kind is CheckKind.LAW)
+
+
+def test_properties_first_headlines_a_law_that_is_off_at_its_first_look():
+    """unclamped_residual's correction law is off on every call; its boundary finding (a forced
+    uniform of 2^-53) is what a search finds first. Under ``properties_first`` the laws look once
+    before any search, so the audit stops on the law a user meets, and no search is run."""
+    result = run_audit(MUTANTS["unclamped_residual"].verifier, level="standard", progress=False, properties_first=True)
+    assert not result.passed and result.stopped_at is not None and not result.stopped_at.startswith("properties/")
+    assert result.strongest_failure().kind is CheckKind.LAW
+    searches = [v for v in result.verdicts if v.kind is CheckKind.PROPERTY]
+    assert searches and all("not run: the audit stopped on a defect at" in v.summary for v in searches)
+    assert result.samples_drawn <= result.samples_planned / 64 + 64

@@ -181,3 +181,78 @@ def test_a_uniform_raised_to_a_floor_is_not_an_acceptance_defect():
     found = check_property(_raised_uniform, "acceptance", _OneDraftCase(1e-6, 0.5), "zero",
                            rule=rule_spec("token-wise"))
     assert found is not None and "row 0 accepted 0 drafts" in found.message
+
+
+# -- every convention's thresholds, at every drafted position; reachability as a set of uniforms --
+
+from exactcheck.options import Level  # noqa: E402
+from exactcheck.reachability import ORDINARY  # noqa: E402
+from exactcheck.rules import rule_spec  # noqa: E402
+from exactcheck.step.mutants import CONVENTION_PRECISION_MUTANTS, MUTANTS  # noqa: E402
+from exactcheck.step.properties import (_oracles, forced_uniform, ratio_position, with_wrong_uniforms,  # noqa: E402
+                                        wrong_interval)
+from exactcheck.step.reference import ReferenceVerifier  # noqa: E402
+
+
+def _two_drafts(first: float, second: float):
+    """One row, two drafts of token 0 with q = 1/2 and p/q = ``first``, ``second``."""
+    q = torch.full((1, 2, 2), 0.5)
+    p = torch.tensor([[[first / 2, 1 - first / 2], [second / 2, 1 - second / 2], [0.5, 0.5]]])
+    return p, q, torch.zeros(1, 2, dtype=torch.int64)
+
+
+def test_the_ratio_values_probe_the_deepest_position_whose_decision_is_read():
+    """p/q = [0.9, 0.5]: with every uniform near 0.5 the first draft is accepted, so the second's
+    threshold is read and probed; p/q = [0.5, 0.9]: near 0.9 the first is rejected, so position 0."""
+    for (first, second), probed in (((0.9, 0.5), 1), ((0.5, 0.9), 0)):
+        p, q, tokens = _two_drafts(first, second)
+        _, oracle = _oracles(p, q, tokens, rule_spec("token-wise"), True)[0]
+        assert ratio_position(oracle) == probed
+        r = (first, second)[probed]
+        assert forced_uniform("ratio", (p, q, tokens)) == pytest.approx(r, rel=1e-6)
+        assert forced_uniform("mirrored_ratio_plus", (p, q, tokens)) == pytest.approx(1 - r * (1 + 2 ** -14), rel=1e-9)
+
+
+def test_wrong_interval_keeps_a_point_and_grows_an_interval():
+    assert wrong_interval(lambda c: c == 0.25, 0.25) == (0.25, 0.25)
+    low, high = wrong_interval(lambda c: 0.2 <= c <= 0.6, 0.5)
+    assert 0.2 <= low < 0.2 + 0.4 / 60 and 0.6 - 0.4 / 60 < high <= 0.6  # ends checked wrong: a lower bound
+
+
+class _FlipsAtOneHalf(ReferenceVerifier):
+    """Takes the wrong decision at exactly u = 0.5 (a float equality slip), the right one elsewhere."""
+
+    def accept(self, u, p, q):
+        return (u * q < p) ^ (u == 0.5)
+
+
+def test_a_point_only_acceptance_finding_keeps_its_point_probability():
+    subject = _FlipsAtOneHalf()
+    case = VerifyCase(4, 2, 2, "dirichlet", "independent", "any", 0, "float64")
+    failure = check_property(subject, "acceptance", case, 0.5)
+    assert failure is not None
+    widened = with_wrong_uniforms(subject, failure)
+    assert widened.reachability.kind == "forced" and "at least 2^-53" in widened.reachability.describe()
+
+
+def test_an_interval_acceptance_finding_states_its_measure():
+    """accept_if_p_ge_q rejects every draft with p < q, which the rule accepts with probability
+    p/q: wrong on most uniforms. ratio_in_half_precision errs between the float16 ratio and the
+    exact one: about 2^-11 of p/q. Neither says 2^-53 any more."""
+    broad = search(MUTANTS["accept_if_p_ge_q"].verifier, "acceptance", 50, 0).failure.reachability
+    assert broad.kind == "interval" and broad.probability > 0.5
+    assert "reachable with ordinary random numbers" in broad.describe() and "2^-53" not in broad.describe()
+    narrow = search(MUTANTS["ratio_in_half_precision"].verifier, "acceptance", 50, 0).failure.reachability
+    assert narrow.kind == "interval" and 2 ** -14 < narrow.probability < 2 ** -9 and narrow.probability >= ORDINARY
+    assert narrow.low <= narrow.value <= narrow.high
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("name", list(CONVENTION_PRECISION_MUTANTS))
+def test_each_convention_and_precision_mutant_is_found_by_acceptance_reachably(name):
+    """u or 1 - u, the ratio in float16 or bfloat16: found by the acceptance property at the quick
+    level's examples, with wrong decisions on a set of uniforms ordinary random numbers meet."""
+    result = search(CONVENTION_PRECISION_MUTANTS[name].verifier, "acceptance", Level.QUICK.property_examples, 0)
+    assert result.failure is not None
+    reach = result.failure.reachability
+    assert reach.kind == "interval" and reach.probability >= ORDINARY, reach.describe()

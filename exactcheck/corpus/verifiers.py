@@ -87,6 +87,18 @@ def mirrored_uniform_product(target_probs, draft_probs, draft_tokens, generator)
     return _assemble(draft_tokens, n, last)
 
 
+def mirrored_float64_ratio(target_probs, draft_probs, draft_tokens, generator):
+    """u = 1 - torch.rand (float64, so u is in (0, 1]) against min(1, p/q) in float64, strict;
+    the correction by inverse CDF on the mirrored uniform too."""
+    batch, k = draft_tokens.shape
+    u = 1.0 - torch.rand(batch, k, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    p, q = _at(target_probs, draft_tokens).double(), _at(draft_probs, draft_tokens).double()
+    n = _leading(u < torch.clamp(p / q, max=1.0))
+    rows = _final_rows(target_probs, draft_probs, n)
+    v = 1.0 - torch.rand(batch, dtype=torch.float64, generator=generator, device=draft_tokens.device)
+    return _assemble(draft_tokens, n, _inverse_cdf_pick(rows, v))
+
+
 def float32_ratio_strict(target_probs, draft_probs, draft_tokens, generator):
     """float32 uniforms against min(1, p/q) computed in float32, strict; the correction by
     ``torch.multinomial`` on the float32 residual."""
@@ -391,7 +403,7 @@ def kept_numpy_generator(target_probs, draft_probs, draft_tokens, generator):
 
 
 CORRECT_VERIFIERS = {f.__name__: f for f in (
-    mirrored_uniform_product, float32_ratio_strict, float64_nonstrict_guarded, log_space,
+    mirrored_uniform_product, mirrored_float64_ratio, float32_ratio_strict, float64_nonstrict_guarded, log_space,
     gumbel_max_residual, exponential_race, lazy_per_position, jit_residual, compiled_residual, compiled_step,
     logits_float32_softmax, logits_log_softmax, global_rng_per_row, reseeded_global_script, numpy_unseeded,
     numpy_global, numpy_random_state, kept_numpy_generator)}

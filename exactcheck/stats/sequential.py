@@ -74,6 +74,19 @@ def batch_schedule(budget: int, first_fraction: float = FIRST_BATCH_FRACTION,
     return sizes
 
 
+def first_look_schedule(budget: int, share: float, growth: float = GROWTH) -> list[int]:
+    """Batch sizes summing to ``budget``: one first batch of ``share`` of it (at least 1), then
+    batches that grow the total by ``growth`` each time (a schedule fixed before any trial, so
+    the looks stay anytime-valid)."""
+    first = min(budget, max(1, int(math.ceil(budget * share))))
+    sizes, total = [first], first
+    while total < budget:
+        step = min(max(1, int(math.ceil(total * (growth - 1)))), budget - total)
+        sizes.append(step)
+        total += step
+    return sizes
+
+
 @dataclass
 class EProcess:
     """The test martingale of one law (the average of its Dirichlet mixtures on the pooled cells,

@@ -14,7 +14,7 @@ import torch
 from exactcheck.step.reference import ReferenceVerifier, final_pq, row_at
 from exactcheck.step.rule_references import BlockVerifier, ThresholdVerifier
 
-__all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "mutant"]
+__all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "CONVENTION_PRECISION_MUTANTS", "mutant"]
 
 
 class TrustDraft(ReferenceVerifier):
@@ -311,6 +311,42 @@ def mutant(name: str) -> ReferenceVerifier:
     return MUTANTS[name].verifier
 
 
+# Convention x precision mutants (issue 44): the acceptance ratio p/q computed in a dtype coarser
+# than the rows, compared with u (direct) or with 1 - u (mirrored, ``u = 1 - torch.rand()``). Each
+# takes a wrong decision on the uniforms between the coarse ratio and the exact one (a fraction of
+# about 2^-11 of p/q for float16, 2^-8 for bfloat16): laws cannot see it (TV about 1e-4), the
+# acceptance property must, under either convention and at any drafted position. Not in MUTANTS
+# (the selftest's corpus; ``ratio_in_half_precision`` is there, the direct float16 one):
+# ``benchmarks/convention_precision.py`` audits these four.
+
+class CoarseRatio(ReferenceVerifier):
+    """Accept when u (or 1 - u) < p/q, the ratio computed in ``dtype``."""
+
+    def __init__(self, dtype: torch.dtype, mirrored: bool):
+        self.dtype, self.mirrored = dtype, mirrored
+
+    def accept(self, u, p, q):
+        u = 1.0 - u if self.mirrored else u
+        return u < (p.to(self.dtype) / q.to(self.dtype)).double()
+
+
+def _coarse(dtype, mirrored) -> Mutant:
+    kind = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    convention = "u = 1 - torch.rand(), " if mirrored else ""
+    name = ("mirrored_" if mirrored else "") + ("ratio_in_half_precision" if dtype is torch.float16
+                                                 else "ratio_in_bfloat16")
+    return Mutant(name, CoarseRatio(dtype, mirrored),
+                  f"{convention}acceptance ratio p/q computed in {kind}")
+
+
+CONVENTION_PRECISION_MUTANTS: dict[str, Mutant] = {
+    "ratio_in_half_precision": MUTANTS["ratio_in_half_precision"],
+    **{m.name: m for m in (_coarse(torch.bfloat16, False), _coarse(torch.float16, True), _coarse(torch.bfloat16, True))},
+}
+for _m in CONVENTION_PRECISION_MUTANTS.values():
+    _m.verifier.name = _m.name
+
+
 # Small-bias mutants: plausible numerical slips whose TV is 0.002 to 0.05, the range the engines'
 # own tests cannot see. They are not in MUTANTS (the selftest's must-detect corpus): whether a
 # level detects them is a question of budget, measured in benchmarks/power.py.
@@ -377,7 +413,8 @@ for _m in SMALL_BIAS_MUTANTS.values():
     _m.verifier.name = _m.name
 
 # importable as exactcheck.step.mutants:NAME (e.g. :trust_draft, :temperature_1_05)
-_BY_ATTRIBUTE = {importable_name(m.name): m.verifier for m in (*MUTANTS.values(), *SMALL_BIAS_MUTANTS.values())}
+_BY_ATTRIBUTE = {importable_name(m.name): m.verifier
+                 for m in (*MUTANTS.values(), *SMALL_BIAS_MUTANTS.values(), *CONVENTION_PRECISION_MUTANTS.values())}
 
 
 def __getattr__(name: str) -> ReferenceVerifier:

@@ -55,16 +55,23 @@ from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.rules import EXACT_RULES, RuleSpec, declared_rule, rule_spec
 from exactcheck.step.contract import PADDING, Verifier, call_verifier
 from exactcheck.step.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
-from exactcheck.reachability import Reachability, forced_draws, structural
+from exactcheck.reachability import ORDINARY, Reachability, forced_draws, structural, wrong_uniforms
 from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
-__all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "PROPERTIES", "check_property",
+__all__ = ["PropertyFailure", "PropertyResult", "FORCED_VALUES", "ALL_FORCED_VALUES", "forced_values", "PROPERTIES", "check_property",
            "search", "search_property", "search_corpus", "reproducer", "replay_reproducer", "REPRODUCER_SCHEMA",
-           "UNFORCED", "tie_margin", "RULE_PROPERTIES", "FROM_SUBJECT", "fewest_forced"]
+           "UNFORCED", "tie_margin", "with_wrong_uniforms", "wrong_interval", "RULE_PROPERTIES", "FROM_SUBJECT", "fewest_forced"]
 
 REPRODUCER_SCHEMA = "exactcheck.reproducer/2"
 FROM_SUBJECT = object()  # a property's rule: the one the subject declares (``acceptance_rule``)
 FORCED_VALUES = ("zero", "one_minus_ulp", "ratio", "ratio_minus", "ratio_plus")
+# the same thresholds probed for a subject that compares the mirrored uniform 1 - u (as
+# ``u = 1 - torch.rand()`` code does): the drawn value is 1 - ratio_minus / 1 - ratio_plus, so
+# the u it compares sits 2^-14 either side of the threshold. Acceptance only: the other properties
+# judge outputs alone, and the mirrored subject's boundary behaviour is met under 0 and 1 - ulp.
+MIRRORED_VALUES = ("mirrored_ratio_minus", "mirrored_ratio_plus")
+RATIO_VALUES = ("ratio", "ratio_minus", "ratio_plus", *MIRRORED_VALUES)
+ALL_FORCED_VALUES = (*FORCED_VALUES, *MIRRORED_VALUES)
 PROPERTIES = ("contract", "no_forbidden_token", "acceptance", "row_independence", "seeded_rows",
               "same_seed")
 UNFORCED = ("same_seed",)
@@ -72,7 +79,7 @@ RULE_PROPERTIES = ("acceptance",)  # judged by the subject's rule: conformance c
 NEED_COMPLETE = ("acceptance", "row_independence", "seeded_rows")  # judged only if every draw was forced
 SHRUNK = ("contract", "no_forbidden_token")  # judged on outputs alone: the forced set can shrink
 VACUOUS = "not judged"
-RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from row 0's p/q
+RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from the threshold probed
 TIE_MARGIN = 2.0 ** -18  # smallest relative margin around a tie (float32 and float64 rows)
 # An exact subject may raise a tiny uniform to a floor before it compares (vLLM clamps its
 # acceptance uniforms to at least 2^-31; float32 uniforms are multiples of 2^-24): a delivered
@@ -88,6 +95,19 @@ UNREACHABLE_ENOUGH = 3  # after this many unreachable counterexamples under one 
 # the boundary uniforms first: a boundary behaviour of any edge class is met within twice the
 # corpus's cases, whatever time a budgeted search (``--max-seconds``) leaves for the rest
 CORPUS_ORDER = (("zero", "one_minus_ulp"), ("ratio", "ratio_minus", "ratio_plus"))
+
+
+def forced_values(name: str) -> tuple[str, ...]:
+    """The forced values a property is searched under: the mirrored ratio values for acceptance."""
+    return ALL_FORCED_VALUES if name in RULE_PROPERTIES else FORCED_VALUES
+
+
+def corpus_order(name: str) -> tuple[tuple[str, ...], ...]:
+    """The edge corpus's groups of values for a property (``CORPUS_ORDER``, the mirrored ratio
+    values with the ratio group for acceptance)."""
+    if name in RULE_PROPERTIES:
+        return CORPUS_ORDER[0], CORPUS_ORDER[1] + MIRRORED_VALUES
+    return CORPUS_ORDER
 
 
 @dataclass(frozen=True)
@@ -142,18 +162,39 @@ def tie_margin(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.
     return (8 * eps * (2 + logs)).clamp(min=TIE_MARGIN)
 
 
+def ratio_position(oracle, row: int = 0) -> int:
+    """The drafted position whose threshold the ratio values probe on ``row``: the deepest one
+    whose threshold is inside (0, 1) and whose decision the rule reads when every uniform sits
+    2^-14 either side of it (for token-wise, every earlier threshold lies above it); position 0
+    when none does. Cases whose later thresholds are the lower probe the later positions, the
+    others position 0: over a search, every drafted position's threshold is probed."""
+    thresholds = oracle.thresholds[row:row + 1]
+    for j in range(thresholds.shape[1] - 1, -1, -1):
+        r = float(thresholds[0, j])
+        if not 0 < r < 1:
+            continue
+        if all(bool(oracle.relevant(oracle.decide(c < thresholds))[0, j])
+               for c in (r * (1 - RATIO_STEP), r * (1 + RATIO_STEP))):
+            return j
+    return 0
+
+
 def forced_uniform(value: str, case_tensors, rule: RuleSpec | None = None) -> str | float:
-    """What a forced value stands for on this case: ``ratio`` is exactly the rule's first decision
-    threshold of row 0 (p/q of its first draft for token-wise rejection sampling, the subject's
-    rule or token-wise if it declares none; normalised rows, float64); ``ratio_minus`` /
-    ``ratio_plus`` sit 2^-14 below/above; the named boundaries stay names, resolved in each
-    draw's dtype."""
-    if value in ("ratio", "ratio_minus", "ratio_plus"):
+    """What a forced value stands for on this case: ``ratio`` is exactly a decision threshold of
+    the rule on row 0 (p/q of a draft for token-wise rejection sampling, the subject's rule or
+    token-wise if it declares none; normalised rows, float64), at the position ``ratio_position``
+    picks; ``ratio_minus`` / ``ratio_plus`` sit 2^-14 below/above (the gap between a float32
+    ratio and a float16 or bfloat16 one); ``mirrored_ratio_minus`` / ``_plus`` are 1 minus those,
+    for a subject that compares 1 - u. The named boundaries stay names, resolved in each draw's
+    dtype."""
+    if value in RATIO_VALUES:
         p, q, tokens = case_tensors
         _, oracle = _oracles(p[:1], q[:1], tokens[:1], rule or rule_spec("token-wise"), normalise=True)[0]
-        r = min(float(oracle.thresholds[0, 0]), 1.0)
-        c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[value]
-        return min(max(c, 0.0), 1.0)
+        r = min(float(oracle.thresholds[0, ratio_position(oracle)]), 1.0)
+        side = value.replace("mirrored_", "")
+        c = {"ratio": r, "ratio_minus": r * (1 - RATIO_STEP), "ratio_plus": r * (1 + RATIO_STEP)}[side]
+        c = min(max(c, 0.0), 1.0)
+        return 1.0 - c if value.startswith("mirrored_") else c
     return value
 
 
@@ -181,6 +222,24 @@ def _no_forbidden_token(out, tensors, log: DrawLog) -> tuple[int, str] | None:
                  f"{[float(x) for x in prob[row][emitted[row]]]}")
 
 
+def _wrong_rows(raw, norm, d: float, mirrored: bool, accepted: np.ndarray, margin: np.ndarray) -> np.ndarray:
+    """The judged rows whose accepted count is not the rule's (oracles ``raw`` and ``norm``, on
+    the rows as handed in and normalised) with every uniform delivered as ``d``, compared as u = d
+    or, ``mirrored``, as u = 1 - d; a row none of whose read tests is a tie is judged."""
+    low, high = np.minimum(raw.thresholds, norm.thresholds), np.maximum(raw.thresholds, norm.thresholds)
+    raised = max(d, UNIFORM_FLOOR)  # the delivered d, or the floor it may be raised to
+    u, (u_low, u_high) = (1.0 - d, (1.0 - raised, 1.0 - d)) if mirrored else (d, (d, raised))
+    # a tie if any u it stands for is one
+    ambiguous = (u_high >= low * (1 - margin)) & (u_low <= high * (1 + margin))
+    decided = norm.decide(u < norm.thresholds)
+    judged = ~(ambiguous & norm.relevant(decided)).any(1)  # judged only if no test it read is a tie
+    return np.flatnonzero(judged & (accepted != decided)), decided
+
+
+def _accepted_counts(out) -> np.ndarray:
+    return ((out != PADDING).sum(1) - 1).cpu().numpy()
+
+
 def _acceptance(out, tensors, log: DrawLog, rule: RuleSpec | None) -> tuple[int, str, float] | None:
     """A wrong acceptance decision that no exact convention of the subject's rule (of any
     registered exact rule, if it declares none) explains: (row, message, the delivered uniform it
@@ -189,20 +248,13 @@ def _acceptance(out, tensors, log: DrawLog, rule: RuleSpec | None) -> tuple[int,
     values = sorted(log.values())
     if not values:
         return None
-    accepted = ((out != PADDING).sum(1) - 1).cpu().numpy()
+    accepted = _accepted_counts(out)
     margin = tie_margin(p, q, tokens).cpu().numpy()
     first = None
     for (spec, raw), (_, norm) in zip(_oracles(p, q, tokens, rule, False), _oracles(p, q, tokens, rule, True)):
-        low, high = np.minimum(raw.thresholds, norm.thresholds), np.maximum(raw.thresholds, norm.thresholds)
         for d in values:
-            raised = max(d, UNIFORM_FLOOR)  # the delivered d, or the floor it may be raised to
-            for u, (u_low, u_high) in ((d, (d, raised)), (1.0 - d, (1.0 - raised, 1.0 - d))):
-                # u itself, or the mirrored uniform 1 - u; a tie if any u it stands for is one
-                ambiguous = (u_high >= low * (1 - margin)) & (u_low <= high * (1 + margin))
-                decided = norm.decide(u < norm.thresholds)
-                # a row is judged only if no test its decision read is a tie
-                judged = ~(ambiguous & norm.relevant(decided)).any(1)
-                wrong = np.flatnonzero(judged & (accepted != decided))
+            for mirrored in (False, True):
+                wrong, decided = _wrong_rows(raw, norm, d, mirrored, accepted, margin)
                 if not wrong.size:
                     return None  # this rule and convention explain every judged row
                 if first is None:
@@ -216,6 +268,93 @@ def _acceptance(out, tensors, log: DrawLog, rule: RuleSpec | None) -> tuple[int,
                + ", under any convention, u or 1 - u, strict or not, explains every row)")
     return row, (f"with every uniform = {d!r}, row {row} accepted {int(accepted[row])} drafts; "
                  f"{norm.described} at its drafts is {values_at}, so exactly {expected} {why}"), d
+
+
+def _convention_fails(out, tensors, log: DrawLog, rule: RuleSpec | None, mirrored: bool) -> bool:
+    """Whether, under one convention (u, or 1 - u), no rule (the subject's, or any registered
+    exact one) explains every judged row of this forced call."""
+    p, q, tokens = tensors
+    values = sorted(log.values())
+    if not values or isinstance(out, Exception) or not log.complete:
+        return False
+    accepted = _accepted_counts(out)
+    margin = tie_margin(p, q, tokens).cpu().numpy()
+    for (_, raw), (_, norm) in zip(_oracles(p, q, tokens, rule, False), _oracles(p, q, tokens, rule, True)):
+        for d in values:
+            if not _wrong_rows(raw, norm, d, mirrored, accepted, margin)[0].size:
+                return False
+    return True
+
+
+BISECTIONS = 56  # at most this many halvings per side
+RESOLUTION = 2.0 ** -40  # an end is pinned to this (absolute), or to 2^-6 of the interval grown so far
+CONTIGUITY_POINTS = 8  # points inside a found interval re-checked before its measure is claimed
+
+
+def wrong_interval(fails, d: float) -> tuple[float, float]:
+    """[a, b], with a <= d <= b: every uniform checked in it gives a wrong call (``fails(c)``,
+    every uniform forced to c), its ends found by bisection from d towards 0 and towards 1 (each
+    end is a uniform checked wrong: the measure is a lower bound, within 2^-6 of the set's or
+    ``RESOLUTION``), and ``CONTIGUITY_POINTS`` points inside re-checked (an end is pulled in to
+    below the first point that is not wrong). [d, d] when only d itself is known to fail."""
+    def side(end: float) -> float:
+        good, bad = d, end  # good: known wrong; bad: not known wrong
+        if fails(end):
+            good = end
+        else:
+            for _ in range(BISECTIONS):
+                mid = (good + bad) / 2
+                if mid in (good, bad) or abs(bad - good) <= max(RESOLUTION, abs(good - d) / 64):
+                    break
+                if fails(mid):
+                    good = mid
+                else:
+                    bad = mid
+        for i in range(1, CONTIGUITY_POINTS + 1):  # every point between d and good must be wrong
+            c = d + (good - d) * i / (CONTIGUITY_POINTS + 1)
+            if c not in (d, good) and not fails(c):
+                good = d + (good - d) * (i - 1) / (CONTIGUITY_POINTS + 1)
+                break
+        return good
+    return side(0.0), side(1.0 - 2.0 ** -53)
+
+
+CONVENTION_GRID = 32  # uniforms (i + 1/2) / 32 at which each convention's wrong calls are counted
+
+
+def _point_reach(log: DrawLog, d: float) -> Reachability:
+    """The probability of the forced uniform d itself, in the coarsest dtype among the draws that
+    received it (the likeliest way to be handed it)."""
+    dtype = max((draw.dtype for draw in log.draws if draw.value == d), key=lambda t: value_probability(d, t))
+    return forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")], ["the acceptance uniform"], d)
+
+
+def with_wrong_uniforms(subject, failure: PropertyFailure, seed: int = 0, device="cpu",
+                        rule: RuleSpec | None | str = FROM_SUBJECT) -> PropertyFailure:
+    """An acceptance counterexample with its reachability widened from the forced uniform's point
+    probability to the set of uniforms around it that give a wrong call (others unchanged): every
+    uniform forced to c, c grown by bisection from the forced d (``wrong_interval``), under the
+    subject's convention: the one (u or 1 - u) under which fewer of ``CONVENTION_GRID`` evenly
+    spread uniforms give a wrong call (a mirrored subject is wrong under the direct convention on
+    much of the range), the smaller set on a tie. Its measure replaces the point probability when
+    it is larger."""
+    reach = failure.reachability
+    if failure.property != "acceptance" or reach is None or reach.kind != "forced" or not reach.draws:
+        return failure
+    rule = declared_rule(subject) if rule is FROM_SUBJECT else rule
+    tensors, d = failure.case.tensors(device), reach.value
+    found = []
+    for mirrored in (False, True):
+        def fails(c, mirrored=mirrored):
+            out, forced_log = _forced_call(subject, tensors, c, seed)
+            return _convention_fails(out, tensors, forced_log, rule, mirrored)
+        wrong_on_grid = sum(fails((i + 0.5) / CONVENTION_GRID) for i in range(CONVENTION_GRID))
+        a, b = wrong_interval(fails, d)
+        found.append((wrong_on_grid, b - a, a, b))
+    _, measure, a, b = min(found)
+    if measure <= reach.probability:
+        return failure
+    return replace(failure, reachability=wrong_uniforms(a, b, d, reach.dtype))
 
 
 def _accepts_row_generators(subject) -> bool:
@@ -397,11 +536,9 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
         if varies([(tensors, out, options)]):
             return None
         row, message, d = found
-        # the coarsest dtype among the draws that received d: the likeliest way to be handed it
-        dtype = max((draw.dtype for draw in log.draws if draw.value == d), key=lambda t: value_probability(d, t))
-        reach = forced_draws([value_probability(d, dtype)], [str(dtype).replace("torch.", "")],
-                             ["the acceptance uniform"], d)
-        return fail(message, row, out, reach)
+        # the point probability of d; the search widens it to the interval of wrong uniforms
+        # (``with_wrong_uniforms``) on the counterexample it keeps, not on every case it shrinks
+        return fail(message, row, out, _point_reach(log, d))
     if name == "seeded_rows":
         gens = options["row_generators"]
         row = _first((out != out[:1]).any(1))
@@ -464,7 +601,9 @@ class _OutOfTime(Exception):
 def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="cpu",
            rule: RuleSpec | None | str = FROM_SUBJECT, deadline: float | None = None) -> PropertyResult:
     """Search one property under each forced value in turn (``examples`` cases each), stopping
-    at the first reachable counterexample, which is shrunk. ``deadline`` (a ``time.perf_counter``
+    at the first reachable counterexample, which is shrunk. An acceptance counterexample whose
+    wrong uniforms are too few for ordinary random numbers (``_needs_forced_draws``) is kept while
+    the other values are searched for one with more, and the likeliest is reported. ``deadline`` (a ``time.perf_counter``
     value; an audit under ``max_seconds``): no new case is started after it, and the verdict says
     how far the search got."""
     if name == "seeded_rows" and not _accepts_row_generators(subject):
@@ -481,16 +620,21 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                                   f"{VACUOUS}: the subject derives its random numbers from a seed ({seeded}), "
                                   "which no forced value reaches; its laws decide")
     tally = _Tally(name)
-    values = (None,) if name in UNFORCED else FORCED_VALUES
-    for group in CORPUS_ORDER if name not in UNFORCED else ((None,),):
+    values = (None,) if name in UNFORCED else forced_values(name)
+    held: PropertyResult | None = None  # a counterexample too rare for ordinary random numbers
+    for group in corpus_order(name) if name not in UNFORCED else ((None,),):
         results = search_corpus(subject, name, group, seed, device, rule, deadline)
         for result in results:
             if (found := tally.add(result)) is not None:
-                return found
+                if not _needs_forced_draws(found.failure) or name not in RULE_PROPERTIES:
+                    return found  # (a forced set is shrunk to its fewest draws: as likely as it gets)
+                if held is None or _likelier(found.failure, held.failure):
+                    held = found  # an acceptance counterexample: other values may widen its wrong uniforms
+                break
         if any(r.out_of_time for r in results):
             tally.notes.add("search stopped at the time budget (--max-seconds) in the edge corpus under "
                             + ", ".join(str(v) for v in group))
-            return tally.searched()
+            return replace(held, examples=tally.tried) if held else tally.searched()
         if not any(r.forced for r in results):
             break  # no draw took any forced value: the other values would make the same calls
     for position, value in enumerate(values):
@@ -500,11 +644,19 @@ def search(subject: Verifier, name: str, examples: int, seed: int = 0, device="c
                        else "before its last case")
             tally.notes.add(f"search stopped at the time budget (--max-seconds) {reached}")
         if (found := tally.add(result)) is not None:
-            return found
+            if not _needs_forced_draws(found.failure) or name not in RULE_PROPERTIES:
+                return found
+            # an acceptance counterexample whose wrong uniforms are few: generated cases under the
+            # other values may show a wider set (a threshold near 1 rather than near 0)
+            if held is None or _likelier(found.failure, held.failure):
+                held = found
+            continue
         if value is not None and not result.forced:
             break  # no draw took the forced value: the other values would make the same calls
         if result.out_of_time:
             break
+    if held is not None:
+        return replace(held, examples=tally.tried)
     return tally.searched()
 
 
@@ -567,6 +719,10 @@ class _ValueSearch:
             return None
         return failure
 
+    def widened(self, failure: PropertyFailure | None) -> PropertyFailure | None:
+        """An acceptance counterexample with its interval of wrong uniforms (``with_wrong_uniforms``)."""
+        return None if failure is None else with_wrong_uniforms(self.subject, failure, self.seed, self.device, self.rule)
+
     def result(self, failure, out_of_time=False) -> PropertyResult:
         forced = self.draws["(controlled)"] > 0
         return PropertyResult(self.name, self.value, self.tried, failure,
@@ -600,11 +756,11 @@ def search_corpus(subject: Verifier, name: str, values: tuple, seed: int = 0, de
                 if len(one.unreachable) >= UNREACHABLE_ENOUGH:
                     continue  # enough unreachable counterexamples under this value
                 controlled = one.draws["(controlled)"]
-                failure = one.check(case)
+                failure = one.widened(one.check(case))
                 if failure is not None and not _needs_forced_draws(failure):
                     held = (index, failure)
                     return results()
-                if failure is not None and held is None:
+                if failure is not None and _likelier(failure, held[1] if held else None):
                     held = (index, failure)
                 if one.draws["(controlled)"] == controlled:
                     break  # nothing forced on this case: the other values would make the same calls
@@ -614,8 +770,21 @@ def search_corpus(subject: Verifier, name: str, values: tuple, seed: int = 0, de
 
 
 def _needs_forced_draws(failure: PropertyFailure) -> bool:
+    """Whether a counterexample's trigger is too rare to be met with ordinary random numbers (a
+    forced value's point probability, or an interval of wrong uniforms narrower than
+    ``ORDINARY``): the search then goes on for a likelier one."""
     reach = failure.reachability
-    return reach is not None and reach.kind == "forced" and reach.draws > 0
+    return (reach is not None and reach.kind in ("forced", "interval") and reach.draws > 0
+            and (reach.probability or 0.0) < ORDINARY)
+
+
+def _likelier(failure: PropertyFailure, than: PropertyFailure | None) -> bool:
+    """Whether ``failure``'s trigger is likelier per call than ``than``'s (None: always)."""
+    if than is None:
+        return True
+    def probability(f):
+        return 1.0 if f.reachability is None or f.reachability.probability is None else f.reachability.probability
+    return probability(failure) > probability(than)
 
 
 def search_property(subject: Verifier, name: str, value: str | None, examples: int,
@@ -631,7 +800,7 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
         for case in edge_corpus() if corpus else ():  # deterministic first: each edge class, every time
             failure = one.check(case)
             if failure is not None:
-                return one.result(failure)
+                return one.result(one.widened(failure))
     except _OutOfTime:
         return one.result(None, out_of_time=True)
 
@@ -652,7 +821,7 @@ def search_property(subject: Verifier, name: str, value: str | None, examples: i
     except (Flaky, FlakyFailure):  # a case failed once and passed when hypothesis ran it again
         one.unrepeatable.extend(one.failures[:1])
         return one.result(None)
-    return one.result(next(f for f in reversed(one.failures) if f.case == minimal))
+    return one.result(one.widened(next(f for f in reversed(one.failures) if f.case == minimal)))
 
 
 def _draw_note(name: str, draws: Counter, tried: int) -> str:

@@ -37,7 +37,7 @@ from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.report.json_md import AUDIT_SCHEMA
 from exactcheck.rules import declared_rule, rule_spec
 from exactcheck.step.contract import call_verifier
-from exactcheck.step.properties import (FORCED_VALUES, FROM_SUBJECT, NEED_COMPLETE, PROPERTIES,
+from exactcheck.step.properties import (forced_values, FROM_SUBJECT, NEED_COMPLETE, PROPERTIES,
                                         REPRODUCER_SCHEMA, UNFORCED, UNSEEN_SOURCE, check_property,
                                         forced_uniform)
 from exactcheck.step.randomness import CONTROLLED, DrawLog, boundary_value, controlled_randomness, deliverable
@@ -58,12 +58,12 @@ MAX_TEXT = 100_000
 MAX_INDEX = 1 << 31
 DTYPES = ("float16", "bfloat16", "float32", "float64")  # of a forced draw (``Draw.dtype``)
 DRAW_FUNCTIONS = (*CONTROLLED, "the acceptance uniform")
-REACH_KINDS = ("forced", "observed", "structural")
+REACH_KINDS = ("forced", "interval", "observed", "structural")
 CASE_FIELDS = ("vocab_size", "draft_length", "batch", "row_kind", "relation", "draft_choice", "seed", "dtype")
 REQUIRED = ("schema", "subject", "property", "value", "seed", "case")
 OPTIONAL = ("rule", "message", "row", "output", "forced_elements", "reachability", "inputs")
 REACH_FIELDS = ("kind", "probability", "detail", "draws", "per_draw_probability", "dtype", "draw_function",
-                "value", "minimal", "observed", "trials")
+                "value", "minimal", "observed", "trials", "low", "high")
 INPUT_FIELDS = ("target_probs", "draft_probs", "draft_tokens")
 
 HOLDS, STILL_FAILS, CRASHED, BROKE_CONTRACT, NOT_CONSUMED = (
@@ -111,7 +111,7 @@ def validate_reproducer(record, where: str = "reproducer", *, subject_given: boo
     one-line ``UsageError`` "WHERE: FIELD (VALUE) must ...". Checked: the schema; ``subject`` a
     string of the MODULE:CALLABLE form (any string when ``subject_given``: it is then only a
     name); ``property`` a known property and ``value`` one of its forced values (a name of
-    ``FORCED_VALUES`` or a finite uniform in [0, 1); None for the unforced ``same_seed``);
+    ``forced_values(property)`` or a finite uniform in [0, 1); None for the unforced ``same_seed``);
     ``seed`` an integer in [0, 2^63); ``rule`` a known rule; the case's fields typed (integers
     are not bools) and bounded, its tensors at most ``MAX_CASE_ELEMENTS`` elements; ``row``,
     ``output``, ``forced_elements``, ``reachability`` (finite probabilities in [0, 1], a forced
@@ -140,8 +140,9 @@ def validate_reproducer(record, where: str = "reproducer", *, subject_given: boo
     if prop in UNFORCED:
         check.that("value", value, value is None, f"be null: {prop} forces no draw")
     else:
-        check.that("value", value, (isinstance(value, str) and value in FORCED_VALUES) or _uniform(value),
-                   f"be one of {', '.join(FORCED_VALUES)} or a finite uniform in [0, 1)")
+        values = forced_values(prop)
+        check.that("value", value, (isinstance(value, str) and value in values) or _uniform(value),
+                   f"be one of {', '.join(values)} or a finite uniform in [0, 1)")
     check.integer("seed", record["seed"], 0, MAX_SEED - 1)
     rule = record.get("rule")
     if rule is not None:
@@ -250,6 +251,13 @@ def _check_reachability(check: _Checker, reach) -> None:
     uniform = reach.get("value")
     check.that("reachability.value", uniform, uniform is None or _uniform(uniform),
                "be null or a finite uniform in [0, 1)")
+    for name in ("low", "high"):
+        check.that(f"reachability.{name}", reach.get(name), reach.get(name) is None or _uniform(reach[name]),
+                   "be null or a finite uniform in [0, 1)")
+    if reach["kind"] == "interval":
+        low, high = reach.get("low"), reach.get("high")
+        check.that("reachability", reach, None not in (low, high, uniform) and low <= uniform <= high,
+                   "of kind 'interval' hold low <= value <= high")
     for name, known in (("dtype", DTYPES), ("draw_function", DRAW_FUNCTIONS)):
         text = reach.get(name)
         ok = text is None or (isinstance(text, str) and len(text) <= 1000
@@ -259,7 +267,7 @@ def _check_reachability(check: _Checker, reach) -> None:
 
 def _check_forced_value(check: _Checker, record, prop, value, reach, forced, case: VerifyCase, rule) -> None:
     """The recorded forced draws agree with the value and with each other."""
-    if reach["kind"] != "forced" or not reach.get("draws"):
+    if reach["kind"] not in ("forced", "interval") or not reach.get("draws"):
         return
     if prop in UNFORCED:
         check.fail(f"reachability says {reach['draws']} forced draws, but {prop} forces none")
@@ -481,7 +489,7 @@ def _not_consumed(prop: str, log: DrawLog, record: dict | None) -> str:
         return (f"the file forces element {max(forced)}, but this call drew {log.elements} forced elements "
                 "in all (not as recorded)")
     reach = record.get("reachability")
-    if not reach or reach["kind"] != "forced" or not reach.get("draws"):
+    if not reach or reach["kind"] not in ("forced", "interval") or not reach.get("draws"):
         return ""
     got = sorted({(str(d.dtype).replace("torch.", ""), d.entry, d.value) for d in log.draws if d.forced})
     said = (f"the file records {reach['draw_function']} ({reach['dtype']}) draws of {reach['value']!r}; this call "

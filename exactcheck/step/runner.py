@@ -26,7 +26,7 @@ from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import step_audit_line
 from exactcheck.stats.laws import compare
-from exactcheck.stats.sequential import EProcess, batch_schedule
+from exactcheck.stats.sequential import EProcess, batch_schedule, first_look_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.step.contract import Verifier
 from exactcheck.subject_call import call_time_limit
@@ -97,6 +97,9 @@ def _run_audit(subject, options: AuditOptions, subject_name, progress, executor)
 
 PILOT_TRIALS = 16  # trials per world that measure a subject's speed under ``max_seconds``
 MIN_PROPERTY_SECONDS = 10.0  # under ``max_seconds``: the least time each property search gets
+# ``properties_first``: the share of each world's budget its laws see at their first look, before
+# any property search (a law off on every call is found there in well under a second)
+FIRST_LOOK_SHARE = 1 / 64
 
 
 def measure_speed(subject, audit_plan: AuditPlan, device) -> dict[str, float]:
@@ -205,30 +208,32 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         return found
 
     # ``properties_first`` under early stopping (and no time budget, whose share the laws take
-    # first): the property searches run before any trial, and the first counterexample that fails
-    # the audit (as certain as a sample on an impossible outcome) stops it there: the searches
-    # after it and the law phase are not run.
+    # first): every law gets one look, at ``FIRST_LOOK_SHARE`` of its world's budget (a law off on
+    # every call is the finding a user meets first, and it stops the audit there); then the
+    # property searches run, and the first counterexample that fails the audit stops it: the
+    # searches after it and the rest of the law phase are not run. With no finding, the laws go on.
+    first_look = bool(options.properties_first and stop_early and until is None and searched)
     searched_first: list[Verdict] = []
-    certain: str | None = None  # the check whose certain finding stopped the audit before its trials
+    certain: str | None = None  # the check whose finding stopped the audit before the rest of its trials
     interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
-    if options.properties_first and stop_early and until is None and searched:
-        first_bar = Progress(len(searched), unit="check", desc="exactcheck: properties", enabled=progress)
-        try:
-            searched_first = search_properties(first_bar, stop_at_finding=True)
-        except KeyboardInterrupt:
-            interrupted = True
-        first_bar.close()
-        certain = next((v.check for v in searched_first if gating(v)), None)
+    if first_look:
+        for run in runs:
+            run.batches = first_look_schedule(run.budget, FIRST_LOOK_SHARE)
     bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
 
     evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     executor = executor or LocalExecutor()
     shards = options.shards
-    try:
-        for batch_index in range(max(len(r.batches) for r in runs) if runs and not (certain or interrupted) else 0):
+
+    def draw_batches(indices) -> None:
+        """The laws' batches ``indices``, each world's in turn, until one is evident."""
+        nonlocal evident
+        for batch_index in indices:
             # every live world's shards of this batch go out at once; their counts come back and
             # are merged, in world order, before the look (a sharded batch is one batch)
             live = [r for r in runs if not r.finished and batch_index < len(r.batches)]
+            if not live:
+                break
             calls = []
             for run in live:
                 batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
@@ -258,6 +263,30 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                 bar.step(run.world.name, size)
             if evident:
                 break
+
+    batches = max((len(r.batches) for r in runs), default=0)
+    try:
+        if first_look:
+            draw_batches([0])
+    except KeyboardInterrupt:
+        interrupted = True
+    if first_look and not (evident or interrupted):
+        first_bar = Progress(len(searched), unit="check", desc="exactcheck: properties", enabled=progress)
+        try:
+            searched_first = search_properties(first_bar, stop_at_finding=True)
+        except KeyboardInterrupt:
+            interrupted = True
+        first_bar.close()
+        certain = next((v.check for v in searched_first if gating(v)), None)
+    elif first_look and evident:  # a law stopped the audit at its first look: no search is run
+        run, i = evident
+        stopper = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
+        searched_first = [not_run_verdict(c, seed, reproduce(c.name),
+                                          f"not run: the audit stopped on a defect at {stopper} before this search")
+                          for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
+    try:
+        if not (certain or interrupted or evident):
+            draw_batches(range(1 if first_look else 0, batches))
     except KeyboardInterrupt:
         interrupted = True
     bar.close()

@@ -26,7 +26,7 @@ from exactcheck.stats.laws import LawComparison, LawPlan
 from exactcheck.stats.sequential import EProcess
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
 from exactcheck.rules import RULES, RuleSpec
-from exactcheck.step.properties import FORCED_VALUES, RULE_PROPERTIES, PropertyResult, reproducer
+from exactcheck.step.properties import RULE_PROPERTIES, forced_values, PropertyResult, reproducer
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["WorldRun", "law_verdict", "chain_verdicts", "property_verdict", "inputs_verdict", "drive_failure"]
@@ -212,7 +212,7 @@ def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce:
     category = (Category.REPRODUCIBILITY if unforced else Category.CONFORMANCE if result.property in RULE_PROPERTIES
                 else Category.EXACTNESS)
     common = dict(check=f"{world}/{result.property}", world=world, law=result.property,
-                  condition="forced uniforms: " + ", ".join(FORCED_VALUES)
+                  condition="forced uniforms: " + ", ".join(forced_values(result.property))
                   if not unforced else "unforced, same generator seed twice",
                   samples=result.examples, seed=seed, kind=CheckKind.PROPERTY, category=category)
     note = f" ({result.note})" if result.note else ""
