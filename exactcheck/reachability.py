@@ -82,7 +82,9 @@ class Reachability:
                     + ("" if self.minimal else " (set not fully shrunk: the trigger may be likelier still)")
                     + ("" if self.reachable else f", below the floor {_power(FLOOR)}: unreachable"))
         if self.kind == "interval":
-            return (f"wrong decisions at every uniform in [{self.low:.9g}, {self.high:.9g}] ({self.dtype}), "
+            what = ("wrong decisions at every uniform" if self.draw_function == "the acceptance uniform"
+                    else f"broken at every value of {self.draw_function}")
+            return (f"{what} in [{self.low:.9g}, {self.high:.9g}] ({self.dtype}), "
                     f"a fraction {self.probability:.3g} of them, forced at {self.value!r} and grown by bisection: "
                     + ("reachable with ordinary random numbers" if self.probability >= ORDINARY
                        else f"probability about {_power(self.probability)} per call"))
@@ -117,11 +119,13 @@ def forced_draws(probabilities: list[float], dtypes: list[str], functions: list[
         value=value, minimal=minimal)
 
 
-def wrong_uniforms(low: float, high: float, value: float, dtype: str) -> Reachability:
-    """An acceptance finding whose wrong decision holds for every uniform in [low, high] (every
-    uniform of the call forced to that one value; ``exactcheck.step.properties.wrong_interval``):
-    its measure, the chance that a uniform lands there, is the figure."""
-    return Reachability("interval", high - low, "", draws=1, dtype=dtype, draw_function="the acceptance uniform",
+def wrong_uniforms(low: float, high: float, value: float, dtype: str,
+                   draw_function: str = "the acceptance uniform") -> Reachability:
+    """A finding that holds for every value in [low, high] of one draw (an acceptance decision
+    with every uniform of the call forced to that one value, or an end-to-end trigger of one
+    forced draw; ``exactcheck.step.properties.wrong_interval``): its measure, the chance that a
+    uniform lands there, is the figure."""
+    return Reachability("interval", high - low, "", draws=1, dtype=dtype, draw_function=draw_function,
                         value=value, low=low, high=high)
 
 

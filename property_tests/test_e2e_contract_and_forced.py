@@ -46,6 +46,38 @@ def test_the_inline_ratio_mutant_is_found_end_to_end_with_its_reachability():
     assert verdicts["forced_no_crash"].outcome is Outcome.EXACT
 
 
+class _TinyUniformAccepts(InlineRatioTest):
+    """Also accepts every draft whose uniform is below 1e-3 (a "the ratio test cannot matter
+    there" shortcut): forbidden drafts pass on a thousandth of the uniforms, not at one point."""
+
+    name: str = "mutant: tiny_uniform_accepts"
+
+    def verify(self, p, q, drafts, generator):
+        real = torch.rand
+
+        def rand(*args, **kwargs):
+            r = real(*args, **kwargs)
+            return torch.where(r < 1e-3, torch.zeros_like(r), r)  # then r > ratio never holds there
+
+        torch.rand = rand
+        try:
+            return super().verify(p, q, drafts, generator)
+        finally:
+            torch.rand = real
+
+
+def test_a_one_draw_trigger_states_the_set_of_values_that_break_it():
+    """inline_ratio_test breaks at r = 0 only: its reachability stays the point's (2^-24). A loop
+    that breaks for every r below 1e-3 is widened by bisection to that set's measure."""
+    point = _forced(InlineRatioTest())["forced_no_forbidden_token"].evidence.reachability
+    assert point.kind == "forced"
+    found = _forced(_TinyUniformAccepts())["forced_no_forbidden_token"]
+    reach = found.evidence.reachability
+    assert found.outcome is Outcome.DEFECT and reach.kind == "interval", reach.describe()
+    assert 0.9e-3 <= reach.probability <= 1e-3 and reach.low == 0.0
+    assert "broken at every value of" in reach.describe()
+
+
 @pytest.mark.parametrize("generator", [ReferenceSpeculativeLoop(), SlotCacheLoop()], ids=["reference", "slot_cache"])
 def test_exact_loops_keep_every_forced_property_on_every_world(generator):
     for world in all_model_worlds():

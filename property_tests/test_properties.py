@@ -189,7 +189,7 @@ from exactcheck.options import Level  # noqa: E402
 from exactcheck.reachability import ORDINARY  # noqa: E402
 from exactcheck.rules import rule_spec  # noqa: E402
 from exactcheck.step.mutants import CONVENTION_PRECISION_MUTANTS, MUTANTS  # noqa: E402
-from exactcheck.step.properties import (_oracles, forced_uniform, ratio_position, with_wrong_uniforms,  # noqa: E402
+from exactcheck.step.properties import (forced_uniform, ratio_position, with_wrong_uniforms,  # noqa: E402
                                         wrong_interval)
 from exactcheck.step.reference import ReferenceVerifier  # noqa: E402
 
@@ -206,7 +206,7 @@ def test_the_ratio_values_probe_the_deepest_position_whose_decision_is_read():
     threshold is read and probed; p/q = [0.5, 0.9]: near 0.9 the first is rejected, so position 0."""
     for (first, second), probed in (((0.9, 0.5), 1), ((0.5, 0.9), 0)):
         p, q, tokens = _two_drafts(first, second)
-        _, oracle = _oracles(p, q, tokens, rule_spec("token-wise"), True)[0]
+        oracle = rule_spec("token-wise").oracle(p.double().numpy(), q.double().numpy(), tokens.numpy())
         assert ratio_position(oracle) == probed
         r = (first, second)[probed]
         assert forced_uniform("ratio", (p, q, tokens)) == pytest.approx(r, rel=1e-6)

@@ -40,10 +40,10 @@ from exactcheck.e2e.greedy_identity import classify_divergence, target_greedy
 from exactcheck.e2e.policy import greedy_variant
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import CheckKind, derive_seed
-from exactcheck.reachability import Reachability
+from exactcheck.reachability import Reachability, wrong_uniforms
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.stats.laws import policy_sequence_law
-from exactcheck.step.properties import fewest_forced
+from exactcheck.step.properties import fewest_forced, wrong_interval
 from exactcheck.step.randomness import DrawLog, controlled_randomness
 from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
 
@@ -56,6 +56,10 @@ FORCED_PROMPTS = 4
 # sampled policies with zeros in the target's law, so an accepted forbidden draft can show
 TRUNCATING_POLICIES = (DecodingPolicy(1.0, top_k=2), DecodingPolicy(1.0, top_p=0.5))
 SHRINK_BUDGET = 60  # generations spent shrinking one failure's forced set
+# a one-draw trigger's value is widened by bisection to this resolution (a set narrower than that
+# keeps its point probability), with this many points inside re-checked: about 50 generations
+WIDEN_RESOLUTION = 2.0 ** -20
+WIDEN_CHECKS = 4
 SHRINK_TRIES = 3  # failing generations shrunk, at most, looking for a reachable trigger
 
 
@@ -188,6 +192,22 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
             return failure is not None and failure[0] == check
         return fewest_forced(fails, run.log, run.seed, budget=SHRINK_BUDGET)
 
+    def widened(run: ForcedRun, check: str, forced: tuple[int, ...], reach: Reachability) -> Reachability:
+        """A trigger of one forced draw, moved by bisection from its boundary value while the
+        property still breaks (``exactcheck.step.properties.wrong_interval``, the other draws from
+        the seed as in the shrink): the measure of that set of values replaces the point's
+        probability when larger. Triggers of several draws keep their point probability."""
+        if len(forced) != 1 or reach.kind != "forced" or reach.draws != 1 or reach.value is None:
+            return reach
+        def fails(c) -> bool:
+            again = generate(run.policy, run.prompt, float(c), run.seed, only=frozenset(forced))
+            failure = broken(again)
+            return failure is not None and failure[0] == check
+        low, high = wrong_interval(fails, reach.value, resolution=WIDEN_RESOLUTION, checks=WIDEN_CHECKS)
+        if high - low <= (reach.probability or 0.0):
+            return reach
+        return wrong_uniforms(low, high, reach.value, reach.dtype, reach.draw_function)
+
     values = " and ".join({"zero": "0", "one_minus_ulp": "1 - ulp"}[v] for v in FORCED_VALUES)
     sampled_names = ", ".join(p.describe() for p in sampled) or "none"
     escapes = sorted({e for r in runs for e in r.log.escaped} | {n for r in runs for n in r.log.uncontrolled})
@@ -210,6 +230,7 @@ def forced_draw_verdicts(generator, world: ModelWorld, policies, seed: int, base
                 forced, reach = shrink(run, check)
                 if reach.reachable:
                     break
+            reach = widened(run, check, forced, reach)
             crashed = isinstance(run.error, SubjectCrashed)
             outcome = (Outcome.CRASHED if crashed else Outcome.CONTRACT_VIOLATION) if run.error is not None \
                 else Outcome.DEFECT

@@ -8,6 +8,7 @@ from exactcheck.options import DEFAULT_REQUIRE, Category, CheckKind
 from exactcheck.report.escaping import fence, inline_code, md_cell, md_text
 from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
                                       result_type)
+from exactcheck.report.ranking import how_reachable
 from exactcheck.report.verdict import Outcome, Verdict
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ def selftest_to_json(result: "SelftestResult") -> dict:
             "forced_draws": (len(forced.reproducer["forced_elements"])
                              if forced and forced.reproducer and forced.reproducer.get("forced_elements") is not None
                              else None),
-            "reachability": forced.reachability.describe() if forced and forced.reachability else None,
+            # how a user meets the finding that caught it (a law: every call), not the first property's
+            "reachability": how_reachable(caught) if caught else None,
             "duration_s": round(audit.duration_s, 3),
             "samples_drawn": audit.samples_drawn, "samples_planned": audit.samples_planned,
         })

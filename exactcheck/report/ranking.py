@@ -14,7 +14,7 @@ from typing import Iterable
 
 from exactcheck.report.verdict import Verdict
 
-__all__ = ["rank_failures", "per_call_probability"]
+__all__ = ["rank_failures", "per_call_probability", "how_reachable"]
 
 
 def per_call_probability(verdict: Verdict) -> float:
@@ -35,3 +35,12 @@ def _key(verdict: Verdict) -> tuple:
 def rank_failures(verdicts: Iterable[Verdict]) -> list[Verdict]:
     """``verdicts`` (failed ones) in the order a user meets them (stable among equals)."""
     return sorted(verdicts, key=_key)
+
+
+def how_reachable(verdict: Verdict) -> str:
+    """How a user meets a failure, in words: a law that is off is met on every call; a
+    deterministic finding by its trigger's reachability (``exactcheck.reachability``)."""
+    if verdict.kind.statistical:
+        return "a law that is off: met on every call, with ordinary random numbers"
+    reach = verdict.reachability
+    return reach.describe() if reach is not None else "on every call"

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exactcheck.report.escaping import terminal_text
-from exactcheck.report.json_md import deterministic_finding
-from exactcheck.report.ranking import rank_failures
+from exactcheck.report.ranking import how_reachable, rank_failures
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Outcome
 
@@ -61,7 +60,7 @@ def audit_summary(result: AuditResult, passing: bool = False) -> str:
 
 
 _COLUMNS = (f"{'subject':<28} {'result':<9} {'caught by':<42} {'category':<11} {'TV':>7} {'adj. p':>8} "
-            f"{'time':>6}  forced draws / reachability")
+            f"{'time':>6}  reachability")
 
 
 def selftest_header() -> str:
@@ -83,9 +82,8 @@ def selftest_row(name: str, audit: AuditResult, reference: bool) -> str:
         category = best.category.value if best else "-"
         tv = "-" if not best or best.tv_estimate is None else f"{best.tv_estimate:.4f}"
         p = "-" if not best else f"{best.adjusted_pvalue:.1e}"
-        finding = deterministic_finding(audit)
-        if finding is not None and finding.reachability is not None:
-            forced = f"{finding.check}: {finding.reachability.describe()}"
+        if best is not None:  # how a user meets what caught it (a law that is off: on every call)
+            forced = how_reachable(best)
     return terminal_text(f"{short:<28} {result:<9} {caught:<42} {category:<11} {tv:>7} {p:>8} "
                          f"{audit.duration_s:5.1f}s  {forced}")
 

@@ -291,12 +291,14 @@ RESOLUTION = 2.0 ** -40  # an end is pinned to this (absolute), or to 2^-6 of th
 CONTIGUITY_POINTS = 8  # points inside a found interval re-checked before its measure is claimed
 
 
-def wrong_interval(fails, d: float) -> tuple[float, float]:
+def wrong_interval(fails, d: float, resolution: float = RESOLUTION,
+                   checks: int = CONTIGUITY_POINTS) -> tuple[float, float]:
     """[a, b], with a <= d <= b: every uniform checked in it gives a wrong call (``fails(c)``,
     every uniform forced to c), its ends found by bisection from d towards 0 and towards 1 (each
     end is a uniform checked wrong: the measure is a lower bound, within 2^-6 of the set's or
-    ``RESOLUTION``), and ``CONTIGUITY_POINTS`` points inside re-checked (an end is pulled in to
-    below the first point that is not wrong). [d, d] when only d itself is known to fail."""
+    ``resolution``), and ``checks`` points inside re-checked (an end is pulled in to below the
+    first point that is not wrong). [d, d] when only d itself is known to fail. Shared by the
+    acceptance property and the end-to-end forced draws (``exactcheck.e2e.forced_draws``)."""
     def side(end: float) -> float:
         good, bad = d, end  # good: known wrong; bad: not known wrong
         if fails(end):
@@ -304,16 +306,16 @@ def wrong_interval(fails, d: float) -> tuple[float, float]:
         else:
             for _ in range(BISECTIONS):
                 mid = (good + bad) / 2
-                if mid in (good, bad) or abs(bad - good) <= max(RESOLUTION, abs(good - d) / 64):
+                if mid in (good, bad) or abs(bad - good) <= max(resolution, abs(good - d) / 64):
                     break
                 if fails(mid):
                     good = mid
                 else:
                     bad = mid
-        for i in range(1, CONTIGUITY_POINTS + 1):  # every point between d and good must be wrong
-            c = d + (good - d) * i / (CONTIGUITY_POINTS + 1)
+        for i in range(1, checks + 1):  # every point between d and good must be wrong
+            c = d + (good - d) * i / (checks + 1)
             if c not in (d, good) and not fails(c):
-                good = d + (good - d) * (i - 1) / (CONTIGUITY_POINTS + 1)
+                good = d + (good - d) * (i - 1) / (checks + 1)
                 break
         return good
     return side(0.0), side(1.0 - 2.0 ** -53)
