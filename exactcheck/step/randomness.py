@@ -87,6 +87,13 @@ def deliverable(c: float, dtype: torch.dtype) -> float:
     return float(value.clamp(min=0))
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing now (``torch.compiler.is_compiling``, absent in old releases)."""
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
 def value_probability(c: float, dtype: torch.dtype) -> float:
     """The probability that one uniform draw of ``dtype`` returns exactly ``c`` (a deliverable
     value): 2^-24 for float32, 2^-53 for float64; for half types an upper bound, the spacing of
@@ -424,7 +431,12 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
     def poisoned(owner, name):
         def fn(*args, **kwargs):
             out = original(owner, name)(*args, **kwargs)
-            return out.fill_(math.nan if out.dtype.is_floating_point else -1) if out.numel() else out
+            # a tensor that requires grad, or one made while torch.compile traces or compiles (its
+            # parameters, its fake tensors: a subject compiling on its first forced call), is the
+            # compiler's, not the subject's uninitialised buffer: left as it is
+            if not out.numel() or out.requires_grad or _compiling():
+                return out
+            return out.fill_(math.nan if out.dtype.is_floating_point else -1)
         return fn
 
     swap(torch, "rand", forced_rand)
