@@ -723,7 +723,9 @@ class _ValueSearch:
 
     def widened(self, failure: PropertyFailure | None) -> PropertyFailure | None:
         """An acceptance counterexample with its interval of wrong uniforms (``with_wrong_uniforms``)."""
-        return None if failure is None else with_wrong_uniforms(self.subject, failure, self.seed, self.device, self.rule)
+        if failure is None or (self.deadline is not None and time.perf_counter() > self.deadline):
+            return failure  # (past the deadline: the point probability stands, a lower bound still)
+        return with_wrong_uniforms(self.subject, failure, self.seed, self.device, self.rule)
 
     def result(self, failure, out_of_time=False) -> PropertyResult:
         forced = self.draws["(controlled)"] > 0
