@@ -58,14 +58,17 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"| mutant | defect | exit | caught by | acceptance | wrong uniforms (fraction) | time |")
-    print("|---|---|---:|---|---|---|---:|")
+    print(f"level {args.level}, seed 0 (`exactcheck audit exactcheck.step.mutants:NAME --level {args.level}`)")
+    print()
+    print("| mutant | compares | ratio in | exit | caught by | wrong uniforms (their fraction) | time |")
+    print("|---|---|---|---:|---|---|---:|")
     for row in rows:
-        m = CONVENTION_PRECISION_MUTANTS[row["mutant"]]
+        name = row["mutant"]
         where = (f"[{row['low']:.6g}, {row['high']:.6g}] ({row['reachability']:.3g})" if row["kind"] == "interval"
                  else f"point {row['value']!r} ({row['reachability']})")
-        print(f"| {row['mutant']} | {m.defect} | {row['exit']} | {row['headline']} | {row['acceptance']} | "
-              f"{where} | {row['seconds']:.1f} s |")
+        print(f"| {name} | {'1 − u' if name.startswith('mirrored') else 'u'} | "
+              f"{'float16' if 'half' in name else 'bfloat16'} | {row['exit']} | {row['headline']} | {where} | "
+              f"{row['seconds']:.1f} s |")
 
 
 if __name__ == "__main__":
