@@ -43,6 +43,7 @@ def test_world_rows_are_laws_and_sampling_follows_them():
     assert (((obs - exp) ** 2) / exp).sum() < 26.1  # chi-square 7 df, p = 5e-4
 
 
+@pytest.mark.long
 def test_false_alarm_rate_on_exact_sequences_is_at_most_alpha():
     """300 runs of 300 exact sequences: rejections at alpha = 0.05 within the binomial bound."""
     rejections = 0

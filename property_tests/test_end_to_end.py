@@ -194,6 +194,7 @@ def test_ensemble_weight_is_reported_lossy_with_its_tv():
     assert low <= exact_tv <= high
 
 
+@pytest.mark.long
 def test_greedy_identity_on_tiny_llama_and_a_defect_classified():
     from exactcheck.e2e.loop import CropOffByOne
     from toy_models.real_models import tiny_llama_pair

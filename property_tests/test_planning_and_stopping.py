@@ -239,6 +239,7 @@ def test_a_small_acceptance_bias_on_nearly_equal_rows_is_found_at_standard():
     assert result.samples_drawn <= 2_048
 
 
+@pytest.mark.long
 def test_properties_first_stops_a_mutant_after_one_look_and_only_when_asked():
     boundary = MUTANTS["accept_on_equal_uniform"].verifier
     first = run_audit(boundary, level="quick", progress=False, properties_first=True)

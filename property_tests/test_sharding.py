@@ -82,6 +82,7 @@ def test_a_fixed_budget_ray_run_counts_exactly_what_one_process_counts(ray_execu
         assert (a.check, a.samples, a.statistic, a.evidence) == (b.check, b.samples, b.statistic, b.evidence)
 
 
+@pytest.mark.long
 def test_a_sharded_end_to_end_audit_is_the_unsharded_one(ray_executor):
     """Generations keep their seeds across shards: 2 Ray shards (each with its own model copy)
     give exactly the unsharded audit's verdicts."""

@@ -13,6 +13,7 @@ from exactcheck.step.strategies import VerifyCase  # noqa: E402
 from exactcheck.report.verdict import Outcome  # noqa: E402
 
 
+@pytest.mark.long
 def test_adapter_passes_the_statistical_checks_on_small_worlds():
     result = run_audit(speculative_sampling_verifier(), level="quick", seed=1,
                        worlds=["three_token", "ctx_v3_l5_k3"], progress=False)
