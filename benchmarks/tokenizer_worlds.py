@@ -1,5 +1,5 @@
-"""The two-tokenizer audits measured (issue 43): the TLI and SLEM references' false alarms over
-seeds at quick, and each translation mutant at a level, on the world that shows it.
+"""The two-tokenizer audits measured (issue 43): the TLI, SLEM and SLRS references' false alarms
+over seeds at quick, and each translation mutant at a level, on the world that shows it.
 
     python benchmarks/tokenizer_worlds.py references --seeds 50          # 0 findings expected
     python benchmarks/tokenizer_worlds.py mutants --level standard        # every mutant found
@@ -18,7 +18,8 @@ import time
 
 MUTANT_WORLDS = (("q_written_in_vocab_order", "tok_abc_l4"), ("draft_only_mass_in_q", "tok_abc_l4"),
                  ("target_only_tokens_in_q", "tok_abc_l4"), ("draft_stop_in_target_ids", "tok_abcd_stop"),
-                 ("committed_tokens_retokenised", "tok_abc_l4"))
+                 ("committed_tokens_retokenised", "tok_abc_l4"), ("slrs_canonical_only", "tok_abc_l4"),
+                 ("slrs_drawn_tokenisation_q", "tok_abc_l4"))
 
 
 def references(seeds: range, names: list[str]) -> None:
@@ -34,10 +35,12 @@ def references(seeds: range, names: list[str]) -> None:
                                   checks=len(result.verdicts), s=round(time.perf_counter() - started, 1))), flush=True)
 
 
-def mutants(level: str) -> None:
+def mutants(level: str, names: list[str] | None = None) -> None:
     from exactcheck.e2e.runner import run_generator_audit
     from exactcheck.loading import load_generator
     for name, world in MUTANT_WORLDS:
+        if names and name not in names:
+            continue
         started = time.perf_counter()
         result = run_generator_audit(load_generator(f"loop-mutant:{name}"), level=level, seed=0, worlds=[world],
                                      greedy=False, progress=False)
@@ -53,14 +56,16 @@ def main() -> None:
     parser.add_argument("what", choices=("references", "mutants"))
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--reference", action="append", help="reference-tli and reference-slem by default")
+    parser.add_argument("--reference", action="append",
+                        help="reference-tli, reference-slem and reference-slrs by default")
+    parser.add_argument("--mutant", action="append", help="every mutant of MUTANT_WORLDS by default")
     parser.add_argument("--level", default="standard")
     args = parser.parse_args()
     if args.what == "references":
-        references(range(args.first_seed, args.first_seed + args.seeds), args.reference or ["reference-tli",
-                                                                                          "reference-slem"])
+        references(range(args.first_seed, args.first_seed + args.seeds),
+                   args.reference or ["reference-tli", "reference-slem", "reference-slrs"])
     else:
-        mutants(args.level)
+        mutants(args.level, args.mutant)
 
 
 if __name__ == "__main__":

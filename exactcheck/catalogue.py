@@ -16,7 +16,6 @@ STORED = pathlib.Path(__file__).with_name("catalogue_listing.py")
 
 
 def build_listing() -> str:
-    from exactcheck.e2e.loop import LOOP_MUTANTS
     from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
     from exactcheck.step.properties import PROPERTIES
     from exactcheck.options import REAL_MODELS
@@ -40,8 +39,8 @@ def build_listing() -> str:
     lines.append("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
     lines += [f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else "")
               for name, g in builtin_generators().items()]
-    from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
-    for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS):
+    from exactcheck.loading import loop_mutants
+    for m in loop_mutants():
         doc = " ".join(type(m).__doc__.split())
         lines.append(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
     lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")

@@ -10,7 +10,7 @@ import sys
 
 from exactcheck.errors import UsageError
 
-__all__ = ["load_subject", "load_generator", "builtin_generators"]
+__all__ = ["load_subject", "load_generator", "builtin_generators", "loop_mutants"]
 
 
 def load_subject(path: str):
@@ -51,15 +51,22 @@ def load_generator(name: str):
                 raise UsageError(f"{name}: {e}") from None
         return generator
     if name.startswith("loop-mutant:"):
-        from exactcheck.e2e.loop import LOOP_MUTANTS
-        from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
         wanted = name.split(":", 1)[1]
-        for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS):
+        for m in loop_mutants():
             if m.name == f"mutant: {wanted}":
                 return m
         raise UsageError(f"unknown loop mutant {wanted!r}; known: "
-                         f"{[m.name.split(': ')[1] for m in (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS)]}")
+                         f"{[m.name.split(': ')[1] for m in loop_mutants()]}")
     return load_subject(name)
+
+
+def loop_mutants() -> tuple:
+    """Every end-to-end loop mutant (``loop-mutant:NAME``): the one-vocabulary loop's, then the
+    two-vocabulary loops' (TLI and SLEM, SLRS)."""
+    from exactcheck.e2e.loop import LOOP_MUTANTS
+    from exactcheck.e2e.string_rejection import SLRS_MUTANTS
+    from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
+    return (*LOOP_MUTANTS, *TWO_VOCAB_MUTANTS, *SLRS_MUTANTS)
 
 
 def builtin_generators() -> dict:
@@ -67,11 +74,13 @@ def builtin_generators() -> dict:
     from exactcheck.adapters.hf_generate import AssistedDifferentTokenizers, AssistedGeneration, PromptLookup
     from exactcheck.e2e.batched_loop import BatchedReferenceLoop
     from exactcheck.e2e.loop import ReferenceSpeculativeLoop
+    from exactcheck.e2e.string_rejection import StringLevelRejectionSampling
     from exactcheck.e2e.two_vocab_loop import StringLevelExactMatch, TokenLevelIntersection
     return {"reference-loop": ReferenceSpeculativeLoop(), "batched-reference-loop": BatchedReferenceLoop(),
             "transformers-assisted": AssistedGeneration(),
             "transformers-prompt-lookup": PromptLookup(),
             "transformers-ensemble-0.9": AssistedGeneration(ensemble_weight=0.9),
             "reference-tli": TokenLevelIntersection(), "reference-slem": StringLevelExactMatch(),
+            "reference-slrs": StringLevelRejectionSampling(),
             "transformers-assisted-universal": AssistedDifferentTokenizers(),
             "transformers-assisted-different-tokenizers": AssistedDifferentTokenizers(greedy_only=True)}

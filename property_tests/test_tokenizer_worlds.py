@@ -1,5 +1,5 @@
 """Different tokenizers (issue 43): the two-tokenizer worlds, the two-vocabulary generator contract,
-the TLI and SLEM references, their mutants, and transformers' two paths as shipped.
+the TLI, SLEM and SLRS references, their mutants, and transformers' two paths as shipped.
 
 The false-alarm figures of the references over seeds and the standard-level mutant table are
 measured by ``benchmarks/tokenizer_worlds.py`` (too slow for the default run); here each reference
@@ -15,7 +15,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from exactcheck.e2e.generator import SAMPLING, takes_different_tokenizers  # noqa: E402
-from exactcheck.e2e.plan import planned_generator_checks  # noqa: E402
+from exactcheck.e2e.generator import Capabilities  # noqa: E402
+from exactcheck.e2e.plan import TEXT_ONLY_MISSING, plan_generator_audit, planned_generator_checks  # noqa: E402
+from exactcheck.e2e.string_rejection import (SlrsCanonicalOnly, SlrsDrawnTokenisationQ,  # noqa: E402
+                                             StringLevelRejectionSampling, covering_paths)
+from exactcheck.options import AuditOptions  # noqa: E402
 from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.e2e.two_vocab_loop import (CommittedTokensRetokenised, DraftOnlyMassInQ, DraftStopInTargetIds,  # noqa: E402
                                            QWrittenInVocabOrder, StringLevelExactMatch, TargetOnlyTokensInQ,
@@ -71,8 +75,47 @@ def test_two_vocabulary_generators_get_the_tokenizer_worlds_and_a_reuse_check():
     assert not any(n.startswith("tok_") for n in planned_generator_checks())
 
 
+def test_a_text_law_only_generator_is_judged_by_the_text_law_alone():
+    names = planned_generator_checks(different_tokenizers=True)
+    assert "tok_abc_l4/text" in names and "tok_abcd_stop/text" in names
+    plan = plan_generator_audit(AuditOptions.build(), None, True, Capabilities(text_law_only=True, cache=False), True)
+    skipped = dict(plan.not_applicable)
+    for w in tokenizer_worlds():
+        assert f"{w.name}/text" not in skipped and skipped[f"{w.name}/sequence"].endswith(TEXT_ONLY_MISSING)
+    assert plan.budget.checks == 2  # one text law per world spends alpha
+    assert dict(plan.samples) == {w.name: AuditOptions.build().generations_per_world for w in tokenizer_worlds()}
+
+
+def test_covering_paths_enumerate_the_targets_string_law():
+    """SLRS's psi_p: the paths that cover m symbols are prefix-free, sum to one, and the law of the
+    string they spell is the target's law of its next m symbols, brute-forced from the token law."""
+    w = _world("tok_abc_l4")
+    target, _ = w.models()
+    target_tok, _ = w.tokenizers()
+    spell = [tuple(t) if t not in w.target_vocabulary.special else (t,) for t in w.target_vocabulary.tokens]
+    ids = torch.tensor(w.prompt)
+
+    def rows(paths):
+        x = torch.cat([ids[None].expand(len(paths), -1), torch.tensor(paths, dtype=torch.int64).reshape(len(paths), -1)], 1)
+        return torch.softmax(target(input_ids=x, use_cache=False).logits[:, -1].double(), -1)
+    m = 3
+    paths = covering_paths(rows, spell, m, frozenset())
+    assert abs(sum(paths.probs) - 1) < 1e-12
+    assert not any(a != b and b[:len(a)] == a for a in paths.paths for b in paths.paths)
+    law = policy_sequence_law(w.world, SAMPLING, m)  # every path of m tokens covers m symbols
+    brute: dict = {}
+    for o, prob in law.items():
+        s = sum((spell[t] for t in o), ())[:m]
+        brute[s] = brute.get(s, 0.0) + prob
+    mine = paths.law()
+    # (the models' logits are float32 logs of the table: rows agree to about 1e-8)
+    assert set(mine) == set(brute) and max(abs(mine[s] - brute[s]) for s in brute) < 1e-6
+    assert any(len(p) > 1 and paths.strings[i] == ("a", "b", "c") for i, p in enumerate(paths.paths))
+
+
 @pytest.mark.long
-@pytest.mark.parametrize("reference", [TokenLevelIntersection(), StringLevelExactMatch()], ids=["tli", "slem"])
+@pytest.mark.parametrize("reference", [TokenLevelIntersection(), StringLevelExactMatch(),
+                                       StringLevelRejectionSampling()], ids=["tli", "slem", "slrs"])
 def test_the_references_pass(reference):
     result = run_generator_audit(reference, level="quick", seed=3, generations=400, progress=False)
     assert result.passed, [(v.check, v.outcome.value, v.summary[:120]) for v in result.verdicts if v.outcome.failed]
@@ -87,12 +130,15 @@ MUTANT_FINDINGS = [
     (TargetOnlyTokensInQ(), "tok_abc_l4", "tok_abc_l4/draft_follows_q"),
     (DraftStopInTargetIds(), "tok_abcd_stop", "tok_abcd_stop/contract"),
     (CommittedTokensRetokenised(), "tok_abc_l4", "tok_abc_l4/sequence"),
+    (SlrsCanonicalOnly(), "tok_abc_l4", "tok_abc_l4/text"),
+    pytest.param(SlrsDrawnTokenisationQ(), "tok_abc_l4", "tok_abc_l4/text", marks=pytest.mark.slow),
 ]
 
 
 @pytest.mark.parametrize("mutant, world, check", MUTANT_FINDINGS,
                          ids=["q_written_in_vocab_order", "draft_only_mass_in_q", "target_only_tokens_in_q",
-                              "draft_stop_in_target_ids", "committed_tokens_retokenised"])
+                              "draft_stop_in_target_ids", "committed_tokens_retokenised", "slrs_canonical_only",
+                              "slrs_drawn_tokenisation_q"])
 def test_each_mutant_is_found(mutant, world, check):
     generations = 2000 if isinstance(mutant, DraftOnlyMassInQ) else 500  # its bias is the smallest: ~0.06 TV
     result = run_generator_audit(mutant, level="quick", seed=0, generations=generations, worlds=[world], greedy=False,

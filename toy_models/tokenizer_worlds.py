@@ -15,7 +15,9 @@ transformers' ``PreTrainedTokenizerFast``; nothing is downloaded) and a context 
   world's ``<eos>`` is in both at different ids).
 
 The exact law is the target's law of ``length`` target tokens from the prompt, enumerated in float64
-(``exactcheck.stats.laws.policy_sequence_law``); the draft never enters it. The draft LM conditions
+(``exactcheck.stats.laws.policy_sequence_law``); the draft never enters it. Each world also has a
+``text`` marginal: the law of the text those tokens spell, the law a string-level algorithm is
+judged by (several token sequences spell one text). The draft LM conditions
 on its own token ids (its own rolling-hash state), so an implementation must translate the
 context to drive it; whatever the draft is shown, an exact implementation's output law is the
 target's.
@@ -41,7 +43,7 @@ from torch import nn
 from toy_models.context_lm import ContextWorld, ToyLM
 from toy_models.hf_toy_lm import ModelWorld, ToyLMConfig, ToyLMForCausalLM
 
-__all__ = ["Vocabulary", "SpelledToyLM", "TokenizerWorld", "tokenizer_worlds", "build_tokenizer"]
+__all__ = ["Vocabulary", "SpelledToyLM", "TokenizerWorld", "tokenizer_worlds", "build_tokenizer", "spelled_text"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,12 @@ class TokenizerWorld(ModelWorld):
         return "".join(self.target_vocabulary.tokens[i] for i in self.prompt)
 
 
+def spelled_text(tokens: tuple[str, ...], output: tuple[int, ...]) -> str:
+    """The text an output of target ids spells (special tokens by their names): the cell of the
+    ``text`` law, the law a string-level algorithm is judged by."""
+    return "".join(tokens[i] for i in output)
+
+
 def _rows(rng, states: int, vocabulary: Vocabulary, concentration: float, special_mass: dict[str, float]) -> np.ndarray:
     """Dirichlet rows; a special token gets ``special_mass`` of every row (1e-6 when not named)."""
     rows = rng.dirichlet(np.full(vocabulary.size, concentration), size=states)
@@ -209,7 +217,10 @@ def _world(name: str, target: Vocabulary, draft: Vocabulary, target_states: int,
     policy = None
     if stop:
         policy = DecodingPolicy(stop_tokens=(target.id(target.eos),), name="stop_at_eos")
-    world = TokenizerWorld(name, context, prompt_ids, policy=policy, target_vocabulary=target, draft_vocabulary=draft, features=features)
+    text = ("text", "decoded text of whole outputs (a special token spelled by its name)",
+            functools.partial(spelled_text, target.tokens))
+    world = TokenizerWorld(name, context, prompt_ids, policy=policy, target_vocabulary=target, draft_vocabulary=draft,
+                           features=features, marginals=(text,))
     return dataclasses.replace(world, world=dataclasses.replace(context, description=world.description))
 
 

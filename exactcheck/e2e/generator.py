@@ -34,7 +34,9 @@ model whose vocabulary is not the target's. It is audited on the tokenizer world
 (``toy_models.tokenizer_worlds``) and every call gets two more keyword arguments,
 ``target_tokenizer`` and ``draft_tokenizer`` (transformers ``PreTrainedTokenizerFast`` objects);
 prompts and outputs are target ids, and the law judged is the target's law of target token
-sequences (non-canonical spellings included: plain target sampling produces them).
+sequences (non-canonical spellings included: plain target sampling produces them), and beside it
+the law of the text they spell (``text``); a string-level algorithm that claims only the latter
+declares ``Capabilities(text_law_only=True)``.
 
 ``lossy`` (True for a mode that targets another law on purpose, such as transformers'
 ``assistant_ensemble_weight``): the audit then reports its measured TV as the price of the mode
@@ -89,7 +91,9 @@ class Capabilities:
     ``cache``: it keeps a KV cache (False: cache rollback is not applicable without looking; None:
     not said, the probe decides); ``reports_draft_q``: its ``Generation.drafts`` carries the q of
     every drafted token; ``greedy_only``: it decodes greedily only (its sampled laws are not
-    applicable)."""
+    applicable); ``text_law_only``: it claims only the law of its decoded text, as a string-level
+    algorithm may (on a world with a ``text`` law, the laws over target token sequences are then
+    not applicable and the text law judges it)."""
 
     grammar_masks: bool = True
     stop_tokens: bool = True
@@ -98,6 +102,7 @@ class Capabilities:
     cache: bool | None = None
     reports_draft_q: bool = False
     greedy_only: bool = False
+    text_law_only: bool = False
 
     @classmethod
     def of(cls, declared) -> "Capabilities":

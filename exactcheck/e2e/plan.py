@@ -14,9 +14,12 @@ from exactcheck.e2e.policy import SAMPLING, DecodingPolicy, greedy_variant
 from toy_models.hf_toy_lm import ModelWorld, model_worlds
 
 __all__ = ["all_model_worlds", "policy_suffix", "plan_generator_audit", "plan_greedy_audit", "plan_grammar_audit",
-           "planned_generator_checks", "GRAMMAR_WORLD"]
+           "planned_generator_checks", "GRAMMAR_WORLD", "TEXT_ONLY_MISSING"]
 
 GRAMMAR_WORLD = "smollm2-json"
+# why a text-law-only generator's laws over target token sequences are not judged
+TEXT_ONLY_MISSING = ("law over target token sequences (it declares text_law_only: the law of its decoded text, "
+                     "WORLD/text, judges it)")
 
 
 def all_model_worlds(different_tokenizers: bool = False) -> list[ModelWorld]:
@@ -74,10 +77,13 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
             missing = capabilities.missing_for(policy) if capabilities is not None else None
             if world.policy is not None and capabilities is not None:  # what its greedy and forced checks run under
                 world_missing = world_missing or capabilities.missing_for(greedy_variant(world.policy))
-            laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
-            laws += [name for name, _, _ in world.marginals]
-            for law in laws:
-                add(Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix), missing)
+            token_laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
+            marginals = [name for name, _, _ in world.marginals]
+            text_only = (capabilities is not None and capabilities.text_law_only and "text" in marginals
+                         and TEXT_ONLY_MISSING)
+            for law in token_laws + marginals:
+                add(Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix),
+                    missing or (text_only if law in token_laws else None))
             if capabilities is not None and capabilities.reports_draft_q:
                 add(Check(f"{world.name}/draft_follows_q{suffix}", CheckKind.GENERATOR_LAW, world.name,
                           "draft_follows_q" + suffix), missing)

@@ -87,8 +87,9 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
     chosen = list(plan.worlds)
     name = generator_name(generator)
     lossy = name if is_lossy(generator) else None
-    runs = {w.name: tuple(p for p in world_policies(w, policies)
-                          if f"{w.name}/sequence{policy_suffix(p, w)}" not in not_applicable) for w in chosen}
+    sampled = {name for name, _ in plan.samples}  # the world and policy runs some law of the plan judges
+    runs = {w.name: tuple(p for p in world_policies(w, policies) if f"{w.name}{policy_suffix(p, w)}" in sampled)
+            for w in chosen}
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     bar = Progress(n * sum(len(runs[w.name]) for w in chosen), unit="generation",
@@ -123,7 +124,8 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
                                                    samples=n, condition="every generation"))
                     continue
                 drawn += run.size
-                pending.extend(generation_law_verdicts(run, budget.first_share, budget.alpha, base, lossy))
+                pending.extend(v for v in generation_law_verdicts(run, budget.first_share, budget.alpha, base, lossy)
+                               if v.check not in not_applicable)  # (a text-law-only generator's token laws)
                 if capabilities is not None and capabilities.reports_draft_q:
                     pending.append(draft_q_verdict(run, base, suffix))
                 if world.validate is not None:

@@ -17,7 +17,7 @@ Heterogeneous Vocabularies" (ICML 2025, arXiv 2502.05202), give three algorithms
 
 The third, SLRS (string-level rejection sampling), accepts a drafted string with the ratio of the
 target's and the draft's probabilities of producing that string, summed over every tokenisation
-of it; it is not written here (see docs/different-tokenizers.md: what its law is and why it waits).
+of it: ``exactcheck.e2e.string_rejection``.
 
 The draft is driven on its own ids: the committed target tokens are decoded to text
 (special tokens skipped) and that text encoded with the draft's tokenizer, every round. No KV cache
@@ -37,7 +37,8 @@ from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, 
 from exactcheck.e2e.loop import stop_at
 from exactcheck.step.reference import ReferenceVerifier
 
-__all__ = ["TokenLevelIntersection", "StringLevelExactMatch", "shared_token_map", "TWO_VOCAB_MUTANTS",
+__all__ = ["TwoVocabularyLoop", "TokenLevelIntersection", "StringLevelExactMatch", "shared_token_map", "draft_policy",
+           "last_logits", "TWO_VOCAB_MUTANTS",
            "QWrittenInVocabOrder", "DraftOnlyMassInQ", "TargetOnlyTokensInQ", "CommittedTokensRetokenised",
            "DraftStopInTargetIds"]
 
@@ -61,18 +62,18 @@ def _in_target_ids(q_draft: torch.Tensor, mapping: torch.Tensor, vocab_t: int) -
     return q
 
 
-def _draft_policy(policy: DecodingPolicy) -> DecodingPolicy:
+def draft_policy(policy: DecodingPolicy) -> DecodingPolicy:
     """The policy's sampling settings without what is stated in target ids (bias, bans, stops, a
     mask): how the draft samples in its own vocabulary."""
     return dataclasses.replace(policy, logit_bias=(), banned_tokens=(), stop_tokens=(), mask=None, name=None)
 
 
-def _last_logits(model, ids: torch.Tensor) -> torch.Tensor:
+def last_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids[None], use_cache=False).logits[0, -1]
 
 
 @dataclass(frozen=True)
-class _TwoVocabularyLoop:
+class TwoVocabularyLoop:
     """What both references share: the draft's context from the committed text, the target's rows."""
 
     draft_length: int = 3
@@ -94,7 +95,7 @@ class _TwoVocabularyLoop:
 
 
 @dataclass(frozen=True)
-class TokenLevelIntersection(_TwoVocabularyLoop):
+class TokenLevelIntersection(TwoVocabularyLoop):
     """TLI: the draft restricted to the shared tokens, its q mapped into target ids, verified by
     standard speculative sampling (``exactcheck.step.reference.ReferenceVerifier``)."""
 
@@ -117,7 +118,7 @@ class TokenLevelIntersection(_TwoVocabularyLoop):
                 for _ in range(self.draft_length):
                     if context.numel() == 0:
                         break
-                    q_draft = _draft_policy(policy).probabilities(_last_logits(draft, context)[None])[0]
+                    q_draft = draft_policy(policy).probabilities(last_logits(draft, context)[None])[0]
                     law = self.sampling_law(q_draft, mapping, vocab_t)
                     if not law.sum() > 0:
                         break  # no shared mass: nothing to draft this round
@@ -166,7 +167,7 @@ class TokenLevelIntersection(_TwoVocabularyLoop):
 
 
 @dataclass(frozen=True)
-class StringLevelExactMatch(_TwoVocabularyLoop):
+class StringLevelExactMatch(TwoVocabularyLoop):
     """SLEM: the draft's text re-tokenised canonically for the target; the target's own samples
     kept while they equal the candidates (exact match)."""
 
@@ -185,7 +186,7 @@ class StringLevelExactMatch(_TwoVocabularyLoop):
                 for _ in range(self.draft_length):
                     if context.numel() == 0:
                         break
-                    q = _draft_policy(policy).probabilities(_last_logits(draft, context)[None])[0]
+                    q = draft_policy(policy).probabilities(last_logits(draft, context)[None])[0]
                     d = int(torch.multinomial(q.float(), 1, generator=generator))
                     drafted.append(d)
                     context = torch.cat([context, torch.tensor([d], device=device)])
