@@ -1,6 +1,7 @@
 """Where an audit's shards run: in this process (``LocalExecutor``) or as Ray tasks across a
 cluster (``RayExecutor``, ``pip install 'exactcheck[distributed]'``); ``worker_pool``: the worker
-processes of ``exactcheck selftest --jobs N``.
+processes of ``exactcheck selftest --jobs N`` and ``exactcheck audit --jobs N``
+(``exactcheck.step.workers``).
 
 A sharded step audit (``AuditOptions.shards`` = N > 1) splits each world's batch of trials into N
 shards, each driven with its own seed derived from the batch seed (``shard_seed``), and merges the
@@ -17,7 +18,7 @@ from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
 __all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
-           "worker_pool"]
+           "worker_pool", "quiet_worker"]
 
 
 def split(n: int, shards: int) -> list[int]:
@@ -55,7 +56,7 @@ class LocalExecutor(Executor):
         return [lambda args=args: fn(*args) for args in calls]
 
 
-def _quiet_worker() -> None:
+def quiet_worker() -> None:
     """A worker of ``worker_pool``: one torch thread (the workers share the cores), and Ctrl-C left
     to the parent, which stops the pool and keeps what finished."""
     import signal
@@ -65,12 +66,13 @@ def _quiet_worker() -> None:
     torch.set_num_threads(1)
 
 
-def worker_pool(jobs: int):
-    """``jobs`` spawned worker interpreters (a fresh interpreter each: no fork of torch's threads)."""
+def worker_pool(jobs: int, initializer: Callable | None = None, initargs: tuple = ()):
+    """``jobs`` spawned worker interpreters (a fresh interpreter each: no fork of torch's threads),
+    each started with ``quiet_worker``, or with ``initializer(*initargs)``, which calls it."""
     import concurrent.futures
     import multiprocessing
     return concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_quiet_worker)
+                                                  initializer=initializer or quiet_worker, initargs=initargs)
 
 
 class RayExecutor(Executor):

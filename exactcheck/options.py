@@ -221,6 +221,9 @@ class AuditOptions:
     looks_from_one: bool = True
     # seconds one subject call may take (``exactcheck.subject_call``); None: unbounded
     call_timeout: float | None = DEFAULT_CALL_TIMEOUT
+    # step audits: worker processes the laws' batches and the property searches run in
+    # (``exactcheck.step.workers``); the seeds are the serial run's, so are the verdicts
+    jobs: int = 1
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
@@ -235,6 +238,8 @@ class AuditOptions:
             values["level"] = level if isinstance(level, Level) else Level(level)
         except ValueError:
             raise UsageError(f"level ({level!r}) must be one of quick, standard, release") from None
+        if int(values.get("jobs", 1)) < 1:
+            raise UsageError(f"jobs ({values['jobs']}) must be at least 1")
         alpha = values.get("alpha", DEFAULT_ALPHA)
         if not 0 < alpha < 1:
             raise UsageError(f"alpha ({alpha}) must be in (0, 1)")

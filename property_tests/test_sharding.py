@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from exactcheck.step.runner import run_audit, shard_counts
+from exactcheck.step.runner import run_audit
+from exactcheck.step.workers import shard_counts
 from exactcheck.executors import LocalExecutor, shard_seed, split
 from exactcheck.options import AuditOptions
 from exactcheck.step.plan import plan_step_audit
@@ -95,3 +96,23 @@ def test_a_sharded_end_to_end_audit_is_the_unsharded_one(ray_executor):
         sharded = run_generator_audit(generator, shards=2, executor=ray_executor, **settings)
         assert _outcomes(one) == _outcomes(sharded)
         assert one.passed is (type(generator) is ReferenceSpeculativeLoop) is sharded.passed
+
+
+@pytest.mark.parametrize("name, worlds", [pytest.param("reference", WORLDS, marks=pytest.mark.long),
+                                          ("bonus_argmax", WORLDS[:1])], ids=["reference", "bonus_argmax"])
+def test_worker_processes_give_the_serial_verdicts(name, worlds):
+    """``--jobs 2``: the laws' batches and the property searches in two spawned workers, each
+    building the plan from the options; every verdict is the serial run's, found or not."""
+    settings = dict(level="quick", seed=5, worlds=worlds, properties=name == "reference", progress=False)
+    serial = run_audit(SUBJECTS[name], **settings)
+    parallel = run_audit(SUBJECTS[name], jobs=2, **settings)
+    assert [v.to_dict() for v in parallel.verdicts] == [v.to_dict() for v in serial.verdicts]
+    assert parallel.samples_drawn == serial.samples_drawn
+
+
+def test_worker_processes_need_a_subject_that_pickles():
+    from exactcheck.errors import UsageError
+    with pytest.raises(UsageError, match="does not pickle"):
+        run_audit(lambda *args: reference_verifier(*args), level="quick", jobs=2, progress=False)
+    with pytest.raises(UsageError, match="jobs"):
+        AuditOptions.build(jobs=0)

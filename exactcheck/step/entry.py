@@ -31,6 +31,8 @@ def audit_arguments(parser) -> None:
     parser.add_argument("--looks-from-share", dest="looks_from_one", action="store_false",
                         help="under early stopping, start the looks at the first share of the budget instead of "
                              "doubling from one trial (what --max-seconds does; its reproduce lines say so)")
+    arguments.jobs(parser, "run the laws' batches and the property searches in N worker processes (default 1); "
+                           "the verdicts are the serial run's with the same seed")
     arguments.common(parser)
     arguments.call_size(parser)
     arguments.isolate(parser)
@@ -41,7 +43,8 @@ def audit_settings(args) -> dict:
                 worlds=args.world, progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
                 detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
                 call_elements=args.call_elements, max_seconds=args.max_seconds, trials=args.trials,
-                call_timeout=args.call_timeout, looks_from_one=args.looks_from_one, isolate=args.isolate)
+                call_timeout=args.call_timeout, looks_from_one=args.looks_from_one, isolate=args.isolate,
+                jobs=args.jobs)
 
 
 def plan(subject, options: AuditOptions) -> AuditPlan:

@@ -20,12 +20,11 @@ from exactcheck.core import (apply_holm, keep_plots_where_needed, not_run_verdic
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
 from exactcheck.memory import device_max_elements
-from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
+from exactcheck.options import AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import step_audit_line
-from exactcheck.stats.laws import compare
 from exactcheck.stats.sequential import EProcess, batch_schedule, first_look_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.step.contract import Verifier
@@ -33,10 +32,11 @@ from exactcheck.subject_call import call_time_limit
 from exactcheck.step.drive import drive
 from exactcheck.step.plan import LAW_SHARE, judged_rule, plan_step_audit
 from exactcheck.step.properties import search
+from exactcheck.step.workers import shard_counts
 from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_alternatives,
                                       law_verdict, property_verdict, rule_note)
 
-__all__ = ["run_audit", "run_plan", "shard_counts", "measure_speed", "PILOT_TRIALS"]
+__all__ = ["run_audit", "run_plan", "measure_speed", "PILOT_TRIALS"]
 
 
 def run_audit(subject: Verifier, *, subject_name: str | None = None, options: AuditOptions | None = None,
@@ -92,7 +92,15 @@ def _run_audit(subject, options: AuditOptions, subject_name, progress, executor)
                                                        if planned.world_samples(w) != n)) or None,
                           looks_from_one=False)
     until = None if options.max_seconds is None else begun + options.max_seconds
-    return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor, until)
+    workers = None
+    if options.jobs > 1 and executor is None and options.shards == 1:
+        from exactcheck.step.workers import PlanWorkers
+        executor = workers = PlanWorkers(subject, options, options.jobs)
+    try:
+        return run_plan(subject, plan_step_audit(options), subject_name, device, progress, executor, until)
+    finally:
+        if workers is not None:
+            workers.close()
 
 
 PILOT_TRIALS = 16  # trials per world that measure a subject's speed under ``max_seconds``
@@ -132,18 +140,6 @@ def judged_by(options: AuditOptions, subject) -> AuditOptions:
         raise UsageError(f"the subject's acceptance_rule: {exc}") from None
     rule = options.rule or (declared.label if declared is not None else None)
     return replace(options, acceptance_rule=rule)
-
-
-def shard_counts(subject, world, plans, size: int, seed: int, device: str,
-                 max_elements: int = DEFAULT_CALL_ELEMENTS):
-    """One shard: ``size`` trials of ``world`` driven with ``seed`` in verify calls of at most
-    ``max_elements`` target_probs elements, counted into each law's cells (what a Ray task
-    returns: counts, not samples), or the subject's failure as a value."""
-    try:
-        samples = drive(subject, world, size, seed, device, max_elements)
-    except (SubjectCrashed, ContractViolation) as exc:
-        return exc
-    return [compare(plan, samples).counts for plan in plans]
 
 
 def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None = None,
@@ -187,8 +183,15 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
 
     def search_properties(checks_bar: Progress, stop_at_finding: bool = False) -> list[Verdict]:
         """Each planned property's verdict; with ``stop_at_finding``, the searches after the first
-        that fails the audit are not run (inconclusive verdicts that say so)."""
+        that fails the audit are not run (inconclusive verdicts that say so). With worker processes
+        (``--jobs``, no time budget) every search starts at once, and their verdicts are taken in
+        order, so the serial run's."""
         found: list[Verdict] = []
+        parallel = {}
+        if hasattr(executor, "search") and until is None:
+            parallel = {prop: executor.search(prop, level.property_examples,
+                                              derive_seed(seed, f"{properties}/{prop}"), device)
+                        for prop in searched}
         for index, prop in enumerate(searched):
             stopper = next((v.check for v in found if gating(v)), None) if stop_at_finding else None
             if stopper:
@@ -202,7 +205,8 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             if until is not None:  # an even share of the time left, for each property still to search
                 now = time.perf_counter()
                 deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
-            result = search(subject, prop, level.property_examples, prop_seed, device, rule, deadline)
+            result = (parallel[prop]() if prop in parallel else
+                      search(subject, prop, level.property_examples, prop_seed, device, rule, deadline))
             found.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"), options.rule))
             checks_bar.step(f"{properties}/{prop}")
         return found
