@@ -17,7 +17,9 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit
 from exactcheck.tree.contract import children_table, validate_tree_output
 from exactcheck.tree.drive import drive_tree
 from exactcheck.tree.laws import RULE_SIBLINGS, first_token_law, step_law
-from exactcheck.tree.mutants import TREE_MUTANTS, first_branch_only
+from exactcheck.corpus.trees import TREE_CORPUS
+from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only
+from exactcheck.tree.properties import TREE_PROPERTY, edge_trees, forbidden_emission, tree_boundary_verdict
 from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
 from exactcheck.tree.runner import run_tree_audit
 from toy_models.tree_worlds import tree_topology, tree_worlds
@@ -177,7 +179,7 @@ def test_sglang_greedy_tree_walk_through_the_adapter_keeps_the_greedy_path():
     from exactcheck.adapters.sglang_tree import SglangTreeGreedy
     result = run_tree_audit(SglangTreeGreedy("layout"), level="quick", seed=9, progress=False, max_samples=1000)
     assert result.passed and {v.world for v in result.verdicts} == {"tree_topk_greedy_v4_3x1",
-                                                                     "tree_topk_greedy_v8_4x2x1"}
+                                                                     "tree_topk_greedy_v8_4x2x1", "properties"}
 
 
 def test_tensorrt_llm_dynamic_tree_walk_is_exact_up_to_32_siblings_and_not_past():
@@ -195,3 +197,53 @@ def test_tensorrt_llm_dynamic_tree_walk_is_exact_up_to_32_siblings_and_not_past(
     wide = run_tree_audit(TrtllmDynamicTree(), level="quick", seed=10, progress=False,
                           worlds=["tree_topk_wide_v40_36"])
     assert {v.law for v in wide.failed} >= {"first_token"}
+
+
+# -- boundary coins (issue 45): every draw forced to 0 and 1 - ulp ---------------------------------
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_TREE_VERIFIERS) + sorted(TREE_CORPUS) + ["first_branch_only",
+                                                                                         "sglang_target_only"])
+def test_exact_tree_verifiers_keep_the_boundary_coin_property(name):
+    """The references, the corpus written differently (float32 coins, 1 - u, log space, a scalar
+    walk) and SGLang's walk: no forbidden token at any forced coin, on every edge tree."""
+    subject = {**REFERENCE_TREE_VERIFIERS, **TREE_CORPUS, "first_branch_only": first_branch_only,
+               "sglang_target_only": SglangTreeTargetOnly("layout")}[name]
+    verdict = tree_boundary_verdict(subject, torch.device("cpu"), 0, "reproduce")
+    assert verdict.outcome.value == "exact", verdict.summary
+
+
+def test_the_edge_trees_are_valid_in_every_sibling_mode():
+    for mode in ("iid", "without_replacement", "top_k"):
+        for case in edge_trees(mode):
+            table = children_table(case.parents)[0]
+            for node in range(case.tokens.shape[1]):
+                kids = [int(case.tokens[0, k]) for k in table[node].tolist() if k >= 0]
+                q = case.draft_probs[0, node].double()
+                assert all(q[x] > 0 for x in kids), (case.name, node)
+                if mode != "iid":
+                    assert len(set(kids)) == len(kids), case.name
+                if mode == "top_k" and kids:
+                    assert kids == torch.sort(q, descending=True, stable=True).indices[:len(kids)].tolist(), case.name
+    case = edge_trees("iid")[0]
+    assert forbidden_emission(case, torch.tensor([0, 1])) is not None
+    assert forbidden_emission(case, torch.tensor([1, 2])) is None
+
+
+def test_a_coin_at_or_below_the_ratio_is_found_at_quick_by_the_boundary_property_alone():
+    """The non-strict float32 coin of TensorRT-LLM's walk on a multi-round verifier: its laws pass
+    (2^-24 a coin is out of any sample's reach); the property finds it, reachable at 2^-24 a call."""
+    result = run_tree_audit(BOUNDARY_TREE_MUTANTS["coin_at_or_below_ratio"], level="quick", seed=0, progress=False,
+                            max_samples=10_000)
+    failed = {v.check: v for v in result.failed}
+    assert set(failed) == {f"properties/{TREE_PROPERTY}"}, sorted(failed)
+    reach = failed[f"properties/{TREE_PROPERTY}"].evidence.reachability
+    assert reach.kind == "interval" and reach.probability == pytest.approx(2.0 ** -24) and reach.dtype == "float32"
+
+
+def test_tensorrt_llm_walk_accepts_a_forbidden_sibling_at_a_coin_of_zero():
+    """The TensorRT-LLM walk as read (``u <= prob_acc``, float32 coins): a first sibling the target
+    forbids is accepted when the coin is exactly 0 (prob_acc is then 0)."""
+    from exactcheck.adapters.trtllm_tree import TrtllmDynamicTree
+    verdict = tree_boundary_verdict(TrtllmDynamicTree(), torch.device("cpu"), 0, "reproduce")
+    assert verdict.outcome.value == "defect" and "forced to zero" in verdict.summary
+    assert verdict.evidence.reachability.probability == pytest.approx(2.0 ** -24)

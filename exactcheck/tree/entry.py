@@ -10,13 +10,15 @@ from exactcheck.options import AuditOptions, AuditPlan
 __all__ = ["tree_arguments", "tree_settings", "load", "plan", "run", "OPTIONS"]
 
 # the ``AuditOptions`` fields a tree audit reads
-OPTIONS = ("level", "seed", "alpha", "worlds", "device", "detect_tv", "max_samples", "require", "call_timeout")
+OPTIONS = ("level", "seed", "alpha", "worlds", "device", "detect_tv", "max_samples", "require", "call_timeout",
+           "properties")
 
 
 def tree_arguments(parser) -> None:
     parser.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
                                         "MODULE:CALLABLE (the tree contract: docs/checks.md)")
-    parser.add_argument("--world", action="append", metavar="NAME", help="only this tree world (repeatable)")
+    parser.add_argument("--world", action="append", metavar="NAME",
+                        help="only this tree world (repeatable; 'properties': the boundary-coin property)")
     arguments.common(parser)
     arguments.isolate(parser)
 

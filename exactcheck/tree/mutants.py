@@ -16,7 +16,11 @@
 * ``correction_ignores_residual``: after every child is rejected, the correction is drawn from
   the node's target row instead of the residual;
 * ``correction_from_parent_row``: the correction (or bonus) is drawn from the row of the node
-  before the one reached (an off-by-one in the row index: the wrong node's row).
+  before the one reached (an off-by-one in the row index: the wrong node's row);
+* ``coin_at_or_below_ratio`` (``BOUNDARY_TREE_MUTANTS``; the non-strict ``coin <= prob_acc`` read
+  in TensorRT-LLM's tree walk): float32 coins compared with ``<=``, so a coin of exactly 0 accepts
+  a sibling the target forbids. Its law is within 2^-24 a coin of the exact one: only the
+  boundary-coin property (``exactcheck.tree.properties``) sees it.
 
 ``first_branch_only`` verifies the first child chain and ignores the other siblings: exact in law
 (the first branch alone is a chain drawn from q), fewer tokens accepted. It belongs to the corpus
@@ -31,7 +35,7 @@ import torch
 from exactcheck.tree.reference import (_deterministic_children, _gather, _multi_round_children, _normalised,
                                        _target_only_children, inverse_cdf, walk_tree)
 
-__all__ = ["TREE_MUTANTS", "first_branch_only"]
+__all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only"]
 
 
 def _residual_from_draft_q(target_probs, draft_probs, tokens, parents, generator):
@@ -138,6 +142,32 @@ def first_branch_only(target_probs, draft_probs, tokens, parents, generator):
 
 first_branch_only.sibling_sampling = "iid"
 
+def _coin_at_or_below_ratio_children(p, q, kid_tokens, valid, generator):
+    r = p.clone()
+    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+    for j in range(kid_tokens.shape[1]):
+        trying = valid[:, j] & (slot < 0)
+        x = kid_tokens[:, j]
+        rx, qx = _gather(r, x), _gather(q, x)
+        coin = torch.rand(p.shape[0], dtype=torch.float32, generator=generator, device=p.device).double()
+        accept = trying & (coin * qx <= rx)  # non-strict: a coin of exactly 0 accepts r(x) = 0
+        slot = torch.where(accept, torch.full_like(slot, j), slot)
+        reject = trying & ~accept
+        r = torch.where(reject[:, None], _normalised((r - q).clamp(min=0), r), r)
+    return slot, r
+
+
+def _coin_at_or_below_ratio(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _coin_at_or_below_ratio_children)
+
+
+_coin_at_or_below_ratio.sibling_sampling = "iid"
+_coin_at_or_below_ratio.tree_rule = "multi_round"
+
+# found by the boundary-coin property alone (``exactcheck.tree.properties``): their laws are within
+# 2^-24 a coin of the exact law, which no sample size sees
+BOUNDARY_TREE_MUTANTS = {"coin_at_or_below_ratio": _coin_at_or_below_ratio}
+
 TREE_MUTANTS = {
     "residual_from_draft_q": _residual_from_draft_q,
     "duplicates_double_counted": _duplicates_double_counted,
@@ -147,5 +177,5 @@ TREE_MUTANTS = {
     "correction_ignores_residual": _correction_ignores_residual,
     "correction_from_parent_row": _correction_from_parent_row,
 }
-for _name, _fn in TREE_MUTANTS.items():
+for _name, _fn in {**TREE_MUTANTS, **BOUNDARY_TREE_MUTANTS}.items():
     _fn.__name__ = _name

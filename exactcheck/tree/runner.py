@@ -8,7 +8,10 @@ Per tree world whose siblings are drawn as the subject declares (``sibling_sampl
 - ``step_law@RULE`` (a subject that declares ``tree_rule``): each trial's first verify call's
   emitted tuple against the rule's exact step law (``exactcheck.tree.laws.step_law``):
   **conformance**;
-- a crash or a broken contract on a world: one ``WORLD/contract`` verdict in place of its laws.
+- a crash or a broken contract on a world: one ``WORLD/contract`` verdict in place of its laws;
+- ``properties/tree_no_forbidden_token``: every draw of a call forced to 0 and to 1 - ulp on an
+  edge corpus of trees and on generated ones (``exactcheck.tree.properties``): a token the target
+  forbids is a finding whatever the rule (deterministic: spends none of alpha).
 
 Trials per world are planned as the step audit plans a law: the fewest that detect the level's TV
 (0.05 quick, 0.01 standard) with power 0.9 at the law's share of alpha, up to the level's cap.
@@ -24,7 +27,8 @@ from exactcheck.core import (STATISTIC_NAME, apply_holm, deviating_cells, failur
                              plot_cells, resolve_device, run_environment)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
-from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Category, Check, CheckKind, derive_seed
+from exactcheck.options import (AlphaBudget, AuditOptions, AuditPlan, Category, Check, CheckKind, PseudoWorld,
+                                derive_seed)
 from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
 from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVariation, Verdict
@@ -35,6 +39,7 @@ from exactcheck.stats.planning import trials_to_detect
 from exactcheck.tree.contract import sibling_sampling
 from exactcheck.tree.drive import TreeSamples, drive_tree
 from exactcheck.tree.laws import RULE_SIBLINGS, step_law
+from exactcheck.tree.properties import TREE_PROPERTY, tree_boundary_verdict
 from toy_models.tree_worlds import TreeWorld, tree_worlds
 
 __all__ = ["run_tree_audit", "plan_tree_audit", "tree_worlds_for"]
@@ -60,12 +65,14 @@ def _rule(subject) -> str | None:
 def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str, int]]:
     """The checks, alpha budget and trials per world of an audit of ``subject``."""
     worlds = tree_worlds_for(subject)
+    properties = PseudoWorld.PROPERTIES.value
+    searched = options.properties and (not options.worlds or properties in options.worlds)
     if options.worlds:
         known = {w.name for w in worlds}
-        unknown = set(options.worlds) - known
+        unknown = set(options.worlds) - known - {properties}
         if unknown:
             raise UsageError(f"unknown tree world(s) {sorted(unknown)} for {sibling_sampling(subject)} siblings; "
-                             f"known: {sorted(known)}")
+                             f"known: {sorted(known | {properties})}")
         worlds = [w for w in worlds if w.name in options.worlds]
     rule = _rule(subject)
     checks = []
@@ -75,6 +82,8 @@ def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str
         if rule is not None and RULE_SIBLINGS[rule] == w.siblings:
             checks.append(Check(f"{w.name}/step_law@{rule}", CheckKind.LAW, w.name, f"step_law@{rule}"))
     budget = AlphaBudget(options.alpha, len(checks), stop_early=False)
+    if searched:  # deterministic: spends none of alpha
+        checks.append(Check(f"{properties}/{TREE_PROPERTY}", CheckKind.PROPERTY, properties, TREE_PROPERTY))
     trials = {}
     for w in worlds:
         needed = trials_to_detect(w.sequence_law(), options.target_tv, budget.first_share, options.cap)
@@ -175,6 +184,10 @@ def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progre
         drawn += samples.size
         pending += tree_verdicts(samples, rule, plan.budget.first_share, plan.budget.alpha, base)
     bar.close()
+    properties = PseudoWorld.PROPERTIES.value
+    if f"{properties}/{TREE_PROPERTY}" in plan.names:
+        pending.append(tree_boundary_verdict(subject, device, derive_seed(options.seed, f"{properties}/{TREE_PROPERTY}"),
+                                             tree_audit_line(options, name, properties, by_command=bool(subject_name))))
     verdicts = keep_plots_where_needed(apply_holm(pending, plan.budget))
     return TreeAuditResult(subject=name, level=options.level.value, seed=options.seed, alpha=plan.budget.alpha,
                            device=str(device), verdicts=tuple(verdicts), started=started,

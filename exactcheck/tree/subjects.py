@@ -8,11 +8,11 @@ __all__ = ["load_tree_verifier", "builtin_tree_verifiers"]
 
 def builtin_tree_verifiers() -> dict:
     from exactcheck.adapters.sglang_tree import SglangTreeGreedy, SglangTreeTargetOnly
-    from exactcheck.tree.mutants import TREE_MUTANTS, first_branch_only
+    from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only
     from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
     out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
     out["tree-corpus:first_branch_only"] = first_branch_only
-    out.update({f"tree-mutant:{name}": v for name, v in TREE_MUTANTS.items()})
+    out.update({f"tree-mutant:{name}": v for name, v in {**TREE_MUTANTS, **BOUNDARY_TREE_MUTANTS}.items()})
     out["sglang-tree-target-only"] = SglangTreeTargetOnly("layout")
     out["sglang-tree-target-only-cuda"] = SglangTreeTargetOnly("cuda")
     out["sglang-tree-greedy"] = SglangTreeGreedy("layout")
