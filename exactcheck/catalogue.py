@@ -43,6 +43,15 @@ def build_listing() -> str:
     for m in loop_mutants():
         doc = " ".join(type(m).__doc__.split())
         lines.append(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
+    from exactcheck.tree.rules import TREE_RULES
+    from exactcheck.tree.subjects import builtin_tree_verifiers
+    from toy_models.tree_worlds import tree_worlds
+    lines.append("tree worlds (`exactcheck tree`; siblings drawn as the subject declares):")
+    lines += [f"  {w.name:<26} {w.siblings} siblings, branching {'x'.join(map(str, w.branching))}, "
+              f"V={w.vocab_size}, {w.length} tokens" + (", greedy target" if w.greedy else "") for w in tree_worlds()]
+    lines.append(f"tree rules (`exactcheck tree --rule`): {', '.join(TREE_RULES)}")
+    lines.append("tree verifiers (`exactcheck tree NAME`):")
+    lines += [f"  {name}" for name in builtin_tree_verifiers()]
     lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
     lines.append("mutants:")
     lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]

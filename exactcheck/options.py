@@ -191,6 +191,10 @@ class AuditOptions:
     # registered exact rule
     rule: str | None = None
     acceptance_rule: str | None = None
+    # tree audits: the tree rule conformance is judged by (``exactcheck.tree.rules``; ``--rule`` of
+    # ``exactcheck tree``, checked against that registry when the audit plans); None: the subject's
+    # own ``tree_rule``, else exactness alone
+    tree_rule: str | None = None
     # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
     # generations keep their seeds); ``exactcheck.executors``
     shards: int = 1

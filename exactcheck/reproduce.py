@@ -125,6 +125,8 @@ def tree_audit_line(options: AuditOptions, subject: str, world: str, by_command:
     if options.call_timeout != DEFAULT_CALL_TIMEOUT:
         settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
                                 f"call_timeout={options.call_timeout!r}"))
+    if options.tree_rule:
+        settings.append(Setting(f"--rule {options.tree_rule}", f"tree_rule={options.tree_rule!r}"))
     settings += _device(options.device) + _required(options)
     return reproduce_line("tree", subject, settings, "run_tree_audit", by_command)
 

@@ -247,3 +247,14 @@ def test_tensorrt_llm_walk_accepts_a_forbidden_sibling_at_a_coin_of_zero():
     verdict = tree_boundary_verdict(TrtllmDynamicTree(), torch.device("cpu"), 0, "reproduce")
     assert verdict.outcome.value == "defect" and "forced to zero" in verdict.summary
     assert verdict.evidence.reachability.probability == pytest.approx(2.0 ** -24)
+
+
+def test_the_tree_command_takes_a_rule_and_names_it_in_reproduce_lines(capsys):
+    """``--rule``: an exact but wasteful verifier judged by the multi-round rule fails conformance
+    only; a rule for other siblings, or an unknown one, is a usage error."""
+    assert main(["tree", "tree-corpus:first_branch_only", "--rule", "multi_round", "--quiet", "--world",
+                 "tree_iid_v3_3x1", "--max-samples", "20000"]) == 1
+    out = capsys.readouterr().out
+    assert "step_law@multi_round" in out and "--rule multi_round" in out
+    assert main(["tree", "tree-corpus:first_branch_only", "--rule", "target_only", "--quiet"]) == 2
+    assert main(["tree", "tree-corpus:first_branch_only", "--rule", "nope", "--quiet"]) == 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
-from exactcheck.tree.reference import _gather, _normalised, walk_tree
+from exactcheck.tree.reference import gather, normalised, walk_tree
 
 __all__ = ["TREE_CORPUS"]
 
@@ -28,10 +28,10 @@ def _children(decide):
         for j in range(kid_tokens.shape[1]):
             trying = valid[:, j] & (slot < 0)
             x = kid_tokens[:, j]
-            accept = trying & decide(_gather(r, x), _gather(q, x), generator)
+            accept = trying & decide(gather(r, x), gather(q, x), generator)
             slot = torch.where(accept, torch.full_like(slot, j), slot)
             reject = trying & ~accept
-            r = torch.where(reject[:, None], _normalised((r - q).clamp(min=0), r), r)
+            r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
         return slot, r
     return children
 

@@ -11,7 +11,7 @@ __all__ = ["tree_arguments", "tree_settings", "load", "plan", "run", "OPTIONS"]
 
 # the ``AuditOptions`` fields a tree audit reads
 OPTIONS = ("level", "seed", "alpha", "worlds", "device", "detect_tv", "max_samples", "require", "call_timeout",
-           "properties")
+           "properties", "tree_rule")
 
 
 def tree_arguments(parser) -> None:
@@ -19,6 +19,9 @@ def tree_arguments(parser) -> None:
                                         "MODULE:CALLABLE (the tree contract: docs/checks.md)")
     parser.add_argument("--world", action="append", metavar="NAME",
                         help="only this tree world (repeatable; 'properties': the boundary-coin property)")
+    parser.add_argument("--rule", metavar="NAME", help="the tree rule to judge conformance by (multi_round, "
+                                                       "without_replacement, deterministic, target_only; default: "
+                                                       "the subject's tree_rule attribute, else none)")
     arguments.common(parser)
     arguments.isolate(parser)
 
@@ -26,7 +29,7 @@ def tree_arguments(parser) -> None:
 def tree_settings(args) -> dict:
     return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, device=args.device,
                 detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                call_timeout=args.call_timeout, progress=not args.quiet, isolate=args.isolate)
+                call_timeout=args.call_timeout, progress=not args.quiet, isolate=args.isolate, tree_rule=args.rule)
 
 
 def load(name: str):

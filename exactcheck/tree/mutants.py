@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from exactcheck.tree.reference import (_deterministic_children, _gather, _multi_round_children, _normalised,
+from exactcheck.tree.reference import (_deterministic_children, gather, _multi_round_children, normalised,
                                        _target_only_children, inverse_cdf, walk_tree)
 
 __all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only"]
@@ -59,7 +59,7 @@ def _lone_child_children(p, q, kid_tokens, valid, generator):
     slot, r = _multi_round_children(p, q, kid_tokens, valid & ~alone[:, None], generator)
     greedy = alone & (kid_tokens[:, 0] == p.argmax(1))
     slot = torch.where(greedy, torch.zeros_like(slot), slot)
-    r = torch.where((alone & ~greedy)[:, None], _normalised(p.scatter(1, kid_tokens[:, :1], 0.0), p), r)
+    r = torch.where((alone & ~greedy)[:, None], normalised(p.scatter(1, kid_tokens[:, :1], 0.0), p), r)
     return slot, r
 
 
@@ -86,11 +86,11 @@ def _tree_read_as_chain(target_probs, draft_probs, tokens, parents, generator):
     for i in range(depth):
         x = tokens[:, i + 1]
         u = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
-        accept = live & (u * _gather(q[:, i], x) < _gather(p[:, i], x))
+        accept = live & (u * gather(q[:, i], x) < gather(p[:, i], x))
         out[:, i] = torch.where(accept, x, out[:, i])
         ending = live & ~accept
         v = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
-        correction = inverse_cdf(_normalised((p[:, i] - q[:, i]).clamp(min=0), p[:, i]), v)
+        correction = inverse_cdf(normalised((p[:, i] - q[:, i]).clamp(min=0), p[:, i]), v)
         out[:, i] = torch.where(ending, correction, out[:, i])
         live = accept
     v = torch.rand(b, dtype=torch.float64, generator=generator, device=tokens.device)
@@ -148,12 +148,12 @@ def _coin_at_or_below_ratio_children(p, q, kid_tokens, valid, generator):
     for j in range(kid_tokens.shape[1]):
         trying = valid[:, j] & (slot < 0)
         x = kid_tokens[:, j]
-        rx, qx = _gather(r, x), _gather(q, x)
+        rx, qx = gather(r, x), gather(q, x)
         coin = torch.rand(p.shape[0], dtype=torch.float32, generator=generator, device=p.device).double()
         accept = trying & (coin * qx <= rx)  # non-strict: a coin of exactly 0 accepts r(x) = 0
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
-        r = torch.where(reject[:, None], _normalised((r - q).clamp(min=0), r), r)
+        r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
     return slot, r
 
 

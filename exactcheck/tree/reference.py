@@ -27,7 +27,7 @@ import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
 
-__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS",
+__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS", "gather", "normalised",
            "walk_tree", "inverse_cdf"]
 
 
@@ -39,7 +39,7 @@ def inverse_cdf(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(token, last)
 
 
-def _normalised(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+def normalised(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     total = rows.sum(1, keepdim=True)
     return torch.where(total > 0, rows / torch.where(total > 0, total, 1.0), fallback)
 
@@ -85,7 +85,7 @@ def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_childre
     return out
 
 
-def _gather(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def gather(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return rows.gather(1, tokens[:, None])[:, 0]
 
 
@@ -95,12 +95,12 @@ def _multi_round_children(p, q, kid_tokens, valid, generator):
     for j in range(kid_tokens.shape[1]):
         trying = valid[:, j] & (slot < 0)
         x = kid_tokens[:, j]
-        rx, qx = _gather(r, x), _gather(q, x)
+        rx, qx = gather(r, x), gather(q, x)
         u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
         accept = trying & (u * qx < rx)  # u < r/q without dividing (q(x) > 0: x was drawn from q)
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
-        r = torch.where(reject[:, None], _normalised((r - q).clamp(min=0), r), r)
+        r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
     return slot, r
 
 
@@ -110,13 +110,13 @@ def _without_replacement_children(p, q, kid_tokens, valid, generator):
     for j in range(kid_tokens.shape[1]):
         trying = valid[:, j] & (slot < 0)
         x = kid_tokens[:, j]
-        qj = _normalised(qj, qj)
-        rx, qx = _gather(r, x), _gather(qj, x)
+        qj = normalised(qj, qj)
+        rx, qx = gather(r, x), gather(qj, x)
         u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
         accept = trying & (u * qx < rx)
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
-        r = torch.where(reject[:, None], _normalised((r - qj).clamp(min=0), r), r)
+        r = torch.where(reject[:, None], normalised((r - qj).clamp(min=0), r), r)
         qj = torch.where(valid[:, j:j + 1], qj.scatter(1, x[:, None], 0.0), qj)  # sibling j+1 excludes x
     return slot, r
 
@@ -130,11 +130,11 @@ def _deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int
         trying = valid[:, j] & (slot < 0)
         x = kid_tokens[:, j]
         u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
-        accept = trying & (u < _gather(r, x))
+        accept = trying & (u < gather(r, x))
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
         zeroed = x if tried_slots is None else kid_tokens[:, j % tried_slots]
-        r = torch.where(reject[:, None], _normalised(r.scatter(1, zeroed[:, None], 0.0), r), r)
+        r = torch.where(reject[:, None], normalised(r.scatter(1, zeroed[:, None], 0.0), r), r)
     return slot, r
 
 
@@ -149,11 +149,11 @@ def _target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: 
     for j in range(k):
         x = kid_tokens[:, j]
         fresh = valid[:, j] & (count_duplicates | ~seen.gather(1, x[:, None])[:, 0])  # a duplicate adds nothing
-        cumulative = cumulative + torch.where(fresh, _gather(p, x), 0.0)
+        cumulative = cumulative + torch.where(fresh, gather(p, x), 0.0)
         accept = fresh & (slot < 0) & (u < cumulative)
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         seen = seen | (torch.nn.functional.one_hot(x, p.shape[1]).bool() & valid[:, j:j + 1])
-    residual = _normalised(p.masked_fill(seen, 0.0), p)
+    residual = normalised(p.masked_fill(seen, 0.0), p)
     return slot, residual
 
 

@@ -55,10 +55,15 @@ def tree_worlds_for(subject) -> list[TreeWorld]:
     return [w for w in tree_worlds() if w.siblings == mode and (w.greedy or not greedy_only)]
 
 
-def _rule(subject) -> str | None:
-    rule = getattr(subject, "tree_rule", None)
+def _rule(subject, options: AuditOptions) -> str | None:
+    """The tree rule the subject is judged by: the one the user names (``--rule``), else the one it
+    declares (``tree_rule``), else none (exactness alone)."""
+    rule = options.tree_rule or getattr(subject, "tree_rule", None)
     if rule is not None and rule not in RULE_SIBLINGS:
-        raise UsageError(f"tree_rule {rule!r} is not a registered tree rule; known: {sorted(RULE_SIBLINGS)}")
+        raise UsageError(f"tree rule {rule!r} is not a registered tree rule; known: {sorted(RULE_SIBLINGS)}")
+    if options.tree_rule and RULE_SIBLINGS[rule] != sibling_sampling(subject):
+        raise UsageError(f"tree rule {rule!r} is exact for {RULE_SIBLINGS[rule]} siblings; the subject declares "
+                         f"{sibling_sampling(subject)} (sibling_sampling)")
     return rule
 
 
@@ -74,7 +79,7 @@ def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str
             raise UsageError(f"unknown tree world(s) {sorted(unknown)} for {sibling_sampling(subject)} siblings; "
                              f"known: {sorted(known | {properties})}")
         worlds = [w for w in worlds if w.name in options.worlds]
-    rule = _rule(subject)
+    rule = _rule(subject, options)
     checks = []
     for w in worlds:
         checks += [Check(f"{w.name}/sequence", CheckKind.LAW, w.name, "sequence"),
@@ -164,7 +169,7 @@ def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name
 
 def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progress) -> TreeAuditResult:
     plan, trials = plan_tree_audit(subject, options)
-    rule = _rule(subject)
+    rule = _rule(subject, options)
     name = subject_name or getattr(subject, "__name__", type(subject).__name__)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()

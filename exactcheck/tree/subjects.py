@@ -11,7 +11,9 @@ def builtin_tree_verifiers() -> dict:
     from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only
     from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
     out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
+    from exactcheck.corpus.trees import TREE_CORPUS
     out["tree-corpus:first_branch_only"] = first_branch_only
+    out.update({f"tree-corpus:{name}": v for name, v in TREE_CORPUS.items()})
     out.update({f"tree-mutant:{name}": v for name, v in {**TREE_MUTANTS, **BOUNDARY_TREE_MUTANTS}.items()})
     out["sglang-tree-target-only"] = SglangTreeTargetOnly("layout")
     out["sglang-tree-target-only-cuda"] = SglangTreeTargetOnly("cuda")
