@@ -56,13 +56,15 @@ def test_batch_schedule_covers_the_budget_exactly():
         sizes = batch_schedule(budget)
         assert sum(sizes) == budget and all(s > 0 for s in sizes)
         totals = np.cumsum(sizes)
-        # looks after 1, 2, 4, ... trials until the old first look (1/256 of the budget, at least
-        # 500), then growing by 1.5: a gross defect is seen within twice the trials it needs
+        # batches after 1, 2, 4, ... trials until the old first look (1/256 of the budget, at least
+        # 500), then growing by 1.5, each looked at in 4 parts: every one of those totals is a
+        # look, and a subtle defect is seen within 1.25 times the trials it needs
         doubling = min(budget, max(500, math.ceil(budget / 256)))
         assert sizes[0] == 1
-        early = totals[totals <= doubling]
-        assert list(early) == [min(2 ** i, budget) for i in range(len(early))]
-        assert len(sizes) <= 30
+        powers = [min(2 ** i, budget) for i in range(int(math.log2(max(doubling, 1))) + 1)]
+        assert set(powers) <= set(totals.tolist())
+        assert all(b <= max(1.25 * a, a + 1) + 1 for a, b in zip(totals[:-1], totals[1:]) if a >= 4)
+        assert len(sizes) <= 120
         # a time-budgeted audit (costly calls) starts at the first share, as before
         assert batch_schedule(budget, from_one=False)[0] == doubling
 
