@@ -16,24 +16,9 @@ from __future__ import annotations
 import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
-from exactcheck.tree.reference import gather, normalised, walk_tree
+from exactcheck.tree.reference import multi_round_deciding, walk_tree
 
 __all__ = ["TREE_CORPUS"]
-
-
-def _children(decide):
-    def children(p, q, kid_tokens, valid, generator):
-        r = p.clone()
-        slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
-        for j in range(kid_tokens.shape[1]):
-            trying = valid[:, j] & (slot < 0)
-            x = kid_tokens[:, j]
-            accept = trying & decide(gather(r, x), gather(q, x), generator)
-            slot = torch.where(accept, torch.full_like(slot, j), slot)
-            reject = trying & ~accept
-            r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
-        return slot, r
-    return children
 
 
 def _float32(rx, qx, generator):
@@ -53,7 +38,7 @@ def _log_space(rx, qx, generator):
 
 def _walker(decide, name):
     def verifier(target_probs, draft_probs, tokens, parents, generator):
-        return walk_tree(target_probs, draft_probs, tokens, parents, generator, _children(decide))
+        return walk_tree(target_probs, draft_probs, tokens, parents, generator, multi_round_deciding(decide))
     verifier.__name__ = name
     verifier.sibling_sampling = "iid"
     verifier.tree_rule = "multi_round"

@@ -32,8 +32,8 @@ import functools
 
 import torch
 
-from exactcheck.tree.reference import (_deterministic_children, gather, _multi_round_children, normalised,
-                                       _target_only_children, inverse_cdf, walk_tree)
+from exactcheck.tree.reference import (_deterministic_children, gather, _multi_round_children, multi_round_deciding,
+                                       normalised, _target_only_children, inverse_cdf, walk_tree)
 
 __all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only"]
 
@@ -142,23 +142,13 @@ def first_branch_only(target_probs, draft_probs, tokens, parents, generator):
 
 first_branch_only.sibling_sampling = "iid"
 
-def _coin_at_or_below_ratio_children(p, q, kid_tokens, valid, generator):
-    r = p.clone()
-    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
-    for j in range(kid_tokens.shape[1]):
-        trying = valid[:, j] & (slot < 0)
-        x = kid_tokens[:, j]
-        rx, qx = gather(r, x), gather(q, x)
-        coin = torch.rand(p.shape[0], dtype=torch.float32, generator=generator, device=p.device).double()
-        accept = trying & (coin * qx <= rx)  # non-strict: a coin of exactly 0 accepts r(x) = 0
-        slot = torch.where(accept, torch.full_like(slot, j), slot)
-        reject = trying & ~accept
-        r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
-    return slot, r
+def _coin_at_or_below(rx, qx, generator):
+    coin = torch.rand(rx.shape[0], dtype=torch.float32, generator=generator, device=rx.device).double()
+    return coin * qx <= rx  # non-strict: a coin of exactly 0 accepts r(x) = 0
 
 
 def _coin_at_or_below_ratio(target_probs, draft_probs, tokens, parents, generator):
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _coin_at_or_below_ratio_children)
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, multi_round_deciding(_coin_at_or_below))
 
 
 _coin_at_or_below_ratio.sibling_sampling = "iid"

@@ -27,7 +27,7 @@ import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
 
-__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS", "gather", "normalised",
+__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS", "gather", "normalised", "multi_round_deciding",
            "walk_tree", "inverse_cdf"]
 
 
@@ -89,19 +89,30 @@ def gather(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return rows.gather(1, tokens[:, None])[:, 0]
 
 
-def _multi_round_children(p, q, kid_tokens, valid, generator):
-    r = p.clone()
-    slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
-    for j in range(kid_tokens.shape[1]):
-        trying = valid[:, j] & (slot < 0)
-        x = kid_tokens[:, j]
-        rx, qx = gather(r, x), gather(q, x)
-        u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
-        accept = trying & (u * qx < rx)  # u < r/q without dividing (q(x) > 0: x was drawn from q)
-        slot = torch.where(accept, torch.full_like(slot, j), slot)
-        reject = trying & ~accept
-        r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
-    return slot, r
+def multi_round_deciding(decide):
+    """The multi-round rule's ``try_children`` with its acceptance decision ``decide(r(x), q(x),
+    generator) -> accept [B]`` (it draws its own coin): the reference's, the corpus's coin
+    conventions and the boundary mutant differ only there."""
+    def children(p, q, kid_tokens, valid, generator):
+        r = p.clone()
+        slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
+        for j in range(kid_tokens.shape[1]):
+            trying = valid[:, j] & (slot < 0)
+            x = kid_tokens[:, j]
+            accept = trying & decide(gather(r, x), gather(q, x), generator)
+            slot = torch.where(accept, torch.full_like(slot, j), slot)
+            reject = trying & ~accept
+            r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
+        return slot, r
+    return children
+
+
+def _strict_float64_coin(rx, qx, generator):
+    u = torch.rand(rx.shape[0], dtype=torch.float64, generator=generator, device=rx.device)
+    return u * qx < rx  # u < r/q without dividing (q(x) > 0: x was drawn from q)
+
+
+_multi_round_children = multi_round_deciding(_strict_float64_coin)
 
 
 def _without_replacement_children(p, q, kid_tokens, valid, generator):
