@@ -116,3 +116,5 @@ def test_worker_processes_need_a_subject_that_pickles():
         run_audit(lambda *args: reference_verifier(*args), level="quick", jobs=2, progress=False)
     with pytest.raises(UsageError, match="jobs"):
         AuditOptions.build(jobs=0)
+    with pytest.raises(UsageError, match="one or the other"):
+        run_audit(reference_verifier, level="quick", jobs=2, shards=2, progress=False)

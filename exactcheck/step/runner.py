@@ -93,7 +93,10 @@ def _run_audit(subject, options: AuditOptions, subject_name, progress, executor)
                           looks_from_one=False)
     until = None if options.max_seconds is None else begun + options.max_seconds
     workers = None
-    if options.jobs > 1 and executor is None and options.shards == 1:
+    if options.jobs > 1:
+        if executor is not None or options.shards > 1:
+            raise UsageError(f"--jobs {options.jobs} runs the batches in worker processes; shards and executors "
+                             "split them another way: give one or the other")
         from exactcheck.step.workers import PlanWorkers
         executor = workers = PlanWorkers(subject, options, options.jobs)
     try:
