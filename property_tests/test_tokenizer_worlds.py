@@ -173,11 +173,22 @@ def test_transformers_universal_path_as_shipped_is_judged_by_its_translator():
         reuse.summary
 
 
-def test_transformers_greedy_path_keeps_greedy_identity_on_fresh_drafts():
+def test_transformers_greedy_path_as_shipped():
+    """``AssistedCandidateGeneratorDifferentTokenizers``: greedy identity on fresh drafts through
+    5.24; from 5.25 the assistant is prefilled with ``input_ids.shape[1] - past_length`` tokens
+    (``generation/utils.py`` ``_prefill``), none when its cache already holds its re-tokenised
+    input, and the call crashes (on ``LlamaForCausalLM`` too: docs/different-tokenizers.md)."""
+    import transformers
+    from packaging.version import Version
     result = run_generator_audit(load_generator("transformers-assisted-different-tokenizers"), level="quick",
                                  seed=0, progress=False)
     verdicts = {v.check: v for v in result.verdicts}
+    empty_prefill = Version(transformers.__version__) >= Version("5.25.0")
     for w in tokenizer_worlds():
-        assert verdicts[f"{w.name}/greedy_identity"].outcome.value == "exact"
+        greedy = verdicts[f"{w.name}/greedy_identity"]
+        if empty_prefill:
+            assert greedy.outcome.value == "crashed" and "equal size" in greedy.summary, greedy.summary
+        else:
+            assert greedy.outcome.value == "exact", greedy.summary
         assert verdicts[f"{w.name}/sequence"].outcome.value == "inconclusive"  # greedy only: not applicable
     assert np.isfinite(result.duration_s)
