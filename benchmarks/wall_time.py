@@ -6,7 +6,7 @@ Commands (each a fresh process, as a user or CI runs it; the short ones repeated
 - ``exactcheck --help``;
 - ``exactcheck audit exactcheck.step.reference:reference_verifier --level quick``;
 - ``exactcheck e2e reference-loop --level quick``;
-- ``exactcheck selftest --level standard`` (the README's main job).
+- ``exactcheck selftest --level standard`` (the README's main job), and with ``--jobs 2``.
 
 The breakdown runs the selftest once more in this process with the runner's phases timed (the
 worlds' trials, the chain-rule tests, the property searches, the invalid-input probe), per audit:
@@ -34,6 +34,8 @@ COMMANDS = {
                                "--level", "quick"],
     "e2e reference-loop, quick": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level", "quick"],
     "selftest, standard (README main job)": [sys.executable, "-m", "exactcheck", "selftest", "--level", "standard"],
+    "selftest, standard, --jobs 2": [sys.executable, "-m", "exactcheck", "selftest", "--level", "standard", "--jobs",
+                                     "2"],
 }
 REPEATS = {"python -c pass (floor)": 5, "exactcheck --help": 5}
 
