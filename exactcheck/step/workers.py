@@ -15,9 +15,11 @@ loads); one that does not is a usage error that says so.
 """
 from __future__ import annotations
 
+import functools
 import pickle
+from concurrent.futures.process import BrokenProcessPool
 
-from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
+from exactcheck.errors import ContractViolation, SubjectCrashed, SubjectKilled, UsageError
 from exactcheck.executors import Executor, worker_pool
 from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions
 from exactcheck.stats.laws import compare
@@ -64,10 +66,20 @@ def _property_search(prop: str, examples: int, seed: int, device: str, deadline)
     return search(_SUBJECT, prop, examples, seed, torch.device(device), judged_rule(_PLAN.options), deadline)
 
 
+def _counts_or_killed(world: str, future):
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return SubjectKilled("a --jobs worker process died (os._exit, a signal, or out of memory)",
+                             f"a batch of {world}")
+
+
 class PlanWorkers(Executor):
     """``jobs`` worker processes for one step-audit plan (``options``: the options it was built
     from). ``submit`` takes calls of ``shard_counts``'s shape, the runner's one kind of batch call,
-    and sends each as its world's name, size and seed (the worker runs ``shard_counts``); ``search`` runs a property search there."""
+    and sends each as its world's name, size and seed (the worker runs ``shard_counts``); a worker
+    the subject ends (``os._exit``, a signal) comes back as that call's failure, as ``shard_counts``
+    returns one. ``search`` runs a property search there."""
 
     name = "processes"
 
@@ -81,9 +93,9 @@ class PlanWorkers(Executor):
         self.pool = worker_pool(jobs, initializer=_start_worker, initargs=(payload, options))
 
     def submit(self, fn, calls):
-        futures = [self.pool.submit(_world_shard, world.name, size, seed, device, max_elements)
+        futures = [(world.name, self.pool.submit(_world_shard, world.name, size, seed, device, max_elements))
                    for _subject, world, _plans, size, seed, device, max_elements in calls]
-        return [future.result for future in futures]
+        return [functools.partial(_counts_or_killed, name, future) for name, future in futures]
 
     def search(self, prop: str, examples: int, seed: int, device, deadline=None):
         """A thunk for the property search ``prop`` run in a worker (the serial run's seed; the
