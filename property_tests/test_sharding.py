@@ -118,3 +118,18 @@ def test_worker_processes_need_a_subject_that_pickles():
         AuditOptions.build(jobs=0)
     with pytest.raises(UsageError, match="one or the other"):
         run_audit(reference_verifier, level="quick", jobs=2, shards=2, progress=False)
+
+
+def ends_its_process_on_v8(target_probs, draft_probs, draft_tokens, generator):
+    """Exact, but ends the process it runs in on any world of vocabulary 8."""
+    if target_probs.shape[-1] == 8:
+        import os
+        os._exit(3)
+    return reference_verifier(target_probs, draft_probs, draft_tokens, generator)
+
+
+def test_a_worker_the_subject_ends_is_a_crashed_verdict_not_a_traceback():
+    result = run_audit(ends_its_process_on_v8, level="quick", seed=0, jobs=2, worlds=["random_v8_k4"],
+                       properties=False, progress=False)
+    failed = {v.check: v for v in result.failed}
+    assert "random_v8_k4/contract" in failed and "killed its process" in failed["random_v8_k4/contract"].summary
