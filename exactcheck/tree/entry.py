@@ -38,7 +38,7 @@ def load(name: str):
 
 
 def plan(subject, options: AuditOptions) -> AuditPlan:
-    from exactcheck.tree.runner import plan_tree_audit
+    from exactcheck.tree.plan import plan_tree_audit
     return plan_tree_audit(subject, options)[0]
 
 

@@ -21,137 +21,19 @@ from __future__ import annotations
 import datetime as _dt
 import time
 
-import numpy as np
-
-from exactcheck.core import (STATISTIC_NAME, apply_holm, deviating_cells, failure_verdict, keep_plots_where_needed,
-                             plot_cells, resolve_device, run_environment)
+from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed, resolve_device, run_environment
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
-from exactcheck.options import (AlphaBudget, AuditOptions, AuditPlan, Category, Check, CheckKind, PseudoWorld,
-                                derive_seed)
+from exactcheck.options import AuditOptions, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
-from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVariation, Verdict
 from exactcheck.reproduce import tree_audit_line
-from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
-from exactcheck.stats.laws import LawComparison, LawPlan
-from exactcheck.stats.planning import trials_to_detect
-from exactcheck.tree.contract import sibling_sampling
-from exactcheck.tree.drive import TreeSamples, drive_tree
-from exactcheck.tree.laws import RULE_SIBLINGS, step_law
+from exactcheck.tree.drive import drive_tree
+from exactcheck.tree.plan import judged_tree_rule, plan_tree_audit
 from exactcheck.tree.properties import TREE_PROPERTY, tree_boundary_verdict
-from toy_models.tree_worlds import TreeWorld, tree_worlds
+from exactcheck.tree.verdicts import tree_verdicts
 
-__all__ = ["run_tree_audit", "plan_tree_audit", "tree_worlds_for"]
-
-MIN_TRIALS = 2_000
-
-
-def tree_worlds_for(subject) -> list[TreeWorld]:
-    """The built-in tree worlds whose siblings are drawn as ``subject`` declares; only the greedy
-    ones for a subject that verifies greedily (``greedy = True``)."""
-    mode = sibling_sampling(subject)
-    greedy_only = bool(getattr(subject, "greedy", False))
-    return [w for w in tree_worlds() if w.siblings == mode and (w.greedy or not greedy_only)]
-
-
-def _rule(subject, options: AuditOptions) -> str | None:
-    """The tree rule the subject is judged by: the one the user names (``--rule``), else the one it
-    declares (``tree_rule``), else none (exactness alone)."""
-    rule = options.tree_rule or getattr(subject, "tree_rule", None)
-    if rule is not None and rule not in RULE_SIBLINGS:
-        raise UsageError(f"tree rule {rule!r} is not a registered tree rule; known: {sorted(RULE_SIBLINGS)}")
-    if options.tree_rule and RULE_SIBLINGS[rule] != sibling_sampling(subject):
-        raise UsageError(f"tree rule {rule!r} is exact for {RULE_SIBLINGS[rule]} siblings; the subject declares "
-                         f"{sibling_sampling(subject)} (sibling_sampling)")
-    return rule
-
-
-def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str, int]]:
-    """The checks, alpha budget and trials per world of an audit of ``subject``."""
-    worlds = tree_worlds_for(subject)
-    properties = PseudoWorld.PROPERTIES.value
-    searched = options.properties and (not options.worlds or properties in options.worlds)
-    if options.worlds:
-        known = {w.name for w in worlds}
-        unknown = set(options.worlds) - known - {properties}
-        if unknown:
-            raise UsageError(f"unknown tree world(s) {sorted(unknown)} for {sibling_sampling(subject)} siblings; "
-                             f"known: {sorted(known | {properties})}")
-        worlds = [w for w in worlds if w.name in options.worlds]
-    rule = _rule(subject, options)
-    checks = []
-    for w in worlds:
-        checks += [Check(f"{w.name}/sequence", CheckKind.LAW, w.name, "sequence"),
-                   Check(f"{w.name}/first_token", CheckKind.LAW, w.name, "first_token")]
-        if rule is not None and RULE_SIBLINGS[rule] == w.siblings:
-            checks.append(Check(f"{w.name}/step_law@{rule}", CheckKind.LAW, w.name, f"step_law@{rule}"))
-    budget = AlphaBudget(options.alpha, len(checks), stop_early=False)
-    if searched:  # deterministic: spends none of alpha
-        checks.append(Check(f"{properties}/{TREE_PROPERTY}", CheckKind.PROPERTY, properties, TREE_PROPERTY))
-    trials = {}
-    for w in worlds:
-        needed = trials_to_detect(w.sequence_law(), options.target_tv, budget.first_share, options.cap)
-        trials[w.name] = int(min(options.cap, max(MIN_TRIALS, needed or options.cap)))  # a cap given wins
-    return AuditPlan(options, tuple(checks), budget, tuple(trials.items()), worlds=tuple(worlds)), trials
-
-
-def _codes(sequences: np.ndarray, vocab: int) -> np.ndarray:
-    codes = np.zeros(sequences.shape[0], dtype=np.int64)
-    for j in range(sequences.shape[1]):
-        codes = codes * vocab + sequences[:, j]
-    return codes
-
-
-def _law_verdict(name: str, law: str, condition: str, expected: np.ndarray, observed: np.ndarray, label, share: float,
-                 alpha: float, base: dict, category: Category = Category.EXACTNESS) -> Verdict:
-    # cells of probability 0 (a greedy world's law is one cell) are merged into one "other" cell, as
-    # the end-to-end laws do, so the TV interval is not widened by thousands of empty cells
-    support = np.flatnonzero(expected > 0)
-    if support.size < expected.size:
-        position = np.full(expected.size, support.size, dtype=np.int64)
-        position[support] = np.arange(support.size)
-        observed = position[observed]
-        expected = np.concatenate([expected[support], [0.0]])
-        old_label = label
-        label = lambda i: old_label(int(support[i])) if i < support.size else "any outcome of probability 0"  # noqa: E731
-    counts = np.bincount(observed, minlength=expected.size).astype(np.int64)
-    gof = goodness_of_fit(counts, expected, share)
-    comparison = LawComparison(LawPlan(law, condition, expected, label), counts)
-    summary = (f"{gof.impossible:,} trials fell on outcomes of exact probability 0; TV {gof.tv_estimate:.4f}"
-               if gof.impossible else f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}")
-    return Verdict(outcome=Outcome.EXACT, summary=summary, check=f"{name}/{law}", law=law, condition=condition,
-                   samples=gof.samples, kind=CheckKind.LAW, category=category, **base, evidence=LawEvidence(
-                       Evidence.DETERMINISTIC if gof.impossible else Evidence.FIXED_BUDGET,
-                       statistic=None if gof.impossible else gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
-                       pvalue=gof.pvalue, tv=TotalVariation(gof.tv_estimate, gof.tv_interval, gof.detectable_tv),
-                       certificate=tv_certificate(counts, expected, alpha),
-                       cells=deviating_cells(comparison, gof.samples), law_cells=plot_cells(comparison, gof.samples)))
-
-
-def tree_verdicts(samples: TreeSamples, rule: str | None, share: float, alpha: float, base: dict) -> list[Verdict]:
-    """The law verdicts of one world's trials (before Holm)."""
-    w = samples.world
-    vocab, length = w.vocab_size, w.length
-    seq = samples.sequences.numpy()
-    law = w.sequence_law()
-    verdicts = [
-        _law_verdict(w.name, "sequence", f"whole sequences of {length} tokens through the loop", law,
-                     _codes(seq, vocab), lambda i: str([int(x) for x in np.unravel_index(i, (vocab,) * length)]),
-                     share, alpha, base),
-        _law_verdict(w.name, "first_token", "first token of every trial", law.reshape(vocab, -1).sum(1), seq[:, 0],
-                     lambda i: f"token {i}", share, alpha, base)]
-    if rule is not None and RULE_SIBLINGS[rule] == w.siblings:
-        step = step_law(w, w.world.prompt_state, rule)
-        outcomes = sorted(step)
-        index = {o: i for i, o in enumerate(outcomes)}
-        observed = np.array([index.get(o, len(outcomes)) for o in samples.first_steps], dtype=np.int64)
-        verdicts.append(_law_verdict(
-            w.name, f"step_law@{rule}", f"the first verify call's emitted tokens, rule {rule}",
-            np.array([step[o] for o in outcomes] + [0.0]), observed,
-            lambda i: str(list(outcomes[i])) if i < len(outcomes) else "any other", share, alpha, base,
-            Category.CONFORMANCE))
-    return verdicts
+__all__ = ["run_tree_audit"]
 
 
 def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
@@ -169,7 +51,7 @@ def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name
 
 def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progress) -> TreeAuditResult:
     plan, trials = plan_tree_audit(subject, options)
-    rule = _rule(subject, options)
+    rule = judged_tree_rule(subject, options)
     name = subject_name or getattr(subject, "__name__", type(subject).__name__)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
