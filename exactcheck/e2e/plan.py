@@ -79,11 +79,10 @@ def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = Tr
                 world_missing = world_missing or capabilities.missing_for(greedy_variant(world.policy))
             token_laws = ["sequence", "first_token"] + (["stop_position"] if policy.stop_tokens else [])
             marginals = [name for name, _, _ in world.marginals]
-            text_only = (capabilities is not None and capabilities.text_law_only and "text" in marginals
-                         and TEXT_ONLY_MISSING)
+            text_only = capabilities is not None and capabilities.text_law_only and "text" in marginals
             for law in token_laws + marginals:
                 add(Check(f"{world.name}/{law}{suffix}", CheckKind.GENERATOR_LAW, world.name, law + suffix),
-                    missing or (text_only if law in token_laws else None))
+                    missing or (TEXT_ONLY_MISSING if text_only and law in token_laws else None))
             if capabilities is not None and capabilities.reports_draft_q:
                 add(Check(f"{world.name}/draft_follows_q{suffix}", CheckKind.GENERATOR_LAW, world.name,
                           "draft_follows_q" + suffix), missing)
