@@ -47,7 +47,7 @@ def build_listing() -> str:
     from exactcheck.tree.subjects import builtin_tree_verifiers
     from toy_models.tree_worlds import tree_worlds
     lines.append("tree worlds (`exactcheck tree`; siblings drawn as the subject declares):")
-    lines += [f"  {w.name:<26} {w.siblings} siblings, branching {'x'.join(map(str, w.branching))}, "
+    lines += [f"  {w.name:<26} {w.siblings} siblings, {w.shape_name}, "
               f"V={w.vocab_size}, {w.length} tokens" + (", greedy target" if w.greedy else "") for w in tree_worlds()]
     lines.append(f"tree rules (`exactcheck tree --rule`): {', '.join(TREE_RULES)}")
     lines.append("tree verifiers (`exactcheck tree NAME`):")

@@ -256,7 +256,8 @@ def typical_threshold(p_rows: np.ndarray, values: dict) -> np.ndarray:
 
 class Typical(Rule):
     """Accept d_i iff p_i(d_i) > min(epsilon, delta exp(-H(p_i))) (deterministic); the first
-    rejected position emits the target's argmax; the bonus is sampled from p."""
+    rejected position emits the target's argmax; the bonus is sampled from p (vLLM V0), or, with
+    ``argmax_bonus=1``, is the argmax too (Medusa, whose next token is always argmax p)."""
 
     def _accept(self, p, d, values):
         pi = _gather(p[:, :-1], d)
@@ -264,7 +265,8 @@ class Typical(Rule):
 
     def emission(self, p, q, d, values):
         accept = chain_law(self._accept(p, d, values))
-        return accept, np.concatenate([_one_hot_argmax(p[:, :-1]), p[:, -1:]], 1)
+        bonus = _one_hot_argmax(p[:, -1:]) if values.get("argmax_bonus") else p[:, -1:]
+        return accept, np.concatenate([_one_hot_argmax(p[:, :-1]), bonus], 1)
 
     def oracle(self, p, q, d, values):
         k = d.shape[1]
@@ -414,9 +416,12 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
             "vLLM 0.6.6 vllm/model_executor/layers/typical_acceptance_sampler.py; FasterDecoding/Medusa "
             "medusa/model/utils.py@e2a5d20", False,
             (Parameter("posterior_threshold", 0.09, "epsilon: the hard threshold", 0, 1),
-             Parameter("posterior_alpha", 0.3, "delta: the entropy-scaled threshold's factor", 0, 1)),
+             Parameter("posterior_alpha", 0.3, "delta: the entropy-scaled threshold's factor", 0, 1),
+             Parameter("argmax_bonus", 0, "1: the bonus is argmax p (Medusa); 0: drawn from p (vLLM V0)", 0, 1,
+                       integer=True)),
             formula="accept d_i iff p_i(d_i) > min(epsilon, delta exp(-H(p_i))), H = -sum p log(p + 1e-5); "
-                    "the first rejected position emits argmax p; bonus from p (vLLM V0)"),
+                    "the first rejected position emits argmax p; bonus from p (vLLM V0) or argmax p "
+                    "(argmax_bonus=1, Medusa)"),
     Synthetic("synthetic", "synthetic acceptance (vLLM's benchmarking mode)",
               f"{_V033} rejection_sampler_utils.py / v1/sample/rejection_sampler.py (rejection_sample_method="
               "'synthetic')", False,

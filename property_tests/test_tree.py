@@ -53,10 +53,14 @@ def test_the_contract_names_a_path_that_is_not_in_the_tree():
 @pytest.mark.parametrize("world", sorted(WORLDS), ids=str)
 def test_every_exact_step_law_sums_to_one_and_emits_the_target_first(world):
     w = WORLDS[world]
+    from exactcheck.tree.rules import TREE_RULES
     for rule, siblings in RULE_SIBLINGS.items():
         if siblings != w.siblings:
             continue
         law = step_law(w, w.world.prompt_state, rule)
+        if not TREE_RULES[rule].exact:  # lossy (typical): a law, not the target's first token
+            assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+            continue
         assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
         first = np.zeros(w.vocab_size)
         for outcome, prob in law.items():
@@ -258,3 +262,57 @@ def test_the_tree_command_takes_a_rule_and_names_it_in_reproduce_lines(capsys):
     assert "step_law@multi_round" in out and "--rule multi_round" in out
     assert main(["tree", "tree-corpus:first_branch_only", "--rule", "target_only", "--quiet"]) == 2
     assert main(["tree", "tree-corpus:first_branch_only", "--rule", "nope", "--quiet"]) == 2
+
+
+# ---- ragged and dynamic trees, the loop law, lossy tree rules (issue 45) ----
+
+def test_every_exact_tree_rule_gives_the_target_law_through_the_loop_on_every_world():
+    """The whole-generation law of every exact rule, composed step by step (``loop_sequence_law``),
+    is the target's own law on every world: ragged and dynamic shapes included (exactness holds for
+    any shape, proved by enumeration, not sampled)."""
+    from exactcheck.tree.laws import loop_sequence_law
+    from exactcheck.tree.rules import TREE_RULES
+    for w in WORLDS.values():
+        for name, rule in TREE_RULES.items():
+            if rule.sibling_mode == w.siblings and rule.exact:
+                np.testing.assert_allclose(loop_sequence_law(w, name), w.sequence_law(), atol=1e-12,
+                                           err_msg=f"{name} on {w.name}")
+
+
+def test_ragged_and_dynamic_worlds_have_leaves_at_several_depths_and_shapes_per_state():
+    from exactcheck.tree.contract import tree_depths
+    ragged, dynamic = WORLDS["tree_topk_ragged_v4_medusa7"], WORLDS["tree_topk_dynamic_v5_eagle2"]
+    parents, depths = ragged.topology
+    leaves = {depths[i] for i in range(1, len(parents)) if i not in parents}
+    assert leaves == {1, 2, 3}  # Medusa-style: leaves at three depths
+    states = torch.arange(dynamic.world.num_states)
+    _, _, tokens, parents, node_states = dynamic.draw_tree(states, torch.Generator().manual_seed(0))
+    assert tokens.shape == (len(states), dynamic.nodes)
+    assert len({tuple(row) for row in parents.tolist()}) > 3  # the shape is chosen per state
+    assert set(tree_depths(parents).max(1).values.tolist()) >= {2, 3}
+    q = dynamic.world.draft.law()
+    for s in range(dynamic.world.num_states):  # the kept children of a node are its draft row's top ones
+        toks, pars = dynamic.tree_at(s)
+        for node in range(len(toks)):
+            kids = [toks[i] for i in range(1, len(toks)) if pars[i] == node]
+            if kids:
+                row = q[int(node_states[s, node])]
+                assert kids == [int(x) for x in np.argsort(-row, kind="stable")[:len(kids)]]
+
+
+def test_a_lossy_tree_rule_is_judged_by_its_own_law_and_says_what_it_costs():
+    """``typical`` follows its declared rule: lossy-by-design verdicts with the exact TV; judged by
+    the other typical rule (argmax bonus), the same verifier is found: the check can fail."""
+    from exactcheck.tree.laws import lossy_tv
+    from exactcheck.tree.reference import typical
+    worlds = ["tree_topk_v4_3x1", "tree_topk_ragged_v4_medusa7"]
+    result = run_tree_audit(typical, level="quick", seed=5, progress=False, worlds=worlds, max_samples=5_000)
+    assert result.passed, [v.describe() for v in result.failed]
+    sequence = {v.world: v for v in result.verdicts if v.law == "sequence"}
+    for name in worlds:
+        assert sequence[name].outcome.value == "lossy-by-design"
+        assert f"TV {lossy_tv(WORLDS[name], 'typical'):.4f}" in sequence[name].summary
+    assert lossy_tv(WORLDS["tree_topk_v4_3x1"], "typical") > 0.5
+    wrong = run_tree_audit(typical, level="quick", seed=5, progress=False, worlds=worlds, max_samples=5_000,
+                           tree_rule="typical_medusa")
+    assert not wrong.passed and {v.law for v in wrong.failed} >= {"sequence"}

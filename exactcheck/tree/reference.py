@@ -27,7 +27,8 @@ import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
 
-__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "REFERENCE_TREE_VERIFIERS", "gather", "normalised", "multi_round_deciding",
+__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "typical", "typical_medusa",
+           "LOSSY_TREE_VERIFIERS", "REFERENCE_TREE_VERIFIERS", "gather", "normalised", "multi_round_deciding",
            "walk_tree", "inverse_cdf"]
 
 
@@ -204,5 +205,66 @@ target_only.sibling_sampling = "top_k"
 target_only.takes_draft_probs = False
 target_only.tree_rule = "target_only"
 
+def _typical_walk(target_probs, tokens, parents, generator, argmax_bonus: bool, posterior_threshold: float = 0.09,
+                  posterior_alpha: float = 0.3):
+    """Typical acceptance over the whole tree (``exactcheck.tree.rules.Typical``), batched: every
+    node's acceptance, the deepest fully accepted node (ties: the larger sum of log p), its path,
+    then argmax p there (or, without ``argmax_bonus``, a draw from p at a leaf)."""
+    b, m, vocab = target_probs.shape
+    device = target_probs.device
+    p = target_probs.double()
+    entropy = -(p * torch.log(p + 1e-5)).sum(-1)  # [B, N+1]
+    threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+    rows = torch.arange(b, device=device)
+    depth = tree_depths(parents)
+    ok = torch.ones(b, m, dtype=torch.bool, device=device)
+    loglik = torch.zeros(b, m, dtype=torch.float64, device=device)
+    for i in range(1, m):
+        par = parents[:, i]
+        prob = p[rows, par, tokens[:, i].clamp(min=0)]
+        ok[:, i] = ok[rows, par] & (prob > threshold[rows, par])
+        loglik[:, i] = loglik[rows, par] + torch.log(prob)
+    # rank: deepest first, then likelihood; node 0 (depth 0, always accepted) when nothing is
+    score_depth = torch.where(ok, depth, torch.full_like(depth, -1))
+    best_depth = score_depth.max(1).values
+    at_best = score_depth == best_depth[:, None]
+    best = torch.where(at_best, loglik, torch.full_like(loglik, -torch.inf)).argmax(1)
+    best = torch.where(best_depth == 0, torch.zeros_like(best), best)
+    out = torch.full((b, int(depth.max()) + 1), -1, dtype=torch.int64, device=device)
+    node = best.clone()
+    for j in range(int(best_depth.max()), 0, -1):  # the path, filled from its end
+        on = best_depth >= j
+        out[:, j - 1] = torch.where(on, tokens[rows, node], out[:, j - 1])
+        node = torch.where(on, parents[rows, node], node)
+    row = p[rows, best]
+    leaf = ~(parents == best[:, None]).any(1)
+    u = torch.rand(b, dtype=torch.float64, generator=generator, device=device)
+    final = row.argmax(1) if argmax_bonus else torch.where(leaf, inverse_cdf(row, u), row.argmax(1))
+    out[rows, best_depth] = final
+    return out
+
+
+def typical(target_probs, draft_probs, tokens, parents, generator):
+    """Typical acceptance on a top-k tree, the bonus drawn from p at a leaf (lossy)."""
+    return _typical_walk(target_probs, tokens, parents, generator, argmax_bonus=False)
+
+
+typical.sibling_sampling = "top_k"
+typical.takes_draft_probs = False
+typical.tree_rule = "typical"
+
+
+def typical_medusa(target_probs, draft_probs, tokens, parents, generator):
+    """Typical acceptance as Medusa ships it: argmax at the node reached (lossy)."""
+    return _typical_walk(target_probs, tokens, parents, generator, argmax_bonus=True)
+
+
+typical_medusa.sibling_sampling = "top_k"
+typical_medusa.takes_draft_probs = False
+typical_medusa.tree_rule = "typical_medusa"
+
 REFERENCE_TREE_VERIFIERS = {"multi_round": multi_round, "without_replacement": without_replacement,
                             "deterministic": deterministic, "target_only": target_only}
+
+# lossy by design: each follows its declared rule, and its output law is the rule's, not the target's
+LOSSY_TREE_VERIFIERS = {"typical": typical, "typical_medusa": typical_medusa}

@@ -14,6 +14,12 @@ token is drawn and the step ends. Everything exactcheck knows of a rule follows 
   one verify step's exact law, with no knowledge of any rule;
 - ``title``, ``source`` (the paper or engine file it follows), ``exact``, ``formula``.
 
+A rule whose decision at a node depends on the subtrees below it (typical acceptance keeps the
+deepest fully accepted path of the whole tree, as Medusa does) overrides ``step_law(view)``
+instead: the law of one step's emitted tuple, read from a ``TreeView`` (the step's root state,
+the rows at every state, the width of every node, the state after a token). The default composes
+``node_law``/``leaf_law`` over the tree.
+
 A new rule is one entry here (its ``TreeRule`` subclass and its row in ``TREE_RULES``) and its
 proofs: a reference walk in ``exactcheck.tree.reference`` (Monte Carlo against the law in
 ``property_tests/test_tree.py``), docs. Numpy only.
@@ -21,10 +27,12 @@ proofs: a reference walk in ``exactcheck.tree.reference`` (Monte Carlo against t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["TreeRule", "TREE_RULES", "RULE_SIBLINGS", "tree_rule", "top_k_order"]
+__all__ = ["TreeRule", "TreeView", "TREE_RULES", "RULE_SIBLINGS", "tree_rule", "top_k_order",
+           "typical_threshold"]
 
 
 def _norm(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -37,9 +45,27 @@ def top_k_order(q: np.ndarray, width: int) -> np.ndarray:
     return np.argsort(-q, kind="stable")[:width]
 
 
+class TreeView(Protocol):
+    """What a rule may read of one step's tree (``exactcheck.tree.laws`` builds it from a world)."""
+
+    root: int  # the state at the step's root (the context so far)
+
+    def p(self, state: int) -> np.ndarray: ...  # the target's row at a state, float64
+
+    def q(self, state: int) -> np.ndarray: ...  # the draft's row at a state, float64
+
+    def width(self, path: tuple[int, ...]) -> int: ...  # children of the node reached by ``path``
+
+    def after(self, state: int, token: int) -> int: ...  # the state after ``token``
+
+
+def _add(out: dict, key: tuple[int, ...], mass: float) -> None:
+    out[key] = out.get(key, 0.0) + mass
+
+
 @dataclass(frozen=True)
 class TreeRule:
-    """One tree verification rule. Subclasses give ``node_law``."""
+    """One tree verification rule. Subclasses give ``node_law`` (or ``step_law``)."""
 
     name: str
     title: str
@@ -54,6 +80,28 @@ class TreeRule:
 
     def leaf_law(self, p: np.ndarray) -> np.ndarray:
         return p
+
+    def step_law(self, view: TreeView) -> dict[tuple[int, ...], float]:
+        """The law of one step's emitted tuple (accepted path, then the correction or bonus):
+        ``node_law`` at every node with children, ``leaf_law`` at a leaf."""
+        out: dict[tuple[int, ...], float] = {}
+
+        def emit(prefix, rows, weight):
+            for x in np.flatnonzero(rows > 0):
+                _add(out, prefix + (int(x),), weight * float(rows[x]))
+
+        def node(s, prefix, weight):
+            width = view.width(prefix)
+            if width == 0:
+                emit(prefix, self.leaf_law(view.p(s)), weight)
+                return
+            accept, correct = self.node_law(view.p(s), view.q(s), width)
+            for x in np.flatnonzero(accept > 0):
+                node(view.after(s, int(x)), prefix + (int(x),), weight * float(accept[x]))
+            emit(prefix, correct, weight)
+
+        node(view.root, (), 1.0)
+        return out
 
 
 
@@ -128,6 +176,53 @@ class TargetOnly(TreeRule):
 
 
 
+def typical_threshold(p: np.ndarray, posterior_threshold: float, posterior_alpha: float) -> float:
+    """Medusa's typical-acceptance threshold min(epsilon, delta exp(-H(p))), H = -sum p log(p + 1e-5)
+    in nats (the chain rule's ``exactcheck.rules.typical_threshold``, one row)."""
+    entropy = -float((p * np.log(p + 1e-5)).sum())
+    return min(posterior_threshold, posterior_alpha * float(np.exp(-entropy)))
+
+
+@dataclass(frozen=True)
+class Typical(TreeRule):
+    """Typical acceptance on a top-k tree, as Medusa verifies (``evaluate_posterior``): a node is
+    accepted when its token's target probability at its parent exceeds min(epsilon, delta
+    exp(-H)); the path kept is the deepest whose every node is accepted (ties: the larger sum of
+    log p along it); then one token at the node reached: its target argmax (``argmax_bonus``:
+    Medusa, whose next root token is argmax), or, as vLLM V0's chain rule, argmax only where a
+    child was rejected and a draw from p at a leaf. Deterministic but for that draw; lossy."""
+
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    argmax_bonus: bool = False
+
+    def step_law(self, view: TreeView) -> dict[tuple[int, ...], float]:
+        best = ((), view.root, 0.0)  # (path, state, sum of log p)
+        stack = [((), view.root, 0.0)]
+        while stack:
+            path, s, loglik = stack.pop()
+            p = view.p(s)
+            width = view.width(path)
+            if not width:
+                continue
+            threshold = typical_threshold(p, self.posterior_threshold, self.posterior_alpha)
+            for x in top_k_order(view.q(s), width):
+                if p[x] > threshold:
+                    child = (path + (int(x),), view.after(s, int(x)), loglik + float(np.log(p[x])))
+                    if (len(child[0]), child[2]) > (len(best[0]), best[2]):
+                        best = child
+                    stack.append(child)
+        path, s, _ = best
+        p = view.p(s)
+        leaf = view.width(path) == 0
+        if self.argmax_bonus or not leaf:
+            return {path + (int(np.argmax(p)),): 1.0}
+        out: dict[tuple[int, ...], float] = {}
+        for x in np.flatnonzero(p > 0):
+            _add(out, path + (int(x),), float(p[x]))
+        return out
+
+
 TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (
     MultiRound("multi_round", "multi-round speculative sampling (SpecInfer, EAGLE)",
                "Miao et al. 2024 (SpecInfer, arXiv 2305.09781) algorithm 2; EAGLE (Li et al. 2024) "
@@ -149,6 +244,17 @@ TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (
                takes_draft_probs=False,
                formula="one coin u per node; the first sibling whose cumulative target mass (distinct "
                        "tokens) exceeds u is accepted; if none, draw from p with the siblings zeroed"),
+    Typical("typical", "typical acceptance on a tree, the bonus drawn from p (vLLM V0's chain rule on a tree)",
+            "Cai et al. 2024 (Medusa, arXiv 2401.10774) section 2.3.1; vLLM 0.6.6 "
+            "typical_acceptance_sampler.py", "top_k", exact=False, takes_draft_probs=False,
+            formula="accept node x iff p_parent(x) > min(0.09, 0.3 exp(-H(p_parent))); keep the deepest fully "
+                    "accepted path (ties: larger sum log p); argmax p where a child was rejected, a draw from "
+                    "p at a leaf"),
+    Typical("typical_medusa", "typical acceptance as Medusa ships it (argmax bonus)",
+            "FasterDecoding/Medusa medusa/model/utils.py evaluate_posterior and generate_candidates "
+            "(medusa-llm 0.1 on PyPI)", "top_k", exact=False, takes_draft_probs=False, argmax_bonus=True,
+            formula="accept node x iff p_parent(x) > min(0.09, 0.3 exp(-H(p_parent))); keep the deepest fully "
+                    "accepted path (ties: larger sum log p); then argmax p at the node reached"),
 )}
 
 # rule -> the sibling mode it is exact for

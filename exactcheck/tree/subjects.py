@@ -9,8 +9,9 @@ __all__ = ["load_tree_verifier", "builtin_tree_verifiers"]
 def builtin_tree_verifiers() -> dict:
     from exactcheck.adapters.sglang_tree import SglangTreeGreedy, SglangTreeTargetOnly
     from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only
-    from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
+    from exactcheck.tree.reference import LOSSY_TREE_VERIFIERS, REFERENCE_TREE_VERIFIERS
     out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
+    out.update({f"tree-lossy:{name}": v for name, v in LOSSY_TREE_VERIFIERS.items()})
     from exactcheck.corpus.trees import TREE_CORPUS
     out["tree-corpus:first_branch_only"] = first_branch_only
     out.update({f"tree-corpus:{name}": v for name, v in TREE_CORPUS.items()})
@@ -34,7 +35,7 @@ def load_tree_verifier(name: str):
             if why:
                 raise UsageError(f"{name}: {why} (sglang-tree-target-only runs the same walk in torch)")
         return subject
-    if name.startswith(("tree-reference:", "tree-mutant:", "tree-corpus:")):
+    if name.startswith(("tree-reference:", "tree-lossy:", "tree-mutant:", "tree-corpus:")):
         raise UsageError(f"unknown tree verifier {name!r}; built in: {sorted(builtin)}")
     from exactcheck.loading import load_subject
     return load_subject(name)

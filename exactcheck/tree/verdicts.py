@@ -11,7 +11,8 @@ from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVaria
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan
 from exactcheck.tree.drive import TreeSamples
-from exactcheck.tree.laws import RULE_SIBLINGS, step_law
+from exactcheck.tree.laws import RULE_SIBLINGS, loop_sequence_law, lossy_tv, step_law
+from exactcheck.tree.rules import tree_rule
 
 __all__ = ["tree_verdicts"]
 
@@ -24,7 +25,7 @@ def _codes(sequences: np.ndarray, vocab: int) -> np.ndarray:
 
 
 def _law_verdict(name: str, law: str, condition: str, expected: np.ndarray, observed: np.ndarray, label, share: float,
-                 alpha: float, base: dict, category: Category = Category.EXACTNESS) -> Verdict:
+                 alpha: float, base: dict, category: Category = Category.EXACTNESS, lossy: str = "") -> Verdict:
     # cells of probability 0 (a greedy world's law is one cell) are merged into one "other" cell, as
     # the end-to-end laws do, so the TV interval is not widened by thousands of empty cells
     support = np.flatnonzero(expected > 0)
@@ -40,7 +41,10 @@ def _law_verdict(name: str, law: str, condition: str, expected: np.ndarray, obse
     comparison = LawComparison(LawPlan(law, condition, expected, label), counts)
     summary = (f"{gof.impossible:,} trials fell on outcomes of exact probability 0; TV {gof.tv_estimate:.4f}"
                if gof.impossible else f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}")
-    return Verdict(outcome=Outcome.EXACT, summary=summary, check=f"{name}/{law}", law=law, condition=condition,
+    if lossy:
+        summary = f"{lossy}; the subject follows its rule: {summary}"
+    return Verdict(outcome=Outcome.LOSSY if lossy else Outcome.EXACT, summary=summary, check=f"{name}/{law}", law=law,
+                   condition=condition,
                    samples=gof.samples, kind=CheckKind.LAW, category=category, **base, evidence=LawEvidence(
                        Evidence.DETERMINISTIC if gof.impossible else Evidence.FIXED_BUDGET,
                        statistic=None if gof.impossible else gof.statistic, statistic_name=STATISTIC_NAME, df=gof.df,
@@ -54,13 +58,19 @@ def tree_verdicts(samples: TreeSamples, rule: str | None, share: float, alpha: f
     w = samples.world
     vocab, length = w.vocab_size, w.length
     seq = samples.sequences.numpy()
-    law = w.sequence_law()
+    # a subject that declares a lossy tree rule is judged against what its rule gives the user,
+    # and each verdict says what that costs (the exact TV of the rule's law from the target's)
+    lossy = rule is not None and not tree_rule(rule).exact and RULE_SIBLINGS[rule] == w.siblings
+    law = loop_sequence_law(w, rule) if lossy else w.sequence_law()
+    note = (f"lossy by design ({rule}): its output law on this world is TV {lossy_tv(w, rule):.4f} from the "
+            "target's (exact)") if lossy else ""
+    category = Category.CONFORMANCE if lossy else Category.EXACTNESS
     verdicts = [
         _law_verdict(w.name, "sequence", f"whole sequences of {length} tokens through the loop", law,
                      _codes(seq, vocab), lambda i: str([int(x) for x in np.unravel_index(i, (vocab,) * length)]),
-                     share, alpha, base),
+                     share, alpha, base, category, note),
         _law_verdict(w.name, "first_token", "first token of every trial", law.reshape(vocab, -1).sum(1), seq[:, 0],
-                     lambda i: f"token {i}", share, alpha, base)]
+                     lambda i: f"token {i}", share, alpha, base, category, note)]
     if rule is not None and RULE_SIBLINGS[rule] == w.siblings:
         step = step_law(w, w.world.prompt_state, rule)
         outcomes = sorted(step)
