@@ -1,0 +1,159 @@
+"""Tree-cache invariants, checked on the forward calls the cached toy models recorded.
+
+The models (``toy_models.tree_cache_lm.TreeCacheLM``) log every forward of one generation in one
+shared, ordered list (``TreeForwardCall``: the cache before the call as tokens and position ids,
+the inputs, their position ids and the tree mask). With F = prompt + the generated tokens, N the
+tree's candidates and (parents, depths) its breadth-first topology (``tree.topology``), an exact
+tree generator that keeps the conventions of ``exactcheck.tree.generator`` keeps, at every call:
+
+1. ``committed_cache`` (every target call: each verify sees the previous verify's compaction;
+   the first draft call of each round; the target's cache after the last verify): the cache
+   holds F's first m tokens at positions 0 .. m-1: no rejected-branch entry left behind, no
+   gap, no duplicate, nothing out of order;
+2. ``committed_inputs`` (target calls): the verify forward's n inputs are c = n - N >= 1
+   committed tokens F[m:m+c] (the last of them the root) followed by the N candidates;
+3. ``tree_positions`` (target calls): the committed inputs sit at m .. m+c-1 and candidate i at
+   depth d at (m + c - 1) + d: the root's position plus its depth;
+4. ``tree_mask`` (target calls): a committed input sees the cache and the inputs up to itself; a
+   candidate sees the cache, every committed input, its ancestors and itself, and no sibling,
+   cousin or other node;
+5. ``visible_path`` (every call of either model): what each input sees has positions exactly
+   0, 1, ..., k, once each, its own the last. A correct tree mask with correct positions shows
+   every input one root-to-node path; a visible sibling or cousin repeats a position, a wrong
+   position leaves a gap. This is the draft's check (its forwards have no fixed layout).
+
+A round is one target call; draft calls before target call r belong to round r. Each breach is a
+``TreeBreach`` (invariant, round, role, call index, detail). Deterministic: an exact generator
+never breaches, so any breach is a finding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toy_models.tree_worlds import TreeWorld
+
+__all__ = ["TreeBreach", "check_tree_calls", "TREE_INVARIANTS"]
+
+TREE_INVARIANTS = ("committed_cache", "committed_inputs", "tree_positions", "tree_mask", "visible_path")
+
+
+@dataclass(frozen=True)
+class TreeBreach:
+    """One broken invariant at one forward call (``call`` -1: the target's cache after the last verify)."""
+
+    invariant: str
+    round: int
+    role: str
+    call: int
+    detail: str
+
+    def describe(self) -> str:
+        where = "the target cache after the last verify" if self.call < 0 else f"forward call {self.call} ({self.role})"
+        return f"{self.invariant} broken in round {self.round} at {where}: {self.detail}"
+
+
+def check_tree_calls(calls, prompt, generated, tree: TreeWorld,
+                     final_target_cache: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> list[TreeBreach]:
+    """Every broken invariant over the recorded ``calls`` of one generation of ``generated`` after
+    ``prompt``; ``final_target_cache``: (tokens, positions) the target's cache held at the end."""
+    final = tuple(int(x) for x in prompt) + tuple(int(x) for x in generated)
+    parents, depths = tree.topology
+    breaches: list[TreeBreach] = []
+    rounds, first_of_round = 0, True
+    for i, call in enumerate(calls):
+        if call.role == "target" or first_of_round:
+            breaches += _committed_cache(call.cached_tokens, call.cached_positions, final, rounds, call.role, i)
+        if call.role == "target":
+            breaches += _verify_call(call, i, rounds, final, parents, depths)
+        breaches += _visible_path(call, i, rounds)
+        rounds += call.role == "target"
+        first_of_round = call.role == "target"
+    if final_target_cache is not None:
+        tokens, positions = final_target_cache
+        breaches += _committed_cache(tuple(tokens), tuple(positions), final, rounds, "target", -1, partial=True)
+    return breaches
+
+
+def _committed_cache(tokens, positions, final, rnd, role, call, partial=False) -> list[TreeBreach]:
+    """The cache holds F[:m] at positions 0..m-1 (``partial``: F may end before the cache does,
+    after the last round's extra tokens were cut)."""
+    m = len(tokens)
+    if positions != tuple(range(m)):
+        bad = next(j for j, p in enumerate(positions) if p != j)
+        return [TreeBreach("committed_cache", rnd, role, call, (
+            f"cache entry {bad} is at position {positions[bad]} (cache positions {list(positions)}; expected "
+            f"0..{m - 1}: an entry left behind, skipped or stored at a wrong position)"))]
+    limit = min(m, len(final)) if partial else m
+    wrong = next((j for j in range(limit) if j >= len(final) or tokens[j] != final[j]), None)
+    if wrong is not None:
+        there = final[wrong] if wrong < len(final) else "nothing"
+        return [TreeBreach("committed_cache", rnd, role, call, (
+            f"cache entry {wrong} holds token {tokens[wrong]}, the committed sequence has {there} there "
+            f"(a rejected branch's entry left behind)"))]
+    return []
+
+
+def _verify_call(call, index, rnd, final, parents, depths) -> list[TreeBreach]:
+    m, n, nodes = len(call.cached_tokens), len(call.input_tokens), len(parents)
+    c = n - (nodes - 1)
+    where = dict(round=rnd, role="target", call=index)
+    if c < 1 or m + c > len(final) or call.input_tokens[:c] != final[m:m + c]:
+        return [TreeBreach("committed_inputs", detail=(
+            f"the verify forward feeds {list(call.input_tokens)} after a cache of {m} entries; expected the "
+            f"committed tokens {list(final[m:m + max(c, 1)])} then {nodes - 1} candidates"), **where)]
+    root = m + c - 1  # the root's index among cache + inputs, and its position
+    expected = list(range(m, m + c)) + [root + depths[i] for i in range(1, nodes)]
+    out = []
+    if list(call.input_positions) != expected:
+        bad = next(j for j, (a, b) in enumerate(zip(call.input_positions, expected)) if a != b)
+        what = f"candidate {bad - c + 1} (depth {depths[bad - c + 1]})" if bad >= c else f"committed input {bad}"
+        out.append(TreeBreach("tree_positions", detail=(
+            f"{what} is at position {call.input_positions[bad]}, expected {expected[bad]} "
+            f"(inputs at {list(call.input_positions)}, expected {expected})"), **where))
+    for a in range(n):
+        node = a - c + 1  # tree node id of input a (0: the root), negative for earlier committed inputs
+        allowed = set(range(m + min(a, c - 1) + 1))  # cache and committed inputs up to a (or all of them)
+        if node > 0:
+            j = node
+            while j > 0:
+                allowed.add(root + j)
+                j = parents[j]
+        seen = set(call.visible(a))
+        if seen != allowed:
+            out.append(TreeBreach("tree_mask", detail=_mask_detail(node, seen, allowed, root, parents, a), **where))
+            break
+    return out
+
+
+def _mask_detail(node, seen, allowed, root, parents, a) -> str:
+    who = f"candidate {node}" if node > 0 else ("the root" if node == 0 else f"committed input {a}")
+    extra, missing = sorted(seen - allowed), sorted(allowed - seen)
+    parts = []
+    if extra:
+        names = [f"node {j - root} ({_relation(node, j - root, parents)})" if j > root else f"entry {j}" for j in extra]
+        parts.append(f"sees {', '.join(names)}")
+    if missing:
+        parts.append(f"does not see {', '.join(f'node {j - root}' if j >= root else f'entry {j}' for j in missing)}")
+    return f"{who} {' and '.join(parts)}; it may see the committed entries, its ancestors and itself only"
+
+
+def _relation(node: int, other: int, parents) -> str:
+    if node <= 0:
+        return "a candidate"
+    if parents[other] == parents[node]:
+        return "a sibling"
+    return "a cousin" if other < node else "a later node"
+
+
+def _visible_path(call, index, rnd) -> list[TreeBreach]:
+    positions = call.cached_positions + call.input_positions
+    m = len(call.cached_tokens)
+    for a in range(len(call.input_tokens)):
+        seen = call.visible(a)
+        got = sorted(positions[j] for j in seen)
+        own = call.input_positions[a]
+        if got != list(range(len(got))) or m + a not in seen or own != len(got) - 1:
+            return [TreeBreach("visible_path", rnd, call.role, index, (
+                f"input {a} (token {call.input_tokens[a]} at position {own}) sees positions {got}; a path from "
+                f"position 0 to its own, each once, was expected"))]
+    return []

@@ -1,0 +1,255 @@
+"""exactcheck's reference tree loop over cached models, and its tree-cache mutants.
+
+``ReferenceTreeLoop`` is a tree generator (``exactcheck.tree.generator``). With F the committed
+sequence (prompt + tokens generated so far, T = len(F)), each round:
+
+1. **draft** (``draft_tree``): the draft is fed the committed tokens its cache lacks (F[known:],
+   positions known .. T-1; its last row is the root's draft row q_0), then one forward per depth
+   d = 1 .. D-1 feeding the nodes of that depth; each node's children are drawn from its draft
+   row as ``tree.siblings`` says (``iid``: with replacement; ``without_replacement``; ``top_k``:
+   the most likely, ties by id), like ``TreeWorld.draw_tree``. Leaves are not fed (their draft
+   rows are never used; they are set to uniform);
+2. **score** (``score_tree``): ONE target forward whose inputs are F[known:] then the N candidates
+   in breadth-first order (``tree.topology``): node 0, the root, is F's last token;
+3. **verify** (``verify``): the reference verifier of the sibling mode (``multi_round``,
+   ``without_replacement``, ``deterministic`` from ``exactcheck.tree.reference``) on
+   target_probs [1, N+1, V] (row i: the target's row after the path to node i; row 0 after F),
+   draft_probs likewise, tokens (root -1) and parents; it emits the accepted path's tokens and
+   one correction or bonus token;
+4. **commit** (``commit``): F grows by the emitted tokens; each cache is compacted (``keep``) to
+   F's new value minus its last token: the committed entries, then the accepted path's entries
+   (which were written at the right positions), every other node's entry dropped.
+
+Conventions (what ``exactcheck.tree.cache_checks`` checks):
+
+* between rounds the target's cache holds F[:T-1] at positions 0 .. T-2 (``known`` = T-1
+  entries); the draft's the same, or one entry less after a round that accepted a leaf (a leaf
+  is never fed to the draft, so its entry is fed with the next round's committed tokens);
+* positions: the committed inputs get known, known+1, ..., T-1 (the root is at T-1); node i
+  at depth d gets T - 1 + d;
+* masks: a committed input sees the cache and the inputs up to itself; a node sees every
+  committed entry (cache and inputs), its ancestors and itself, and no other node.
+
+The loop stops once ``max_new_tokens`` tokens are generated and returns exactly that many (the
+last round's extra tokens cut). One method per step, so each mutant overrides exactly one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from exactcheck.tree.reference import deterministic, multi_round, without_replacement
+from toy_models.tree_worlds import TreeWorld
+
+__all__ = ["ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",
+           "TREE_CACHE_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes"]
+
+# the reference verifier that is exact for each way siblings are drawn
+VERIFIER_FOR_SIBLINGS = {"iid": multi_round, "without_replacement": without_replacement, "top_k": deterministic}
+
+
+def attention_mask(cache_labels: list, input_labels: list, sees) -> torch.Tensor:
+    """The bool mask [n, cache + n] for a forward. A label is None for a committed entry or the
+    id of the tree node the entry holds. A committed entry is seen by every input after it (and
+    by itself); a node entry is seen by node input a when ``sees(a, node)``, never by a
+    committed input."""
+    labels = list(cache_labels) + list(input_labels)
+    start = len(cache_labels)
+    rows = [[(b <= start + a) if theirs is None else (mine is not None and bool(sees(mine, theirs)))
+             for b, theirs in enumerate(labels)] for a, mine in enumerate(input_labels)]
+    return torch.tensor(rows, dtype=torch.bool).reshape(len(input_labels), len(labels))
+
+
+def path_nodes(emitted: list[int], tokens: list[int], parents: tuple[int, ...]) -> list[int]:
+    """The node ids of the accepted path (the emitted tokens but the last), from the root's child
+    down. With duplicate siblings several paths carry the same tokens; the first in index order
+    that continues the whole path is taken (their cache entries are the same tokens at the same
+    positions)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            children.setdefault(parent, []).append(node)
+    path = emitted[:-1]
+
+    def walk(node: int, j: int):
+        if j == len(path):
+            return []
+        for child in children.get(node, ()):
+            if tokens[child] == path[j]:
+                rest = walk(child, j + 1)
+                if rest is not None:
+                    return [child] + rest
+        return None
+
+    found = walk(0, 0)
+    if found is None:
+        raise ValueError(f"emitted {emitted} is not a path of the tree {tokens} (parents {parents})")
+    return found
+
+
+@dataclass(frozen=True)
+class ReferenceTreeLoop:
+    """An exact tree generator with explicit cache compaction (module docstring)."""
+
+    name: str = "exactcheck reference tree loop"
+
+    def __call__(self, target, draft, prompt_ids: list[int], max_new_tokens: int, tree: TreeWorld,
+                 generator: torch.Generator) -> list[int]:
+        sequence = [int(x) for x in prompt_ids]
+        prompt = len(sequence)
+        known = {"target": 0, "draft": 0}  # committed entries the loop believes each cache holds
+        with torch.no_grad():
+            while len(sequence) - prompt < max_new_tokens:
+                tokens, q, draft_index = self.draft_tree(draft, sequence, known["draft"], tree, generator)
+                p = self.score_tree(target, sequence, known["target"], tokens, tree)
+                emitted = self.verify(p, q, tokens, tree, generator)
+                path = path_nodes(emitted, tokens, tree.topology[0])
+                committed = len(sequence)  # entries F's tokens take in each cache after this round's feeds
+                sequence += emitted
+                self.commit(target, draft, committed, path, draft_index, tree)
+                # F minus its last token; the draft lacks an accepted leaf (leaves are never fed)
+                known = {"target": committed + len(path),
+                         "draft": committed + sum(i in draft_index for i in path)}
+        return sequence[prompt:prompt + max_new_tokens]
+
+    # -- steps -------------------------------------------------------------------------------
+    def sees(self, node: int, other: int, parents: tuple[int, ...]) -> bool:
+        """Whether tree node ``node`` attends to node ``other``: its ancestors and itself."""
+        while node >= 0:
+            if node == other:
+                return True
+            node = parents[node]
+        return False
+
+    def node_position(self, root_position: int, node: int, depths: tuple[int, ...]) -> int:
+        """The position id of tree node ``node``: the root's plus its depth."""
+        return root_position + depths[node]
+
+    def rows(self, model, tokens: list[int], positions: list[int], cache_labels: list, input_labels: list,
+             parents: tuple[int, ...]) -> torch.Tensor:
+        """One forward; the float64 rows [n, V] (softmax of the logits)."""
+        mask = attention_mask(cache_labels, input_labels, lambda a, b: self.sees(a, b, parents))
+        logits = model.forward(torch.tensor([tokens], dtype=torch.int64), torch.tensor([positions], dtype=torch.int64),
+                               mask)
+        return torch.softmax(logits[0].double(), -1)
+
+    def draft_children(self, q: torch.Tensor, width: int, siblings: str, generator) -> list[int]:
+        if siblings == "top_k":
+            return torch.sort(q, descending=True, stable=True).indices[:width].tolist()
+        return torch.multinomial(q, width, replacement=siblings == "iid", generator=generator).tolist()
+
+    def draft_tree(self, draft, sequence: list[int], known: int, tree: TreeWorld, generator):
+        """(tokens [N+1] with the root's -1, draft rows [N+1, V], draft cache index of every fed node)."""
+        parents, depths = tree.topology
+        feed = sequence[known:]
+        root_position = len(sequence) - 1
+        labels = [None] * draft.cache_length
+        fed = [None] * (len(feed) - 1) + [0]
+        q0 = self.rows(draft, feed, list(range(known, len(sequence))), labels, fed, parents)[-1]
+        labels += fed
+        tokens = [-1] * tree.nodes
+        q = torch.full((tree.nodes, tree.vocab_size), 1.0 / tree.vocab_size, dtype=torch.float64)
+        q[0] = q0
+        index = {0: len(labels) - 1}
+        level = [0]
+        for d in range(tree.depth):
+            nxt = []
+            for node in level:  # children of this level's nodes, breadth-first like tree.topology
+                kids = [i for i in range(1, tree.nodes) if parents[i] == node]
+                for kid, token in zip(kids, self.draft_children(q[node], len(kids), tree.siblings, generator)):
+                    tokens[kid] = int(token)
+                nxt += kids
+            level = nxt
+            if d + 1 == tree.depth or not level:
+                break  # leaves are not fed
+            positions = [self.node_position(root_position, i, depths) for i in level]
+            rows = self.rows(draft, [tokens[i] for i in level], positions, labels, level, parents)
+            for i, row in zip(level, rows):
+                q[i] = row
+                index[i] = len(labels)
+                labels.append(i)
+        return tokens, q, index
+
+    def score_tree(self, target, sequence: list[int], known: int, tokens: list[int], tree: TreeWorld) -> torch.Tensor:
+        """The target's rows [N+1, V] from one forward over the pending committed tokens and the tree."""
+        parents, depths = tree.topology
+        feed = sequence[known:]
+        root_position = len(sequence) - 1
+        labels = [None] * (len(feed) - 1) + list(range(tree.nodes))
+        positions = list(range(known, len(sequence))) + [self.node_position(root_position, i, depths)
+                                                         for i in range(1, tree.nodes)]
+        rows = self.rows(target, feed + tokens[1:], positions, [None] * target.cache_length, labels, parents)
+        return rows[len(feed) - 1:]
+
+    def verify(self, p: torch.Tensor, q: torch.Tensor, tokens: list[int], tree: TreeWorld, generator) -> list[int]:
+        """The emitted tokens: the accepted path, then one correction or bonus token."""
+        verifier = VERIFIER_FOR_SIBLINGS[tree.siblings]
+        out = verifier(p[None], q[None], torch.tensor([tokens]), torch.tensor([tree.topology[0]]), generator)[0]
+        return out[out >= 0].tolist()
+
+    def kept(self, committed: int, path: list[int], index: dict[int, int], tree: TreeWorld, role: str) -> list[int]:
+        """The cache indices a model keeps after the round: the ``committed`` entries, then the
+        accepted path's entries (``index``: node -> cache index; a leaf the draft never fed has none)."""
+        return list(range(committed)) + [index[i] for i in path if i in index]
+
+    def commit(self, target, draft, committed: int, path: list[int], draft_index: dict[int, int], tree: TreeWorld):
+        """Compact both caches to the committed sequence minus its last token."""
+        target_index = {i: committed - 1 + i for i in range(tree.nodes)}  # node i's entry in the target cache
+        target.keep(self.kept(committed, path, target_index, tree, "target"))
+        draft.keep(self.kept(committed, path, draft_index, tree, "draft"))
+
+
+# -- tree-cache mutants (the TensorRT-LLM #10343 class: after a tree verify the KV cache keeps
+#    a rejected branch, the accepted path's positions are off, a sibling is visible) ---------
+
+@dataclass(frozen=True)
+class RejectedBranchKept(ReferenceTreeLoop):
+    """After a verify the target cache also keeps a rejected branch: the first node off the
+    accepted path whose parent is on it (root included), with its descendants, stays in the cache
+    and is seen by every later call."""
+
+    name: str = "mutant: rejected_branch_kept"
+
+    def kept(self, committed, path, index, tree, role):
+        keep = super().kept(committed, path, index, tree, role)
+        if role != "target":
+            return keep
+        parents = tree.topology[0]
+        on_path = {0, *path}
+        rejected = next((i for i in range(1, tree.nodes) if parents[i] in on_path and i not in on_path), None)
+        if rejected is None:
+            return keep
+        branch = {rejected}
+        for i in range(rejected + 1, tree.nodes):
+            if parents[i] in branch:
+                branch.add(i)
+        return sorted(set(keep) | {index[i] for i in branch})
+
+
+@dataclass(frozen=True)
+class AcceptedPositionsOffByDepth(ReferenceTreeLoop):
+    """Node positions computed from the node's breadth-first index instead of its depth (root
+    position + index), so the accepted path is written, and kept, at positions off by
+    index - depth; later calls see the committed tokens out of order."""
+
+    name: str = "mutant: accepted_positions_off_by_depth"
+
+    def node_position(self, root_position, node, depths):
+        return root_position + node
+
+
+@dataclass(frozen=True)
+class SiblingVisible(ReferenceTreeLoop):
+    """The tree mask is causal by node index instead of by ancestry: a node sees every earlier
+    node, its earlier siblings and cousins included."""
+
+    name: str = "mutant: sibling_visible"
+
+    def sees(self, node, other, parents):
+        return other <= node
+
+
+TREE_CACHE_MUTANTS = {"rejected_branch_kept": RejectedBranchKept(),
+                      "accepted_positions_off_by_depth": AcceptedPositionsOffByDepth(),
+                      "sibling_visible": SiblingVisible()}

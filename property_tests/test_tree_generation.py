@@ -1,0 +1,230 @@
+"""The end-to-end tree loop over cached toy models (issue 45): the reference tree loop is exact and
+keeps every cache invariant; each tree-cache mutant is found by the invariants (named, with the
+round and the detail) and by the law of generated sequences; garbage output is a contract error.
+
+Worlds: every built-in tree world with one topology for every state (``generation_tree_worlds``);
+a dynamic (EAGLE-2, per-state) tree world, where one exists, is not driven by the cached loop.
+"""
+import numpy as np
+import pytest
+import torch
+
+from exactcheck.errors import ContractViolation, Violation
+from exactcheck.report.verdict import Outcome
+from exactcheck.tree.cache_checks import TREE_INVARIANTS, check_tree_calls
+from exactcheck.tree.cached_loop import TREE_CACHE_MUTANTS, ReferenceTreeLoop, attention_mask, path_nodes
+from exactcheck.tree.generation_audit import drive_tree_generator, generation_tree_worlds, run_tree_generation_audit
+from exactcheck.tree.generator import call_tree_generator
+from toy_models.tree_cache_lm import TreeCacheLM, tree_model_pair, tree_prompt
+from toy_models.tree_worlds import tree_worlds
+
+WORLDS = {w.name: w for w in generation_tree_worlds()}
+LAW_TRIALS = 400  # per non-greedy world: about 2 s each here
+GREEDY_TRIALS = 40  # a greedy world's law is one point: any other output is a deterministic finding
+
+
+def _world(name):
+    return WORLDS[name]
+
+
+# -- the toy model --------------------------------------------------------------------------
+
+def test_the_prompt_leads_to_the_worlds_prompt_state():
+    for w in WORLDS.values():
+        prompt, start = tree_prompt(w)
+        s = start
+        for x in prompt:
+            s = int(w.world.next_state(s, x))
+        assert s == w.world.prompt_state, w.name
+
+
+def test_a_row_is_the_toy_lms_row_at_the_state_of_what_the_input_sees_in_position_order():
+    w = _world("tree_iid_v3_3x1")
+    model = TreeCacheLM(w.world.target.law(), w.world.num_states, 0, "target")
+    law = np.log(w.world.target.law())
+
+    def state(tokens):
+        s = 0
+        for x in tokens:
+            s = int(w.world.next_state(s, x))
+        return s
+
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    out = model.forward(torch.tensor([[2, 0, 1]]), torch.tensor([[0, 1, 2]]), causal)[0]
+    assert torch.equal(out, torch.from_numpy(law[[state([2]), state([2, 0]), state([2, 0, 1])]]))
+    # two siblings at position 3 under an ancestor mask: each sees the prefix and itself only
+    tree = torch.tensor([[True, True, True, True, False], [True, True, True, False, True]])
+    rows = model.forward(torch.tensor([[1, 2]]), torch.tensor([[3, 3]]), tree)[0]
+    assert torch.equal(rows, torch.from_numpy(law[[state([2, 0, 1, 1]), state([2, 0, 1, 2])]]))
+    # a stale entry left visible changes the row, as a stale KV entry would
+    model.keep([0, 1, 2, 3])  # the sibling (token 1) kept; the accepted one was token 2
+    stale = model.forward(torch.tensor([[0]]), torch.tensor([[4]]), torch.ones(1, 5, dtype=torch.bool))[0, 0]
+    assert torch.equal(stale, torch.from_numpy(law[state([2, 0, 1, 1, 0])]))
+    # order follows the position ids, not the cache order
+    model.reset()
+    swapped = model.forward(torch.tensor([[0, 2]]), torch.tensor([[1, 0]]), torch.ones(2, 2, dtype=torch.bool))[0, 1]
+    assert torch.equal(swapped, torch.from_numpy(law[state([2, 0])]))
+    assert model.cached_positions == (1, 0)
+    model.crop(1)
+    assert model.cached_tokens == (0,)
+
+
+def test_the_model_refuses_a_mask_of_the_wrong_shape_or_dtype():
+    w = _world("tree_iid_v3_3x1")
+    model = TreeCacheLM(w.world.target.law(), w.world.num_states, 0)
+    with pytest.raises(ValueError, match=r"tree_mask must be bool \[1, 1\]"):
+        model.forward(torch.tensor([[0]]), torch.tensor([[0]]), torch.ones(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tree_mask must be bool"):
+        model.forward(torch.tensor([[0]]), torch.tensor([[0]]), torch.ones(1, 1))
+    with pytest.raises(IndexError):
+        model.keep([3])
+
+
+# -- the loop's pieces ----------------------------------------------------------------------
+
+def test_the_attention_mask_lets_a_node_see_committed_entries_its_ancestors_and_itself():
+    parents = (-1, 0, 0, 1, 2)
+    loop = ReferenceTreeLoop()
+    mask = attention_mask([None, None], [None, 0, 1, 2, 3, 4], lambda a, b: loop.sees(a, b, parents))
+    expected = [[1, 1, 1, 0, 0, 0, 0, 0],  # a committed input: the cache and itself
+                [1, 1, 1, 1, 0, 0, 0, 0],  # the root
+                [1, 1, 1, 1, 1, 0, 0, 0],  # node 1
+                [1, 1, 1, 1, 0, 1, 0, 0],  # node 2: not its sibling 1
+                [1, 1, 1, 1, 1, 0, 1, 0],  # node 3 under 1
+                [1, 1, 1, 1, 0, 1, 0, 1]]  # node 4 under 2: not its cousin 3
+    assert mask.tolist() == [[bool(x) for x in row] for row in expected]
+
+
+def test_path_nodes_follows_duplicate_siblings_to_the_one_that_continues_the_path():
+    parents = (-1, 0, 0, 1, 2)
+    tokens = [-1, 1, 1, 0, 2]  # two siblings with token 1; only the second has a child 2
+    assert path_nodes([1, 2, 0], tokens, parents) == [2, 4]
+    assert path_nodes([1, 0, 2], tokens, parents) == [1, 3]
+    assert path_nodes([0], tokens, parents) == []
+
+
+# -- the reference: exact, no breach --------------------------------------------------------
+
+def test_the_reference_tree_loop_is_exact_and_keeps_every_cache_invariant_on_every_world():
+    """Every fixed-topology built-in tree world: LAW_TRIALS generations per non-greedy world,
+    GREEDY_TRIALS per greedy one, seed 0, alpha 1e-3 under Holm; zero breaches."""
+    trials = {name: GREEDY_TRIALS if w.greedy else LAW_TRIALS for name, w in WORLDS.items()}
+    result = run_tree_generation_audit(ReferenceTreeLoop(), trials=trials, seed=0)
+    assert {v.world for v in result.verdicts} == set(WORLDS)
+    assert set(WORLDS) == {w.name for w in tree_worlds() if getattr(w, "expansion", None) is None}
+    failed = [f"{v.check}: {v.summary}" for v in result.verdicts if v.outcome.failed]
+    assert result.passed, "\n".join(failed)
+    assert [v.law for v in result.verdicts].count("tree_cache") == len(WORLDS)
+    assert all(v.outcome is Outcome.EXACT for v in result.verdicts)
+    assert result.samples_drawn == sum(trials.values())
+
+
+def test_the_reference_feeds_the_target_once_per_round_and_its_cache_ends_committed():
+    w = _world("tree_topk_v3_2x2")
+    prompt, start = tree_prompt(w)
+    target, draft = tree_model_pair(w, start)
+    log = target.record()
+    draft.record(log)
+    out = ReferenceTreeLoop()(target, draft, list(prompt), 10, w, torch.Generator().manual_seed(1))
+    verifies = [c for c in log if c.role == "target"]
+    assert len(out) == 10 and verifies
+    assert all(len(c.input_tokens) >= w.nodes for c in verifies)  # the whole tree in one forward
+    final = prompt + tuple(out)
+    assert target.cached_positions == tuple(range(target.cache_length))
+    assert target.cached_tokens[:len(final)] == final[:target.cache_length]
+    assert check_tree_calls(log, prompt, out, w, (target.cached_tokens, target.cached_positions)) == []
+
+
+# -- the mutants: found by the invariants and by the law -------------------------------------
+
+MUTANT_INVARIANT = {"rejected_branch_kept": "committed_cache", "accepted_positions_off_by_depth": "tree_positions",
+                    "sibling_visible": "tree_mask"}
+
+
+@pytest.mark.parametrize("mutant", sorted(TREE_CACHE_MUTANTS))
+def test_each_mutant_breaks_its_named_invariant_with_round_and_detail(mutant):
+    subject = TREE_CACHE_MUTANTS[mutant]
+    named = MUTANT_INVARIANT[mutant]
+    assert named in TREE_INVARIANTS
+    for name in ("tree_iid_v3_3x1", "tree_wor_v3_2x2", "tree_topk_v4_3x1", "tree_topk_ragged_v4_medusa7"):
+        if name not in WORLDS:
+            continue
+        samples = drive_tree_generator(subject, WORLDS[name], 20, seed=3)
+        invariants = {b.invariant for _, b in samples.breaches}
+        assert named in invariants, (name, invariants)
+        first = next(b for _, b in samples.breaches if b.invariant == named)
+        assert first.round >= 0 and first.detail and f"round {first.round}" in first.describe()
+    if mutant == "sibling_visible":
+        assert "a sibling" in first.detail
+    if mutant == "accepted_positions_off_by_depth":
+        assert first.round == 0 and "candidate" in first.detail
+    if mutant == "rejected_branch_kept":
+        assert first.role == "target"
+
+
+@pytest.mark.parametrize("mutant", ["accepted_positions_off_by_depth", "sibling_visible"])
+def test_on_a_chain_the_index_and_depth_mutants_are_exact_and_breach_nothing(mutant):
+    """A K = 1 tree has no siblings and node index = depth: these two bugs cannot show."""
+    samples = drive_tree_generator(TREE_CACHE_MUTANTS[mutant], _world("tree_topk_k1_v3_1x1x1"), 20, seed=3)
+    assert samples.breaches == ()
+
+
+@pytest.mark.parametrize("mutant,world", [("rejected_branch_kept", "tree_topk_v4_3x1"),
+                                          ("accepted_positions_off_by_depth", "tree_iid_dup_v2_3x2"),
+                                          ("sibling_visible", "tree_topk_v4_3x1")])
+def test_each_mutant_is_found_by_the_law_of_generated_sequences(mutant, world):
+    """A statistical finding on a sampling world and a deterministic one on a greedy world."""
+    result = run_tree_generation_audit(TREE_CACHE_MUTANTS[mutant], worlds=[world, "tree_topk_greedy_v8_4x2x1"],
+                                       trials={world: LAW_TRIALS, "tree_topk_greedy_v8_4x2x1": GREEDY_TRIALS}, seed=0)
+    verdicts = {v.check: v for v in result.verdicts}
+    assert verdicts[f"{world}/sequence"].outcome is Outcome.DEFECT
+    assert verdicts[f"{world}/sequence"].statistic is not None  # by the chi-square, under Holm
+    assert verdicts["tree_topk_greedy_v8_4x2x1/sequence"].outcome is Outcome.DEFECT
+    assert verdicts[f"{world}/tree_cache"].outcome is Outcome.DEFECT
+    assert MUTANT_INVARIANT[mutant] in verdicts[f"{world}/tree_cache"].summary
+    assert not result.passed
+
+
+# -- the contract ---------------------------------------------------------------------------
+
+def _garbage(value):
+    def generate(target, draft, prompt_ids, max_new_tokens, tree, generator):
+        return value(max_new_tokens) if callable(value) else value
+    return generate
+
+
+@pytest.mark.parametrize("value,violation", [
+    (lambda n: [0] * (n - 1), Violation.WRONG_LENGTH),
+    (lambda n: [0] * (n - 1) + [3], Violation.OUT_OF_VOCABULARY),
+    (lambda n: [0] * (n - 1) + [-1], Violation.OUT_OF_VOCABULARY),
+    (lambda n: [0.0] * n, Violation.WRONG_DTYPE),
+    (lambda n: torch.zeros(1, n, dtype=torch.int64), Violation.WRONG_SHAPE),
+    ("0120", Violation.NOT_A_TENSOR),
+])
+def test_garbage_output_is_a_contract_violation_that_says_what_is_wrong(value, violation):
+    w = _world("tree_iid_v3_3x1")
+    prompt, start = tree_prompt(w)
+    target, draft = tree_model_pair(w, start)
+    with pytest.raises(ContractViolation) as caught:
+        call_tree_generator(_garbage(value), target, draft, list(prompt), w.length, w, torch.Generator())
+    assert caught.value.violation is violation
+    result = run_tree_generation_audit(_garbage(value), worlds=["tree_iid_v3_3x1"], trials=3)
+    assert [(v.check, v.outcome) for v in result.verdicts] == [("tree_iid_v3_3x1/contract",
+                                                                  Outcome.CONTRACT_VIOLATION)]
+    assert violation.value in result.verdicts[0].summary
+
+
+def test_a_tensor_of_the_right_length_is_accepted():
+    w = _world("tree_iid_v3_3x1")
+    prompt, start = tree_prompt(w)
+    target, draft = tree_model_pair(w, start)
+    out = call_tree_generator(_garbage(lambda n: torch.zeros(n, dtype=torch.int64)), target, draft, list(prompt),
+                              w.length, w, torch.Generator())
+    assert out == [0] * w.length
+
+
+def test_the_same_seed_gives_the_same_generations():
+    w = _world("tree_wor_v4_3x1")
+    a = drive_tree_generator(ReferenceTreeLoop(), w, 5, seed=11)
+    b = drive_tree_generator(ReferenceTreeLoop(), w, 5, seed=11)
+    assert np.array_equal(a.sequences, b.sequences)
