@@ -127,6 +127,7 @@ EXPECTED = {  # mutant -> (a world it must fail on, the check that finds it)
     "mask_of_32_slots": ("tree_topk_wide_v40_36", "first_token"),
     "correction_ignores_residual": ("tree_iid_v3_3x1", "sequence"),
     "correction_from_parent_row": ("tree_iid_v3_3x1", "sequence"),
+    "siblings_pruned_by_target": ("tree_iid_k1_v3_1x1x1", "sequence"),
 }
 
 
@@ -316,3 +317,13 @@ def test_a_lossy_tree_rule_is_judged_by_its_own_law_and_says_what_it_costs():
     wrong = run_tree_audit(typical, level="quick", seed=5, progress=False, worlds=worlds, max_samples=5_000,
                            tree_rule="typical_medusa")
     assert not wrong.passed and {v.law for v in wrong.failed} >= {"sequence"}
+
+
+def test_a_top_k_tree_pruned_by_reading_the_target_is_still_exact():
+    """Point-mass siblings are exact whatever set is tried: dropping the siblings the target
+    disfavours (a shape chosen by reading the target) is no finding on the top-k worlds, dynamic and
+    ragged ones included, while the same pruning of i.i.d. siblings is (``siblings_pruned_by_target``)."""
+    from exactcheck.tree.mutants import pruned_by_target_top_k
+    worlds = ["tree_topk_dynamic_v5_eagle2", "tree_topk_ragged_v4_medusa7", "tree_topk_v4_3x1"]
+    result = run_tree_audit(pruned_by_target_top_k, level="quick", seed=6, progress=False, worlds=worlds)
+    assert result.passed, [v.describe() for v in result.failed]

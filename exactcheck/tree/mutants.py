@@ -22,7 +22,14 @@
   a sibling the target forbids. Its law is within 2^-24 a coin of the exact one: only the
   boundary-coin property (``exactcheck.tree.properties``) sees it.
 
-``first_branch_only`` verifies the first child chain and ignores the other siblings: exact in law
+* ``siblings_pruned_by_target`` (a dynamic tree whose shape reads the target): i.i.d. siblings
+  whose target probability is below half their draft probability are dropped before the walk, so
+  the siblings tried are no longer draws from q and the residual misses their updates.
+
+``pruned_by_target_top_k`` drops the same siblings from a top-k tree and verifies with tried
+tokens zeroed: exact (point-mass siblings are exact for any sibling set chosen from anything but
+the coins), so a shape that reads the target is a finding only where the rule needs the siblings'
+law. ``first_branch_only`` verifies the first child chain and ignores the other siblings: exact in law
 (the first branch alone is a chain drawn from q), fewer tokens accepted. It belongs to the corpus
 of correct subjects, not here: it shows that exactness is judged by the output law.
 """
@@ -35,7 +42,7 @@ import torch
 from exactcheck.tree.reference import (_deterministic_children, gather, _multi_round_children, multi_round_deciding,
                                        normalised, _target_only_children, inverse_cdf, walk_tree)
 
-__all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only"]
+__all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only", "pruned_by_target_top_k"]
 
 
 def _residual_from_draft_q(target_probs, draft_probs, tokens, parents, generator):
@@ -135,6 +142,38 @@ def _first_branch_children(p, q, kid_tokens, valid, generator):
     return _multi_round_children(p, q, kid_tokens, only_first, generator)
 
 
+def _pruned_children(rule_children, ratio: float):
+    """``rule_children`` after dropping each sibling whose target probability is below ``ratio``
+    times its draft probability (0: below nothing): the tree's shape chosen by reading the target."""
+    def children(p, q, kid_tokens, valid, generator):
+        keep = p.gather(1, kid_tokens)
+        if q is not None:
+            keep = keep >= ratio * q.gather(1, kid_tokens)
+        else:
+            keep = keep > 0
+        return rule_children(p, q, kid_tokens, valid & keep, generator)
+    return children
+
+
+def _siblings_pruned_by_target(target_probs, draft_probs, tokens, parents, generator):
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator,
+                     _pruned_children(_multi_round_children, 0.5))
+
+
+_siblings_pruned_by_target.sibling_sampling = "iid"
+
+
+def pruned_by_target_top_k(target_probs, draft_probs, tokens, parents, generator):
+    """Exact: deterministic (top-k) siblings verified with tried tokens zeroed, after dropping every
+    sibling the target gives less than half its draft mass. Point-mass siblings are exact for any
+    set of siblings, chosen from anything but the coins, the target included."""
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator,
+                     _pruned_children(_deterministic_children, 0.5))
+
+
+pruned_by_target_top_k.sibling_sampling = "top_k"
+
+
 def first_branch_only(target_probs, draft_probs, tokens, parents, generator):
     """Exact but wasteful: the first child chain verified token-wise, the other siblings ignored."""
     return walk_tree(target_probs, draft_probs, tokens, parents, generator, _first_branch_children)
@@ -166,6 +205,7 @@ TREE_MUTANTS = {
     "mask_of_32_slots": _mask_of_32_slots,
     "correction_ignores_residual": _correction_ignores_residual,
     "correction_from_parent_row": _correction_from_parent_row,
+    "siblings_pruned_by_target": _siblings_pruned_by_target,
 }
 for _name, _fn in {**TREE_MUTANTS, **BOUNDARY_TREE_MUTANTS}.items():
     _fn.__name__ = _name
