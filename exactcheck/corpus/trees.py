@@ -5,11 +5,16 @@ code: every coin convention the multi-round rule allows, and the walk written no
 * ``multi_round_float32_coins``: coins drawn in float32 and compared strictly, ``coin * q < r``;
 * ``multi_round_mirrored_coins``: ``u = 1 - rand`` in (0, 1], accepted when ``u * q <= r``
   (non-strict is exact here: u is never 0);
+* ``multi_round_mirrored_float32_coins``: the same on float32 coins, ``u = 1 - rand`` in
+  [2^-24, 1];
+* ``multi_round_float32_ratio``: accepted when ``coin < r/q`` with the ratio rounded to float32 (a
+  threshold off by 2^-24 of itself: within the tie margin of ``tree_rule_decisions``);
 * ``multi_round_log_space``: accepted when ``log(coin) < log r(x) - log q(x)`` (log 0 = -inf);
 * ``multi_round_scalar_walk``: one row at a time, plain Python over the nodes, corrections by
   ``torch.multinomial`` on the residual.
 
-Each keeps every tree law and every boundary-coin property (``property_tests/test_tree.py``).
+Each keeps every tree law and every forced-value property (``property_tests/test_tree.py``,
+``property_tests/test_tree_forced.py``).
 """
 from __future__ import annotations
 
@@ -29,6 +34,16 @@ def _float32(rx, qx, generator):
 def _mirrored(rx, qx, generator):
     u = 1.0 - torch.rand(rx.shape[0], dtype=torch.float64, generator=generator, device=rx.device)
     return u * qx <= rx
+
+
+def _mirrored_float32(rx, qx, generator):
+    u = 1.0 - torch.rand(rx.shape[0], dtype=torch.float32, generator=generator, device=rx.device).double()
+    return u * qx <= rx
+
+
+def _float32_ratio(rx, qx, generator):
+    coin = torch.rand(rx.shape[0], dtype=torch.float64, generator=generator, device=rx.device)
+    return coin < (rx / qx).float().double()
 
 
 def _log_space(rx, qx, generator):
@@ -81,6 +96,8 @@ multi_round_scalar_walk.tree_rule = "multi_round"
 TREE_CORPUS = {
     "multi_round_float32_coins": _walker(_float32, "multi_round_float32_coins"),
     "multi_round_mirrored_coins": _walker(_mirrored, "multi_round_mirrored_coins"),
+    "multi_round_mirrored_float32_coins": _walker(_mirrored_float32, "multi_round_mirrored_float32_coins"),
+    "multi_round_float32_ratio": _walker(_float32_ratio, "multi_round_float32_ratio"),
     "multi_round_log_space": _walker(_log_space, "multi_round_log_space"),
     "multi_round_scalar_walk": multi_round_scalar_walk,
 }

@@ -18,7 +18,7 @@ def tree_arguments(parser) -> None:
     parser.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
                                         "MODULE:CALLABLE (the tree contract: docs/checks.md)")
     parser.add_argument("--world", action="append", metavar="NAME",
-                        help="only this tree world (repeatable; 'properties': the boundary-coin property)")
+                        help="only this tree world (repeatable; 'properties': the forced-value properties)")
     parser.add_argument("--rule", metavar="NAME", help="the tree rule to judge conformance by (multi_round, "
                                                        "without_replacement, deterministic, target_only; default: "
                                                        "the subject's tree_rule attribute, else none)")

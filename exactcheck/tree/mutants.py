@@ -193,9 +193,37 @@ def _coin_at_or_below_ratio(target_probs, draft_probs, tokens, parents, generato
 _coin_at_or_below_ratio.sibling_sampling = "iid"
 _coin_at_or_below_ratio.tree_rule = "multi_round"
 
-# found by the boundary-coin property alone (``exactcheck.tree.properties``): their laws are within
-# 2^-24 a coin of the exact law, which no sample size sees
-BOUNDARY_TREE_MUTANTS = {"coin_at_or_below_ratio": _coin_at_or_below_ratio}
+
+# The ratio r(x)/q(x) rounded to a half type before the coin is compared with it (a kernel that
+# keeps probabilities in float16 or bfloat16), with the coin as drawn or mirrored (u = 1 - rand,
+# compared non-strictly: exact in float64). Each threshold moves by up to 2^-11 (float16) or 2^-8
+# (bfloat16) of itself: the law moves by about that much, out of a quick audit's reach; forced
+# coins 2^-14 either side of the exact threshold (``tree_rule_decisions``) see it.
+def _ratio_deciding(dtype: torch.dtype, mirrored: bool):
+    def decide(rx, qx, generator):
+        u = torch.rand(rx.shape[0], dtype=torch.float64, generator=generator, device=rx.device)
+        ratio = (rx.to(dtype) / qx.to(dtype)).double()
+        return (1.0 - u) <= ratio if mirrored else u < ratio
+    return decide
+
+
+def _ratio_mutant(dtype: torch.dtype, mirrored: bool):
+    decide = multi_round_deciding(_ratio_deciding(dtype, mirrored))
+
+    def verifier(target_probs, draft_probs, tokens, parents, generator):
+        return walk_tree(target_probs, draft_probs, tokens, parents, generator, decide)
+    verifier.sibling_sampling = "iid"
+    verifier.tree_rule = "multi_round"
+    return verifier
+
+
+# found by the forced-coin properties alone (``exactcheck.tree.properties``): the first's law is
+# within 2^-24 a coin of the exact law, the ratio ones within 2^-8 of each threshold
+BOUNDARY_TREE_MUTANTS = {"coin_at_or_below_ratio": _coin_at_or_below_ratio,
+                         "ratio_in_float16": _ratio_mutant(torch.float16, mirrored=False),
+                         "ratio_in_bfloat16": _ratio_mutant(torch.bfloat16, mirrored=False),
+                         "mirrored_coin_ratio_in_float16": _ratio_mutant(torch.float16, mirrored=True),
+                         "mirrored_coin_ratio_in_bfloat16": _ratio_mutant(torch.bfloat16, mirrored=True)}
 
 TREE_MUTANTS = {
     "residual_from_draft_q": _residual_from_draft_q,

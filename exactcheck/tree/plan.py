@@ -1,7 +1,9 @@
 """The plan of a tree audit (``exactcheck.options.AuditPlan``): the tree worlds of the subject's
 sibling mode, their laws (exactness: ``sequence``, ``first_token``; conformance: ``step_law@RULE``
-for the rule the user names or the subject declares), the boundary-coin property, the alpha budget
-and the trials per world (the fewest that detect the level's TV with power 0.9 at the law's share
+for the rule the user names or the subject declares), the forced-value properties
+(``exactcheck.tree.properties.TREE_PROPERTIES``: boundary coins and row independence always, the
+rule's decisions where a rule is judged; they spend none of alpha), the alpha budget and the trials
+per world (the fewest that detect the level's TV with power 0.9 at the law's share
 of alpha, up to the level's cap).
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, Chec
 from exactcheck.stats.planning import trials_to_detect
 from exactcheck.tree.contract import sibling_sampling
 from exactcheck.tree.laws import RULE_SIBLINGS
-from exactcheck.tree.properties import TREE_PROPERTY
+from exactcheck.tree.properties import RULE_TREE_PROPERTIES, TREE_PROPERTIES
 from toy_models.tree_worlds import TreeWorld, tree_worlds
 
 __all__ = ["plan_tree_audit", "tree_worlds_for", "judged_tree_rule", "MIN_TRIALS"]
@@ -60,7 +62,8 @@ def plan_tree_audit(subject, options: AuditOptions) -> tuple[AuditPlan, dict[str
             checks.append(Check(f"{w.name}/step_law@{rule}", CheckKind.LAW, w.name, f"step_law@{rule}"))
     budget = AlphaBudget(options.alpha, len(checks), stop_early=False)
     if searched:  # deterministic: spends none of alpha
-        checks.append(Check(f"{properties}/{TREE_PROPERTY}", CheckKind.PROPERTY, properties, TREE_PROPERTY))
+        checks += [Check(f"{properties}/{name}", CheckKind.PROPERTY, properties, name) for name in TREE_PROPERTIES
+                   if rule is not None or name not in RULE_TREE_PROPERTIES]
     trials = {}
     for w in worlds:
         needed = trials_to_detect(w.sequence_law(), options.target_tv, budget.first_share, options.cap)

@@ -12,13 +12,20 @@ token is drawn and the step ends. Everything exactcheck knows of a rule follows 
   P(every child rejected, the correction is y) [V]; ``leaf_law(p)``: the law of the token drawn at
   a leaf (the bonus; p itself for every exact rule). ``exactcheck.tree.laws`` composes them into
   one verify step's exact law, with no knowledge of any rule;
+- ``node_decision(p, q, kid_tokens, u)``: the rule's decision at one node with every acceptance
+  coin forced to u (the child accepted, and the thresholds u was compared with, accepted iff
+  u < threshold); ``oracle(p, q, tokens, parents, u)`` walks a whole tree with it (a
+  ``TreeDecision``: the accepted path and every comparison read), and
+  ``exactcheck.tree.properties``' ``tree_rule_decisions`` judges a subject's path against it;
 - ``title``, ``source`` (the paper or engine file it follows), ``exact``, ``formula``.
 
 A rule whose decision at a node depends on the subtrees below it (typical acceptance keeps the
 deepest fully accepted path of the whole tree, as Medusa does) overrides ``step_law(view)``
 instead: the law of one step's emitted tuple, read from a ``TreeView`` (the step's root state,
 the rows at every state, the width of every node, the state after a token). The default composes
-``node_law``/``leaf_law`` over the tree.
+``node_law``/``leaf_law`` over the tree. Such a rule gives ``oracle`` whole as well (typical
+acceptance draws no coin for acceptance: its path is the same at every u, and the comparisons it
+reports are of p(x) with its threshold).
 
 A new rule is one entry here (its ``TreeRule`` subclass and its row in ``TREE_RULES``) and its
 proofs: a reference walk in ``exactcheck.tree.reference`` (Monte Carlo against the law in
@@ -32,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 __all__ = ["TreeRule", "TreeView", "TREE_RULES", "RULE_SIBLINGS", "tree_rule", "top_k_order",
-           "typical_threshold"]
+           "typical_threshold", "Comparison", "TreeDecision", "children_of"]
 
 
 def _norm(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -64,8 +71,39 @@ def _add(out: dict, key: tuple[int, ...], mass: float) -> None:
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """One test a walk read while trying child ``child`` (a node id) of node ``node``: the coin u
+    against ``threshold``, the child accepted iff u < threshold; or, where ``against`` is given (a
+    rule that draws no coin for acceptance), ``against`` > ``threshold``."""
+
+    node: int
+    child: int
+    threshold: float
+    against: float | None = None
+
+
+@dataclass(frozen=True)
+class TreeDecision:
+    """A rule's decision on one tree at a forced coin: the accepted path (node ids and their
+    tokens, from the root's child down) and every comparison it read, in order."""
+
+    nodes: tuple[int, ...]
+    tokens: tuple[int, ...]
+    comparisons: tuple[Comparison, ...]
+
+
+def children_of(parents) -> dict[int, list[int]]:
+    """Node id -> its children's ids in index order (nodes without children absent)."""
+    out: dict[int, list[int]] = {}
+    for i in range(1, len(parents)):
+        out.setdefault(int(parents[i]), []).append(i)
+    return out
+
+
+@dataclass(frozen=True)
 class TreeRule:
-    """One tree verification rule. Subclasses give ``node_law`` (or ``step_law``)."""
+    """One tree verification rule. Subclasses give ``node_law`` and ``node_decision`` (or
+    ``step_law`` and ``oracle``)."""
 
     name: str
     title: str
@@ -103,6 +141,31 @@ class TreeRule:
         node(view.root, (), 1.0)
         return out
 
+    def node_decision(self, p: np.ndarray, q: np.ndarray | None, kid_tokens: list[int],
+                      u: float) -> tuple[int | None, list[tuple[int, float]]]:
+        """At one node (target row p, draft row q: None for a rule that takes none), its children's
+        tokens in index order, every acceptance coin equal to u: (the slot of the child accepted,
+        None when every one is rejected; the (slot, threshold) pairs compared, in order: accepted
+        iff u < threshold). Computed in the rows' dtype."""
+        raise NotImplementedError
+
+    def oracle(self, p: np.ndarray, q: np.ndarray | None, tokens, parents, u: float) -> TreeDecision:
+        """The path this rule accepts on one tree (rows p, q [N+1, V], tokens and parents [N+1],
+        the tree contract's) when every acceptance coin is u: ``node_decision`` from the root down,
+        the walk descending into each accepted child."""
+        children = children_of(parents)
+        node, nodes, read = 0, [], []
+        while children.get(node):
+            kids = children[node]
+            slot, compared = self.node_decision(p[node], None if q is None else q[node],
+                                                [int(tokens[k]) for k in kids], u)
+            read += [Comparison(node, kids[j], float(t)) for j, t in compared]
+            if slot is None:
+                break
+            node = kids[slot]
+            nodes.append(node)
+        return TreeDecision(tuple(nodes), tuple(int(tokens[n]) for n in nodes), tuple(read))
+
 
 
 class MultiRound(TreeRule):
@@ -130,6 +193,20 @@ class MultiRound(TreeRule):
 
         sibling(p.copy(), q.copy(), 0, 1.0)
         return accept, correct
+
+    def node_decision(self, p, q, kid_tokens, u):
+        """One coin per sibling tried: x accepted iff u < r(x)/q_j(x) (r(x) > 0 where q_j(x) = 0:
+        accepted, as ``u * q < r`` does); on a rejection r <- norm(max(r - q_j, 0))."""
+        r, qj, read = p.copy(), q.copy(), []
+        for j, x in enumerate(kid_tokens):
+            rx, qx = r[x], qj[x]
+            threshold = rx / qx if qx > 0 else (np.inf if rx > 0 else 0.0)
+            read.append((j, threshold))
+            if u < threshold:
+                return j, read
+            r = _norm(np.clip(r - qj, 0, None), r)
+            qj = self._next_draft(qj, x)
+        return None, read
 
 
 
@@ -161,6 +238,18 @@ class Deterministic(TreeRule):
         correct += weight * r
         return accept, correct
 
+    def node_decision(self, p, q, kid_tokens, u):
+        """One coin per sibling tried: x accepted iff u < r(x); on a rejection x zeroed in r."""
+        r, read = p.copy(), []
+        for j, x in enumerate(kid_tokens):
+            read.append((j, r[x]))
+            if u < r[x]:
+                return j, read
+            rest = r.copy()
+            rest[x] = 0.0
+            r = _norm(rest, r)
+        return None, read
+
 
 
 class TargetOnly(TreeRule):
@@ -173,6 +262,20 @@ class TargetOnly(TreeRule):
         accept[order] = p[order]
         rest[order] = 0.0
         return accept, rest
+
+    def node_decision(self, p, q, kid_tokens, u):
+        """One coin per node: the first sibling whose cumulative target mass (each distinct token
+        counted once; a repeated token is not tried) exceeds u."""
+        cumulative, seen, read = p.dtype.type(0), set(), []
+        for j, x in enumerate(kid_tokens):
+            if x in seen:
+                continue
+            seen.add(x)
+            cumulative = cumulative + p[x]
+            read.append((j, cumulative))
+            if u < cumulative:
+                return j, read
+        return None, read
 
 
 
@@ -221,6 +324,32 @@ class Typical(TreeRule):
         for x in np.flatnonzero(p > 0):
             _add(out, path + (int(x),), float(p[x]))
         return out
+
+    def oracle(self, p, q, tokens, parents, u):
+        """No coin: every node's test p_parent(x) > threshold (reported as a comparison with
+        ``against`` = p_parent(x)), then the deepest fully accepted node, ties by the larger sum of
+        log p (the first such node in index order), as the reference walk ranks them."""
+        m = len(parents)
+        thresholds = [typical_threshold(row.astype(np.float64), self.posterior_threshold, self.posterior_alpha)
+                      for row in p]
+        ok, depth, loglik, read = [True] * m, [0] * m, [0.0] * m, []
+        for i in range(1, m):
+            par, x = int(parents[i]), int(tokens[i])
+            prob = float(p[par][x])
+            read.append(Comparison(par, i, thresholds[par], against=prob))
+            ok[i] = ok[par] and prob > thresholds[par]
+            depth[i] = depth[par] + 1
+            loglik[i] = loglik[par] + (float(np.log(prob)) if prob > 0 else -np.inf)
+        best = 0
+        for i in range(1, m):
+            if ok[i] and (depth[i], loglik[i]) > (depth[best], loglik[best]):
+                best = i
+        nodes = []
+        while best > 0:
+            nodes.append(best)
+            best = int(parents[best])
+        nodes.reverse()
+        return TreeDecision(tuple(nodes), tuple(int(tokens[n]) for n in nodes), tuple(read))
 
 
 TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (

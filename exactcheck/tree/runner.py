@@ -11,7 +11,11 @@ Per tree world whose siblings are drawn as the subject declares (``sibling_sampl
 - a crash or a broken contract on a world: one ``WORLD/contract`` verdict in place of its laws;
 - ``properties/tree_no_forbidden_token``: every draw of a call forced to 0 and to 1 - ulp on an
   edge corpus of trees and on generated ones (``exactcheck.tree.properties``): a token the target
-  forbids is a finding whatever the rule (deterministic: spends none of alpha).
+  forbids is a finding whatever the rule (deterministic: spends none of alpha);
+- ``properties/tree_row_independence``: under forced draws, a row alone gives what it gave in its batch;
+- ``properties/tree_rule_decisions`` (a rule judged): every draw forced just below and above each
+  threshold the rule's walk reads (and 1 minus those): the path accepted must be the rule's under
+  u or 1 - u.
 
 Trials per world are planned as the step audit plans a law: the fewest that detect the level's TV
 (0.05 quick, 0.01 standard) with power 0.9 at the law's share of alpha, up to the level's cap.
@@ -24,13 +28,13 @@ import time
 from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed, resolve_device, run_environment
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
-from exactcheck.options import AuditOptions, PseudoWorld, derive_seed
+from exactcheck.options import AuditOptions, CheckKind, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
 from exactcheck.reproduce import tree_audit_line
 from exactcheck.tree.drive import drive_tree
 from exactcheck.tree.plan import judged_tree_rule, plan_tree_audit
-from exactcheck.tree.properties import TREE_PROPERTY, tree_boundary_verdict
+from exactcheck.tree.properties import TREE_PROPERTIES
 from exactcheck.tree.verdicts import tree_verdicts
 
 __all__ = ["run_tree_audit"]
@@ -72,9 +76,11 @@ def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progre
         pending += tree_verdicts(samples, rule, plan.budget.first_share, plan.budget.alpha, base)
     bar.close()
     properties = PseudoWorld.PROPERTIES.value
-    if f"{properties}/{TREE_PROPERTY}" in plan.names:
-        pending.append(tree_boundary_verdict(subject, device, derive_seed(options.seed, f"{properties}/{TREE_PROPERTY}"),
-                                             tree_audit_line(options, name, properties, by_command=bool(subject_name))))
+    for check in plan.checks:
+        if check.kind is CheckKind.PROPERTY:
+            pending.append(TREE_PROPERTIES[check.law](
+                subject, device, derive_seed(options.seed, check.name),
+                tree_audit_line(options, name, properties, by_command=bool(subject_name)), rule))
     verdicts = keep_plots_where_needed(apply_holm(pending, plan.budget))
     return TreeAuditResult(subject=name, level=options.level.value, seed=options.seed, alpha=plan.budget.alpha,
                            device=str(device), verdicts=tuple(verdicts), started=started,
