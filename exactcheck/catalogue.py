@@ -52,6 +52,10 @@ def build_listing() -> str:
     lines.append(f"tree rules (`exactcheck tree --rule`): {', '.join(TREE_RULES)}")
     lines.append("tree verifiers (`exactcheck tree NAME`):")
     lines += [f"  {name}" for name in builtin_tree_verifiers()]
+    from exactcheck.tree.loop_entry import builtin_tree_generators
+    lines.append("tree generators (`exactcheck tree-loop NAME`; whole tree loops through cached toy models, "
+                 "dynamic EAGLE-2 trees included):")
+    lines += [f"  {name:<26} {g.name}" for name, g in builtin_tree_generators().items()]
     lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
     lines.append("mutants:")
     lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]

@@ -15,8 +15,8 @@ from typing import Sequence
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQUIRE, AuditOptions, Category
 
 __all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "tree_audit_line",
-           "greedy_audit_line", "grammar_audit_line", "cost_line", "isolated_audit_line", "replay_line",
-           "reproducer_path"]
+           "tree_loop_line", "greedy_audit_line", "grammar_audit_line", "cost_line", "isolated_audit_line",
+           "replay_line", "reproducer_path"]
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,20 @@ def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> st
     isolated (the subject is by name: an isolated audit loads it in the worker)."""
     return reproduce_line(command, subject, [Setting(f"--level {options.level.value}", ""),
                                              Setting(f"--seed {options.seed}", ""), Setting("--isolate", "")])
+
+
+def tree_loop_line(options: AuditOptions, subject: str, world: str, generations: int, by_command: bool = True) -> str:
+    """``exactcheck tree-loop``'s line for ``world``: seed, world and the generations drawn there
+    (which the level only stands for), and alpha and the categories required where they differ
+    from the default. ``by_command``: the subject is named as the command takes it (else the line
+    is the ``run_tree_generation_audit`` call, ``subject`` then the Python name)."""
+    settings = [Setting(f"--seed {options.seed}", f"seed={options.seed}"),
+                Setting(f"--world {world}", f"worlds=[{world!r}]"),
+                Setting(f"--generations {generations}", f"trials={generations}")]
+    if options.alpha != DEFAULT_ALPHA:
+        settings.append(Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"))
+    settings += _required(options)
+    return reproduce_line("tree-loop", subject, settings, "run_tree_generation_audit", by_command)
 
 
 def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str, *, api: str = "auto",

@@ -1,5 +1,6 @@
 """The audit kinds, one registry: ``ENTRY_POINTS`` holds one row (``EntryPoint``) per kind of audit
-(``exactcheck audit``, ``e2e``, ``tree``, ``greedy``, ``grammar``, ``cost``, ``selftest``), and
+(``exactcheck audit``, ``e2e``, ``tree``, ``tree-loop``, ``greedy``, ``grammar``, ``cost``,
+``selftest``, ``serve``), and
 subjects by name (``exactcheck.loading``, here for every front end: ``MODULE:CALLABLE``, the
 current directory importable, a class instantiated with no arguments; the built-in generators; loop
 mutants, ``loop-mutant:NAME``).
@@ -31,6 +32,7 @@ from exactcheck.loading import builtin_generators, load_generator, load_subject
 from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, SubjectKind
 from exactcheck.step import entry as step
 from exactcheck.tree import entry as tree
+from exactcheck.tree import loop_entry as tree_loop
 from exactcheck.serve import entry as serve
 
 __all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "SubjectKind",
@@ -145,6 +147,12 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
                                   "verify call) by its output law, and by its declared tree rule",
         tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
         _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True),
+    EntryPoint(
+        SubjectKind("tree-loop"), "tree-loop", "audit a whole tree generator (drafting, one tree verify, KV-cache "
+                                               "compaction) through cached toy models: output law and cache "
+                                               "invariants, EAGLE-2 dynamic trees included",
+        tree_loop.loop_arguments, tree_loop.loop_settings, tree_loop.load, tree_loop.plan, tree_loop.run,
+        _RESULT + "TreeLoopAuditResult", reproduce.tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS),
     EntryPoint(
         SubjectKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",

@@ -254,8 +254,8 @@ def test_every_audit_kind_is_a_row_its_command_is_built_from(capsys):
 
     from exactcheck.cli import main
     from exactcheck.subjects import ENTRY_POINTS, entry_point, gate_kinds
-    assert [e.command for e in ENTRY_POINTS.values()] == ["audit", "selftest", "tree", "e2e", "greedy", "grammar",
-                                                          "serve", "cost"]
+    assert [e.command for e in ENTRY_POINTS.values()] == ["audit", "selftest", "tree", "tree-loop", "e2e", "greedy",
+                                                          "grammar", "serve", "cost"]
     for kind, entry in ENTRY_POINTS.items():
         assert entry.kind is kind and entry_point(kind.value) is entry and entry_point(entry.command) is entry
         own = argparse.ArgumentParser(add_help=False)

@@ -2,9 +2,12 @@
 keeps every cache invariant; each tree-cache mutant is found by the invariants (named, with the
 round and the detail) and by the law of generated sequences; garbage output is a contract error.
 
-Worlds: every built-in tree world with one topology for every state (``generation_tree_worlds``);
-a dynamic (EAGLE-2, per-state) tree world, where one exists, is not driven by the cached loop.
+Worlds: every built-in tree world (``generation_tree_worlds``): fixed and ragged topologies, and the
+dynamic EAGLE-2 world, whose tree the loop drafts from the draft's own rows each round and the
+cache checks redo from the recorded draft logits (``drafted_tree``).
 """
+from dataclasses import dataclass, field
+
 import numpy as np
 import pytest
 import torch
@@ -19,8 +22,11 @@ from toy_models.tree_cache_lm import TreeCacheLM, tree_model_pair, tree_prompt
 from toy_models.tree_worlds import tree_worlds
 
 WORLDS = {w.name: w for w in generation_tree_worlds()}
+DYNAMIC = "tree_topk_dynamic_v5_eagle2"
+RAGGED = "tree_topk_ragged_v4_medusa7"
 LAW_TRIALS = 400  # per non-greedy world: about 2 s each here
 GREEDY_TRIALS = 40  # a greedy world's law is one point: any other output is a deterministic finding
+DYNAMIC_TRIALS = 200  # each tree-cache mutant's law on the dynamic world: chi-square above 130 at seed 0
 
 
 def _world(name):
@@ -111,7 +117,7 @@ def test_the_reference_tree_loop_is_exact_and_keeps_every_cache_invariant_on_eve
     trials = {name: GREEDY_TRIALS if w.greedy else LAW_TRIALS for name, w in WORLDS.items()}
     result = run_tree_generation_audit(ReferenceTreeLoop(), trials=trials, seed=0)
     assert {v.world for v in result.verdicts} == set(WORLDS)
-    assert set(WORLDS) == {w.name for w in tree_worlds() if getattr(w, "expansion", None) is None}
+    assert set(WORLDS) == {w.name for w in tree_worlds()} and {DYNAMIC, RAGGED} <= set(WORLDS)
     failed = [f"{v.check}: {v.summary}" for v in result.verdicts if v.outcome.failed]
     assert result.passed, "\n".join(failed)
     assert [v.law for v in result.verdicts].count("tree_cache") == len(WORLDS)
@@ -146,7 +152,7 @@ def test_each_mutant_breaks_its_named_invariant_with_round_and_detail(mutant):
     subject = TREE_CACHE_MUTANTS[mutant]
     named = MUTANT_INVARIANT[mutant]
     assert named in TREE_INVARIANTS
-    for name in ("tree_iid_v3_3x1", "tree_wor_v3_2x2", "tree_topk_v4_3x1", "tree_topk_ragged_v4_medusa7"):
+    for name in ("tree_iid_v3_3x1", "tree_wor_v3_2x2", "tree_topk_v4_3x1", RAGGED, DYNAMIC):
         if name not in WORLDS:
             continue
         samples = drive_tree_generator(subject, WORLDS[name], 20, seed=3)
@@ -158,6 +164,7 @@ def test_each_mutant_breaks_its_named_invariant_with_round_and_detail(mutant):
         assert "a sibling" in first.detail
     if mutant == "accepted_positions_off_by_depth":
         assert first.round == 0 and "candidate" in first.detail
+        assert {"tree_positions", "visible_path"} <= invariants
     if mutant == "rejected_branch_kept":
         assert first.role == "target"
 
@@ -182,6 +189,80 @@ def test_each_mutant_is_found_by_the_law_of_generated_sequences(mutant, world):
     assert verdicts["tree_topk_greedy_v8_4x2x1/sequence"].outcome is Outcome.DEFECT
     assert verdicts[f"{world}/tree_cache"].outcome is Outcome.DEFECT
     assert MUTANT_INVARIANT[mutant] in verdicts[f"{world}/tree_cache"].summary
+    assert not result.passed
+
+
+# -- the dynamic (EAGLE-2) world ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _TreeLog(ReferenceTreeLoop):
+    """The reference, keeping each round's drafted tree and the sequence at its root."""
+
+    trees: list = field(default_factory=list)
+
+    def draft_tree(self, draft, sequence, known, tree, generator):
+        drafted = super().draft_tree(draft, sequence, known, tree, generator)
+        self.trees.append((tuple(sequence), drafted))
+        return drafted
+
+
+def test_the_dynamic_tree_is_the_worlds_eagle2_tree_at_every_round_and_its_caches_end_committed():
+    """The loop drafts depth by depth from the draft's rows; each round's tree (tokens, parents) is
+    the world's ``tree_at`` at the root's state (the world builds it from its tables alone)."""
+    w = WORLDS[DYNAMIC]
+    top, beam, depth, total = w.expansion
+    prompt, start = tree_prompt(w)
+    target, draft = tree_model_pair(w, start)
+    loop = _TreeLog()
+    rounds = 0
+    for seed in range(8):
+        target.reset()
+        draft.reset()
+        log = target.record()
+        draft.record(log)
+        out = loop(target, draft, list(prompt), w.length, w, torch.Generator().manual_seed(seed))
+        assert check_tree_calls(log, prompt, out, w, (target.cached_tokens, target.cached_positions)) == []
+        verifies = [i for i, c in enumerate(log) if c.role == "target"]
+        rounds += len(verifies)
+        for before, at in zip([-1] + verifies, verifies):  # depth draft forwards a round: committed, beams 1..D-1
+            fed = log[before + 1:at]
+            assert [c.role for c in fed] == ["draft"] * depth
+            assert all(len(c.input_tokens) == beam for c in fed[1:])
+            assert len(log[at].input_tokens) >= total + 1  # committed tokens (the root last), then the tree
+    assert len(loop.trees) == rounds
+    for sequence, drafted in loop.trees:
+        state = start
+        for x in sequence:
+            state = int(w.world.next_state(state, x))
+        assert (tuple(drafted.tokens), drafted.parents) == w.tree_at(state)
+        assert drafted.nodes == total + 1 and all(drafted.parents[i] < i for i in range(1, drafted.nodes))
+
+
+class _LeastLikelyChildren(ReferenceTreeLoop):
+    """Drafts each node's least likely children: not EAGLE-2's tree (top-k verification stays
+    exact on any tree the draft alone picks, so only the tree check can see it)."""
+
+    name: str = "least likely children"
+
+    def draft_children(self, q, width, siblings, generator):
+        return torch.sort(q, descending=False, stable=True).indices[:width].tolist()
+
+
+def test_a_tree_that_is_not_eagle2s_selection_breaks_drafted_tree():
+    samples = drive_tree_generator(_LeastLikelyChildren(), WORLDS[DYNAMIC], 5, seed=3)
+    first = next(b for _, b in samples.breaches if b.invariant == "drafted_tree")
+    assert first.round == 0 and first.role == "draft" and "depth 1" in first.detail
+    assert drive_tree_generator(ReferenceTreeLoop(), WORLDS[DYNAMIC], 5, seed=3).breaches == ()
+
+
+@pytest.mark.parametrize("mutant", sorted(TREE_CACHE_MUTANTS))
+def test_each_mutant_is_found_on_the_dynamic_world_by_its_invariant_and_by_the_law(mutant):
+    result = run_tree_generation_audit(TREE_CACHE_MUTANTS[mutant], worlds=[DYNAMIC], trials=DYNAMIC_TRIALS, seed=0)
+    verdicts = {v.check: v for v in result.verdicts}
+    assert verdicts[f"{DYNAMIC}/tree_cache"].outcome is Outcome.DEFECT
+    assert MUTANT_INVARIANT[mutant] in verdicts[f"{DYNAMIC}/tree_cache"].summary
+    assert verdicts[f"{DYNAMIC}/sequence"].outcome is Outcome.DEFECT
+    assert verdicts[f"{DYNAMIC}/sequence"].statistic is not None
     assert not result.passed
 
 

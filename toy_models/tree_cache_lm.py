@@ -34,7 +34,7 @@ world's ``prompt_state``: the law of the first ``length`` generated tokens is th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,7 +48,8 @@ __all__ = ["TreeCacheLM", "TreeForwardCall", "tree_prompt", "tree_model_pair"]
 class TreeForwardCall:
     """One forward as the model saw it: what its cache held before the call (tokens and
     position ids), the inputs, their position ids, and the mask (one tuple of booleans per input,
-    ``cache_len + n`` long)."""
+    ``cache_len + n`` long); ``logits``: what it returned ([n, V] float64 numpy array, not
+    compared), so a check can redo what the generator did with them (a dynamic tree's selection)."""
 
     role: str
     cached_tokens: tuple[int, ...]
@@ -56,6 +57,7 @@ class TreeForwardCall:
     input_tokens: tuple[int, ...]
     input_positions: tuple[int, ...]
     mask: tuple[tuple[bool, ...], ...]
+    logits: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def visible(self, i: int) -> list[int]:
         """Indices (cache entries first, then inputs) that input ``i`` attends to."""
@@ -120,15 +122,16 @@ class TreeCacheLM:
         """Logits [1, n, V] float64 of the n inputs (module docstring); the inputs join the cache."""
         tokens, positions, mask = self._inputs(input_ids, position_ids, tree_mask)
         cached_tokens, cached_positions = self.cached_tokens, self.cached_positions
-        if self.calls is not None:
-            self.calls.append(TreeForwardCall(self.role, cached_tokens, cached_positions, tuple(tokens),
-                                              tuple(positions), tuple(map(tuple, mask.tolist()))))
         all_tokens = np.array(cached_tokens + tuple(tokens), dtype=np.int64)
         all_positions = np.array(cached_positions + tuple(positions), dtype=np.int64)
         states = [self._state(all_tokens, all_positions, row) for row in mask]
+        logits = self._log_rows[states]
+        if self.calls is not None:
+            self.calls.append(TreeForwardCall(self.role, cached_tokens, cached_positions, tuple(tokens),
+                                              tuple(positions), tuple(map(tuple, mask.tolist())), logits.copy()))
         self._tokens += tokens
         self._positions += positions
-        return torch.from_numpy(self._log_rows[states])[None]
+        return torch.from_numpy(logits)[None]
 
     __call__ = forward
 

@@ -84,7 +84,8 @@ class HFTreeModel:
         logits = out.logits.double()
         if self.calls is not None:
             call = TreeForwardCall(self.role, self.cached_tokens, self.cached_positions, tuple(input_ids[0].tolist()),
-                                   tuple(position_ids[0].tolist()), tuple(map(tuple, tree_mask.tolist())))
+                                   tuple(position_ids[0].tolist()), tuple(map(tuple, tree_mask.tolist())),
+                                   logits[0].numpy().copy())
             self.calls.append(call)
             self.forwards.append((call, logits[0]))
         self._tokens += input_ids[0].tolist()

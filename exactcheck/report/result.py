@@ -24,7 +24,7 @@ from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
-           "GrammarAuditResult", "ServeAuditResult", "result_type"]
+           "TreeLoopAuditResult", "GrammarAuditResult", "ServeAuditResult", "result_type"]
 
 
 class AuditKind(enum.Enum):
@@ -33,6 +33,7 @@ class AuditKind(enum.Enum):
     GREEDY = "greedy"
     GRAMMAR = "grammar"
     TREE = "tree"
+    TREE_LOOP = "tree-loop"
     SERVE = "serve"
 
 
@@ -232,6 +233,20 @@ class TreeAuditResult(AuditResult):
 
 
 @dataclass(frozen=True)
+class TreeLoopAuditResult(AuditResult):
+    """A tree generator audited end to end through cached tree models (``exactcheck tree-loop``,
+    ``exactcheck.tree.generation_audit``)."""
+
+    kind: ClassVar[AuditKind] = AuditKind.TREE_LOOP
+    unit: ClassVar[str] = "generations"
+    command: ClassVar[str] = "tree-loop"
+
+    def budget_text(self) -> str:
+        return (f"tree generation audit: {self.samples_drawn:,} generations through cached tree models "
+                f"({self.samples_planned:,} planned), fixed budget")
+
+
+@dataclass(frozen=True)
 class ServeAuditResult(AuditResult):
     """A served system audited over HTTP against a reference (``exactcheck.serve``)."""
 
@@ -250,7 +265,7 @@ class ServeAuditResult(AuditResult):
 
 
 _TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult,
-                              TreeAuditResult, ServeAuditResult)}
+                              TreeAuditResult, TreeLoopAuditResult, ServeAuditResult)}
 
 
 def result_type(data: dict) -> type[AuditResult]:

@@ -3,8 +3,9 @@
 The models (``toy_models.tree_cache_lm.TreeCacheLM``) log every forward of one generation in one
 shared, ordered list (``TreeForwardCall``: the cache before the call as tokens and position ids,
 the inputs, their position ids and the tree mask). With F = prompt + the generated tokens, N the
-tree's candidates and (parents, depths) its breadth-first topology (``tree.topology``), an exact
-tree generator that keeps the conventions of ``exactcheck.tree.generator`` keeps, at every call:
+tree's candidates and (parents, depths) the round's breadth-first tree (``tree.topology``; in a
+dynamic world, the tree worked out from the draft's own rows, below), an exact tree generator
+that keeps the conventions of ``exactcheck.tree.generator`` keeps, at every call:
 
 1. ``committed_cache`` (every target call: each verify sees the previous verify's compaction;
    the first draft call of each round; the target's cache after the last verify): the cache
@@ -20,7 +21,15 @@ tree generator that keeps the conventions of ``exactcheck.tree.generator`` keeps
 5. ``visible_path`` (every call of either model): what each input sees has positions exactly
    0, 1, ..., k, once each, its own the last. A correct tree mask with correct positions shows
    every input one root-to-node path; a visible sibling or cousin repeats a position, a wrong
-   position leaves a gap. This is the draft's check (its forwards have no fixed layout).
+   position leaves a gap. This is the draft's check (its forwards have no fixed layout);
+6. ``drafted_tree`` (dynamic worlds, ``tree.expansion = (top, beam, depth, total)``): the round's
+   tree is EAGLE-2's selection redone here from the logits the draft returned (softmax in
+   float64; ties by token id, then by path score, depth and order drafted, as
+   ``exactcheck.tree.cached_loop.ReferenceTreeLoop.draft_dynamic`` says): the round's first draft
+   call ends with the root (its row gives depth 1), the draft call for depth d = 1 .. depth-1
+   feeds the ``beam`` best nodes of depth d, best first, and the verify forward's candidates are
+   the ``total`` best drafted nodes, breadth-first. That tree is then the one checks 2-4 hold
+   the verify forward to. It needs the draft's recorded logits (``TreeForwardCall.logits``).
 
 A round is one target call; draft calls before target call r belong to round r. Each breach is a
 ``TreeBreach`` (invariant, round, role, call index, detail). Deterministic: an exact generator
@@ -30,11 +39,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from toy_models.tree_worlds import TreeWorld
 
-__all__ = ["TreeBreach", "check_tree_calls", "TREE_INVARIANTS"]
+__all__ = ["TreeBreach", "check_tree_calls", "dynamic_tree", "TREE_INVARIANTS"]
 
-TREE_INVARIANTS = ("committed_cache", "committed_inputs", "tree_positions", "tree_mask", "visible_path")
+TREE_INVARIANTS = ("committed_cache", "committed_inputs", "tree_positions", "tree_mask", "visible_path",
+                   "drafted_tree")
 
 
 @dataclass(frozen=True)
@@ -57,14 +69,22 @@ def check_tree_calls(calls, prompt, generated, tree: TreeWorld,
     """Every broken invariant over the recorded ``calls`` of one generation of ``generated`` after
     ``prompt``; ``final_target_cache``: (tokens, positions) the target's cache held at the end."""
     final = tuple(int(x) for x in prompt) + tuple(int(x) for x in generated)
-    parents, depths = tree.topology
+    fixed = None if tree.expansion is not None else tree.topology + (None,)
     breaches: list[TreeBreach] = []
-    rounds, first_of_round = 0, True
+    rounds, first_of_round, drafts = 0, True, []
     for i, call in enumerate(calls):
         if call.role == "target" or first_of_round:
             breaches += _committed_cache(call.cached_tokens, call.cached_positions, final, rounds, call.role, i)
         if call.role == "target":
-            breaches += _verify_call(call, i, rounds, final, parents, depths)
+            expected = fixed
+            if expected is None:
+                expected, found = dynamic_tree(drafts, tree.expansion, rounds, i)
+                breaches += found
+            if expected is not None:
+                breaches += _verify_call(call, i, rounds, final, *expected)
+            drafts = []
+        else:
+            drafts.append((i, call))
         breaches += _visible_path(call, i, rounds)
         rounds += call.role == "target"
         first_of_round = call.role == "target"
@@ -93,7 +113,55 @@ def _committed_cache(tokens, positions, final, rnd, role, call, partial=False) -
     return []
 
 
-def _verify_call(call, index, rnd, final, parents, depths) -> list[TreeBreach]:
+def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None, list[TreeBreach]]:
+    """EAGLE-2's tree of round ``rnd``, redone from the logits of its draft calls ``drafts``
+    ((call index, call) pairs; ``verify``: the index of its verify call): ((parents, depths,
+    tokens) of the kept tree, breadth-first; no breaches), or (None, the ``drafted_tree`` breach)
+    where the draft calls do not follow it."""
+    top, beam, depth, total = expansion
+
+    def breach(index, detail, role="draft"):
+        return None, [TreeBreach("drafted_tree", rnd, role, index, detail)]
+
+    if not drafts:
+        return breach(verify, "no draft forward before the verify; the round's tree is drafted from the draft's rows",
+                      "target")
+    if any(call.logits is None for _, call in drafts):
+        raise ValueError("a dynamic tree world's cache checks need the draft's logits (TreeForwardCall.logits)")
+    tokens, parents, depths, scores = [-1], [-1], [0], [1.0]
+    rows = {0: torch.softmax(torch.as_tensor(drafts[0][1].logits, dtype=torch.float64), -1)[-1]}
+    frontier = [0]
+    for d in range(1, depth + 1):
+        level = []
+        for parent in frontier:
+            for x in torch.sort(rows[parent], descending=True, stable=True).indices[:top].tolist():
+                tokens.append(x)
+                parents.append(parent)
+                depths.append(d)
+                scores.append(scores[parent] * float(rows[parent][x]))
+                level.append(len(tokens) - 1)
+        if d == depth:
+            break
+        frontier = sorted(level, key=lambda i: (-scores[i], i))[:beam]
+        expected = [tokens[i] for i in frontier]
+        if d >= len(drafts) or list(drafts[d][1].input_tokens) != expected:
+            index, got = (drafts[d][0], list(drafts[d][1].input_tokens)) if d < len(drafts) else (drafts[-1][0], None)
+            return breach(index, f"the draft forward for depth {d} feeds {got if got is not None else 'nothing'}; "
+                                 f"the {beam} best nodes of depth {d} by path score, best first, are {expected}")
+        out = torch.softmax(torch.as_tensor(drafts[d][1].logits, dtype=torch.float64), -1)
+        rows.update(zip(frontier, out))
+    if len(drafts) > depth:
+        return breach(drafts[depth][0], f"{len(drafts)} draft forwards before the verify; EAGLE-2 with depth {depth} "
+                                        f"makes {depth} (the committed tokens, then depths 1 .. {depth - 1})")
+    kept = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:total]
+    order = [0] + sorted(kept, key=lambda i: (depths[i], i))
+    new = {old: j for j, old in enumerate(order)}
+    return ((-1,) + tuple(new[parents[i]] for i in order[1:]), tuple(depths[i] for i in order),
+            tuple(tokens[i] for i in order)), []
+
+
+def _verify_call(call, index, rnd, final, parents, depths, tokens=None) -> list[TreeBreach]:
+    """Checks 2-4 on one verify forward; ``tokens``: the candidates' expected tokens (dynamic trees)."""
     m, n, nodes = len(call.cached_tokens), len(call.input_tokens), len(parents)
     c = n - (nodes - 1)
     where = dict(round=rnd, role="target", call=index)
@@ -104,6 +172,10 @@ def _verify_call(call, index, rnd, final, parents, depths) -> list[TreeBreach]:
     root = m + c - 1  # the root's index among cache + inputs, and its position
     expected = list(range(m, m + c)) + [root + depths[i] for i in range(1, nodes)]
     out = []
+    if tokens is not None and tuple(call.input_tokens[c:]) != tuple(tokens[1:]):
+        out.append(TreeBreach("drafted_tree", detail=(
+            f"the verify forward's candidates are {list(call.input_tokens[c:])}; EAGLE-2's tree from the draft's "
+            f"rows has {list(tokens[1:])} (breadth-first, parents {list(parents)})"), **where))
     if list(call.input_positions) != expected:
         bad = next(j for j, (a, b) in enumerate(zip(call.input_positions, expected)) if a != b)
         what = f"candidate {bad - c + 1} (depth {depths[bad - c + 1]})" if bad >= c else f"committed input {bad}"

@@ -8,9 +8,18 @@ sequence (prompt + tokens generated so far, T = len(F)), each round:
    d = 1 .. D-1 feeding the nodes of that depth; each node's children are drawn from its draft
    row as ``tree.siblings`` says (``iid``: with replacement; ``without_replacement``; ``top_k``:
    the most likely, ties by id), like ``TreeWorld.draw_tree``. Leaves are not fed (their draft
-   rows are never used; they are set to uniform);
+   rows are never used; they are set to uniform). A **dynamic** world (``tree.expansion = (top,
+   beam, depth, total)``, EAGLE-2) is drafted from the draft's own rows instead
+   (``draft_dynamic``): the root's ``top`` most likely children are depth 1; for d = 1 .. depth-1
+   the ``beam`` nodes of depth d with the highest path score (the product of the draft
+   probabilities along the path; ties to the earlier drafted) are fed in one forward, best first,
+   and each gets its ``top`` most likely children (drafted in that order); then every drafted node is reranked
+   by path score (ties to the shallower, then earlier drafted) and the ``total`` best kept, numbered
+   breadth-first (by depth, then order drafted), so parents precede children. The tree, a
+   ``DraftedTree``, is the world's ``tree_at(state)`` when the rows are the world's;
 2. **score** (``score_tree``): ONE target forward whose inputs are F[known:] then the N candidates
-   in breadth-first order (``tree.topology``): node 0, the root, is F's last token;
+   in breadth-first order (the round's tree: ``tree.topology``, or the dynamic tree drafted): node
+   0, the root, is F's last token;
 3. **verify** (``verify``): the reference verifier of the sibling mode (``multi_round``,
    ``without_replacement``, ``deterministic`` from ``exactcheck.tree.reference``) on
    target_probs [1, N+1, V] (row i: the target's row after the path to node i; row 0 after F),
@@ -18,15 +27,18 @@ sequence (prompt + tokens generated so far, T = len(F)), each round:
    one correction or bonus token;
 4. **commit** (``commit``): F grows by the emitted tokens; each cache is compacted (``keep``) to
    F's new value minus its last token: the committed entries, then the accepted path's entries
-   (which were written at the right positions), every other node's entry dropped.
+   (which were written at the right positions), every other node's entry dropped (in the draft
+   cache of a dynamic world that includes the fed beam nodes that were not kept or not accepted).
 
 Conventions (what ``exactcheck.tree.cache_checks`` checks):
 
 * between rounds the target's cache holds F[:T-1] at positions 0 .. T-2 (``known`` = T-1
   entries); the draft's the same, or one entry less after a round that accepted a leaf (a leaf
-  is never fed to the draft, so its entry is fed with the next round's committed tokens);
+  is never fed to the draft, so its entry is fed with the next round's committed tokens; in a
+  dynamic world, any accepted node that was not a beam node);
 * positions: the committed inputs get known, known+1, ..., T-1 (the root is at T-1); node i
-  at depth d gets T - 1 + d;
+  at depth d gets T - 1 + d (in the draft's forwards of a dynamic world, node ids are the order
+  drafted; in the target's, the kept tree's breadth-first ids);
 * masks: a committed input sees the cache and the inputs up to itself; a node sees every
   committed entry (cache and inputs), its ancestors and itself, and no other node.
 
@@ -42,7 +54,7 @@ import torch
 from exactcheck.tree.reference import deterministic, multi_round, without_replacement
 from toy_models.tree_worlds import TreeWorld
 
-__all__ = ["ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",
+__all__ = ["DraftedTree", "ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",
            "TREE_CACHE_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes"]
 
 # the reference verifier that is exact for each way siblings are drawn
@@ -89,6 +101,23 @@ def path_nodes(emitted: list[int], tokens: list[int], parents: tuple[int, ...]) 
 
 
 @dataclass(frozen=True)
+class DraftedTree:
+    """One round's tree: ``tokens`` [N+1] (the root's -1), ``parents`` and ``depths`` (breadth-first,
+    parents[i] < i), the draft rows ``q`` [N+1, V] (uniform for a node never fed to the draft) and
+    ``draft_index``: node -> its entry in the draft's cache (the nodes fed to the draft)."""
+
+    tokens: list[int]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    q: torch.Tensor
+    draft_index: dict[int, int]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
 class ReferenceTreeLoop:
     """An exact tree generator with explicit cache compaction (module docstring)."""
 
@@ -101,16 +130,17 @@ class ReferenceTreeLoop:
         known = {"target": 0, "draft": 0}  # committed entries the loop believes each cache holds
         with torch.no_grad():
             while len(sequence) - prompt < max_new_tokens:
-                tokens, q, draft_index = self.draft_tree(draft, sequence, known["draft"], tree, generator)
-                p = self.score_tree(target, sequence, known["target"], tokens, tree)
-                emitted = self.verify(p, q, tokens, tree, generator)
-                path = path_nodes(emitted, tokens, tree.topology[0])
+                drafted = self.draft_tree(draft, sequence, known["draft"], tree, generator)
+                p = self.score_tree(target, sequence, known["target"], drafted)
+                emitted = self.verify(p, drafted, tree, generator)
+                path = path_nodes(emitted, drafted.tokens, drafted.parents)
                 committed = len(sequence)  # entries F's tokens take in each cache after this round's feeds
                 sequence += emitted
-                self.commit(target, draft, committed, path, draft_index, tree)
-                # F minus its last token; the draft lacks an accepted leaf (leaves are never fed)
+                self.commit(target, draft, committed, path, drafted)
+                # F minus its last token; the draft lacks an accepted node it never fed (a leaf);
+                # the fed nodes of a path are a prefix of it (only fed nodes get children)
                 known = {"target": committed + len(path),
-                         "draft": committed + sum(i in draft_index for i in path)}
+                         "draft": committed + sum(i in drafted.draft_index for i in path)}
         return sequence[prompt:prompt + max_new_tokens]
 
     # -- steps -------------------------------------------------------------------------------
@@ -139,15 +169,22 @@ class ReferenceTreeLoop:
             return torch.sort(q, descending=True, stable=True).indices[:width].tolist()
         return torch.multinomial(q, width, replacement=siblings == "iid", generator=generator).tolist()
 
-    def draft_tree(self, draft, sequence: list[int], known: int, tree: TreeWorld, generator):
-        """(tokens [N+1] with the root's -1, draft rows [N+1, V], draft cache index of every fed node)."""
-        parents, depths = tree.topology
+    def _draft_root(self, draft, sequence: list[int], known: int, parents) -> tuple[torch.Tensor, list]:
+        """Feed the draft the committed tokens its cache lacks: (the root's draft row, the draft
+        cache's labels: None for a committed entry, 0 for the root)."""
         feed = sequence[known:]
-        root_position = len(sequence) - 1
         labels = [None] * draft.cache_length
         fed = [None] * (len(feed) - 1) + [0]
         q0 = self.rows(draft, feed, list(range(known, len(sequence))), labels, fed, parents)[-1]
-        labels += fed
+        return q0, labels + fed
+
+    def draft_tree(self, draft, sequence: list[int], known: int, tree: TreeWorld, generator) -> DraftedTree:
+        """The round's tree: of ``tree``'s fixed shape, or EAGLE-2's (``draft_dynamic``)."""
+        if tree.expansion is not None:
+            return self.draft_dynamic(draft, sequence, known, tree, generator)
+        parents, depths = tree.topology
+        root_position = len(sequence) - 1
+        q0, labels = self._draft_root(draft, sequence, known, parents)
         tokens = [-1] * tree.nodes
         q = torch.full((tree.nodes, tree.vocab_size), 1.0 / tree.vocab_size, dtype=torch.float64)
         q[0] = q0
@@ -169,35 +206,75 @@ class ReferenceTreeLoop:
                 q[i] = row
                 index[i] = len(labels)
                 labels.append(i)
-        return tokens, q, index
+        return DraftedTree(tokens, parents, depths, q, index)
 
-    def score_tree(self, target, sequence: list[int], known: int, tokens: list[int], tree: TreeWorld) -> torch.Tensor:
+    def draft_dynamic(self, draft, sequence: list[int], known: int, tree: TreeWorld, generator) -> DraftedTree:
+        """EAGLE-2's tree from the draft's own rows (module docstring, step 1). Drafted nodes are
+        numbered in the order drafted (the root 0) until the kept ones are renumbered breadth-first."""
+        top, beam, depth, total = tree.expansion
+        root_position = len(sequence) - 1
+        tokens, parents, depths, scores = [-1], [-1], [0], [1.0]
+        q0, labels = self._draft_root(draft, sequence, known, parents)
+        rows, index = {0: q0}, {0: len(labels) - 1}
+        frontier = [0]
+        for d in range(1, depth + 1):
+            level = []
+            for parent in frontier:
+                for x in self.draft_children(rows[parent], top, "top_k", generator):
+                    tokens.append(int(x))
+                    parents.append(parent)
+                    depths.append(d)
+                    scores.append(scores[parent] * float(rows[parent][int(x)]))
+                    level.append(len(tokens) - 1)
+            if d == depth:
+                break  # the last depth's nodes are not fed
+            fed = sorted(level, key=lambda i: (-scores[i], i))[:beam]  # the beam, best first
+            positions = [self.node_position(root_position, i, depths) for i in fed]
+            out = self.rows(draft, [tokens[i] for i in fed], positions, labels, fed, parents)
+            for i, row in zip(fed, out):
+                rows[i] = row
+                index[i] = len(labels)
+                labels.append(i)
+            frontier = fed
+        kept = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:total]
+        order = [0] + sorted(kept, key=lambda i: (depths[i], i))  # a child never outscores its parent
+        new = {old: j for j, old in enumerate(order)}
+        q = torch.full((len(order), tree.vocab_size), 1.0 / tree.vocab_size, dtype=torch.float64)
+        for old, j in new.items():
+            if old in rows:
+                q[j] = rows[old]
+        return DraftedTree([tokens[i] for i in order], (-1,) + tuple(new[parents[i]] for i in order[1:]),
+                           tuple(depths[i] for i in order), q, {new[i]: index[i] for i in order if i in index})
+
+    def score_tree(self, target, sequence: list[int], known: int, drafted: DraftedTree) -> torch.Tensor:
         """The target's rows [N+1, V] from one forward over the pending committed tokens and the tree."""
-        parents, depths = tree.topology
         feed = sequence[known:]
         root_position = len(sequence) - 1
-        labels = [None] * (len(feed) - 1) + list(range(tree.nodes))
-        positions = list(range(known, len(sequence))) + [self.node_position(root_position, i, depths)
-                                                         for i in range(1, tree.nodes)]
-        rows = self.rows(target, feed + tokens[1:], positions, [None] * target.cache_length, labels, parents)
+        labels = [None] * (len(feed) - 1) + list(range(drafted.nodes))
+        positions = list(range(known, len(sequence))) + [self.node_position(root_position, i, drafted.depths)
+                                                         for i in range(1, drafted.nodes)]
+        rows = self.rows(target, feed + drafted.tokens[1:], positions, [None] * target.cache_length, labels,
+                         drafted.parents)
         return rows[len(feed) - 1:]
 
-    def verify(self, p: torch.Tensor, q: torch.Tensor, tokens: list[int], tree: TreeWorld, generator) -> list[int]:
+    def verify(self, p: torch.Tensor, drafted: DraftedTree, tree: TreeWorld, generator) -> list[int]:
         """The emitted tokens: the accepted path, then one correction or bonus token."""
         verifier = VERIFIER_FOR_SIBLINGS[tree.siblings]
-        out = verifier(p[None], q[None], torch.tensor([tokens]), torch.tensor([tree.topology[0]]), generator)[0]
+        out = verifier(p[None], drafted.q[None], torch.tensor([drafted.tokens]), torch.tensor([drafted.parents]),
+                       generator)[0]
         return out[out >= 0].tolist()
 
-    def kept(self, committed: int, path: list[int], index: dict[int, int], tree: TreeWorld, role: str) -> list[int]:
+    def kept(self, committed: int, path: list[int], index: dict[int, int], drafted: DraftedTree,
+             role: str) -> list[int]:
         """The cache indices a model keeps after the round: the ``committed`` entries, then the
         accepted path's entries (``index``: node -> cache index; a leaf the draft never fed has none)."""
         return list(range(committed)) + [index[i] for i in path if i in index]
 
-    def commit(self, target, draft, committed: int, path: list[int], draft_index: dict[int, int], tree: TreeWorld):
+    def commit(self, target, draft, committed: int, path: list[int], drafted: DraftedTree):
         """Compact both caches to the committed sequence minus its last token."""
-        target_index = {i: committed - 1 + i for i in range(tree.nodes)}  # node i's entry in the target cache
-        target.keep(self.kept(committed, path, target_index, tree, "target"))
-        draft.keep(self.kept(committed, path, draft_index, tree, "draft"))
+        target_index = {i: committed - 1 + i for i in range(drafted.nodes)}  # node i's entry in the target cache
+        target.keep(self.kept(committed, path, target_index, drafted, "target"))
+        draft.keep(self.kept(committed, path, drafted.draft_index, drafted, "draft"))
 
 
 # -- tree-cache mutants (the TensorRT-LLM #10343 class: after a tree verify the KV cache keeps
@@ -211,17 +288,17 @@ class RejectedBranchKept(ReferenceTreeLoop):
 
     name: str = "mutant: rejected_branch_kept"
 
-    def kept(self, committed, path, index, tree, role):
-        keep = super().kept(committed, path, index, tree, role)
+    def kept(self, committed, path, index, drafted, role):
+        keep = super().kept(committed, path, index, drafted, role)
         if role != "target":
             return keep
-        parents = tree.topology[0]
+        parents = drafted.parents
         on_path = {0, *path}
-        rejected = next((i for i in range(1, tree.nodes) if parents[i] in on_path and i not in on_path), None)
+        rejected = next((i for i in range(1, drafted.nodes) if parents[i] in on_path and i not in on_path), None)
         if rejected is None:
             return keep
         branch = {rejected}
-        for i in range(rejected + 1, tree.nodes):
+        for i in range(rejected + 1, drafted.nodes):
             if parents[i] in branch:
                 branch.add(i)
         return sorted(set(keep) | {index[i] for i in branch})

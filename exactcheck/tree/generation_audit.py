@@ -1,7 +1,8 @@
 """The end-to-end audit of a tree generator: whole generations through cached tree models.
 
-Per tree world with a fixed topology (``tree.topology``; a dynamic, per-state tree is not driven
-here), ``trials`` generations of ``world.length`` tokens: each starts from empty caches on the
+Per tree world (every built-in one: a fixed topology, ``tree.topology``, or EAGLE-2's dynamic tree,
+``tree.expansion``, which the generator drafts from the draft's rows each round), ``trials``
+generations of ``world.length`` tokens: each starts from empty caches on the
 world's prompt (``toy_models.tree_cache_lm.tree_prompt``: it leads to the world's prompt state)
 and is called through the contract (``exactcheck.tree.generator.call_tree_generator``), with the
 models recording every forward. Verdicts per world:
@@ -24,7 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, CheckKind, derive_seed
 from exactcheck.reachability import observed_in
-from exactcheck.report.result import TreeAuditResult
+from exactcheck.report.result import TreeLoopAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.stats.laws import LawPlan
 from exactcheck.tree.cache_checks import TreeBreach, check_tree_calls
@@ -60,26 +61,13 @@ class TreeGenerationSamples:
         return self.sequences.shape[0]
 
 
-@dataclass(frozen=True)
-class TreeGenerationAuditResult(TreeAuditResult):
-    unit: ClassVar[str] = "generations"
-
-    def budget_text(self) -> str:
-        return (f"tree generation audit: {self.samples_drawn:,} generations through cached tree models "
-                f"({self.samples_planned:,} planned), fixed budget")
-
-
-def _fixed_topology(tree: TreeWorld) -> bool:
-    try:
-        tree.topology
-    except ValueError:
-        return False
-    return True
+# the result of this audit (kind ``tree-loop``, ``exactcheck tree-loop``), by its older name
+TreeGenerationAuditResult = TreeLoopAuditResult
 
 
 def generation_tree_worlds() -> list[TreeWorld]:
-    """The built-in tree worlds this audit drives: those with one topology for every state."""
-    return [w for w in tree_worlds() if _fixed_topology(w)]
+    """The built-in tree worlds this audit drives: all of them (fixed, ragged and dynamic trees)."""
+    return list(tree_worlds())
 
 
 def drive_tree_generator(subject, tree: TreeWorld, trials: int, seed: int,
@@ -161,10 +149,14 @@ def tree_generation_verdicts(samples: TreeGenerationSamples, share: float, alpha
 
 
 def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str, int] = DEFAULT_TRIALS, seed: int = 0,
-                              alpha: float = DEFAULT_ALPHA, prompt_seed: int = 0) -> TreeGenerationAuditResult:
+                              alpha: float = DEFAULT_ALPHA, prompt_seed: int = 0, name: str | None = None,
+                              reproduce: Callable[[str, int], str] | None = None, level: str | None = None,
+                              require: tuple[str, ...] | None = None) -> TreeGenerationAuditResult:
     """Audit a tree generator (``exactcheck.tree.generator``) end to end on ``worlds`` (names or
     ``TreeWorld``s; default ``generation_tree_worlds()``), ``trials`` generations per world (one
-    number, or per world name)."""
+    number, or per world name). ``name``: the subject's name in the result; ``reproduce(world,
+    trials)``: each world's reproduce line (default: this call); ``level``, ``require``: as the
+    result records them (``exactcheck tree-loop``'s entry, ``exactcheck.tree.loop_entry``)."""
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     if not 0 < alpha < 1:
@@ -173,26 +165,28 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
     counts = {w.name: int(trials[w.name] if isinstance(trials, dict) else trials) for w in chosen}
     if any(n < 1 for n in counts.values()):
         raise UsageError(f"trials ({counts}) must be >= 1 per world")
-    name = getattr(generator, "name", None) or getattr(generator, "__name__", type(generator).__name__)
+    name = name or getattr(generator, "name", None) or getattr(generator, "__name__", type(generator).__name__)
     budget = AlphaBudget(alpha, 2 * len(chosen), stop_early=False)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     pending, drawn = [], 0
     for w in chosen:
         world_seed = derive_seed(seed, w.name)
-        reproduce = (f"run_tree_generation_audit({name!r}, worlds=[{w.name!r}], trials={counts[w.name]}, seed={seed}, "
-                     f"prompt_seed={prompt_seed})")
-        base = dict(world=w.name, seed=world_seed, reproduce=reproduce)
+        line = (reproduce(w.name, counts[w.name]) if reproduce is not None else
+                f"run_tree_generation_audit({name!r}, worlds=[{w.name!r}], trials={counts[w.name]}, seed={seed}, "
+                f"prompt_seed={prompt_seed})")
+        base = dict(world=w.name, seed=world_seed, reproduce=line)
         try:
             samples = drive_tree_generator(generator, w, counts[w.name], world_seed, prompt_seed)
         except SubjectError as exc:
-            pending.append(failure_verdict(exc, world=w.name, seed=world_seed, reproduce=reproduce,
+            pending.append(failure_verdict(exc, world=w.name, seed=world_seed, reproduce=line,
                                            samples=counts[w.name], condition="every generation"))
             continue
         drawn += samples.size
         pending += tree_generation_verdicts(samples, budget.first_share, alpha, base)
     verdicts = keep_plots_where_needed(apply_holm(pending, budget))
-    return TreeGenerationAuditResult(subject=name, level=None, seed=seed, alpha=alpha, device="cpu",
+    extra = {} if require is None else {"require": tuple(require)}
+    return TreeGenerationAuditResult(subject=name, level=level, seed=seed, alpha=alpha, device="cpu", **extra,
                                      verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
                                      environment=run_environment(), samples_planned=sum(counts.values()),
                                      samples_drawn=drawn)
@@ -208,8 +202,5 @@ def _worlds(worlds) -> list[TreeWorld]:
             if w not in known:
                 raise UsageError(f"unknown tree world {w!r}; known: {sorted(known)}")
             w = known[w]
-        if not _fixed_topology(w):
-            raise UsageError(f"tree world {w.name!r} has a per-state (dynamic) tree; this audit drives fixed "
-                             f"topologies only")
         out.append(w)
     return out

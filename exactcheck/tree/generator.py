@@ -5,8 +5,9 @@
 
 ``target`` and ``draft`` are cached tree models (``TreeModel``; the toy one is
 ``toy_models.tree_cache_lm.TreeCacheLM``), each handed over with an **empty** cache. The
-generator drafts trees of ``tree``'s shape (``tree.branching``, siblings drawn as
-``tree.siblings`` says), verifies them with the target and returns exactly ``max_new_tokens``
+generator drafts trees of ``tree``'s shape (``tree.topology``: ``tree.branching`` or the ragged
+``tree.choices``, siblings drawn as ``tree.siblings`` says; or, for a dynamic world, EAGLE-2's
+tree from the draft's own rows, ``tree.expansion``), verifies them with the target and returns exactly ``max_new_tokens``
 new token ids in [0, V) (the prompt not included). ``generator`` is its only source of
 randomness. A generator may carry ``name`` (how reports name it).
 
@@ -22,7 +23,7 @@ The cache conventions of the reference loop (``exactcheck.tree.cached_loop``) ar
 invariants (``exactcheck.tree.cache_checks``) check: between rounds a model's cache holds the
 committed sequence but its last token, at positions 0, 1, ...; the target scores a whole tree in
 one forward whose inputs are the committed tokens it lacks, then the N candidates in
-breadth-first order (``tree.topology``).
+breadth-first order (``tree.topology``, or the round's dynamic tree: parents before children).
 
 ``call_tree_generator`` calls a subject and validates its answer: a list, tuple or 1-D tensor of
 exactly ``max_new_tokens`` integer ids in [0, V); anything else is a ``ContractViolation``.

@@ -1,0 +1,108 @@
+"""The tree generation audit's row of ``exactcheck.subjects.ENTRY_POINTS`` (``exactcheck tree-loop
+SUBJECT``, the plugin's ``audit_tests("tree-loop", ...)``): its command-line arguments, its
+settings from the parsed command line, how a tree generator is loaded by name, planned and
+audited. Subjects: ``tree-loop-reference`` (``exactcheck.tree.cached_loop.ReferenceTreeLoop``),
+``tree-loop-mutant:NAME`` (its tree-cache mutants) or MODULE:CALLABLE (the tree-generator
+contract, ``exactcheck.tree.generator``). Light: the audit is imported when it runs
+(``exactcheck.tree.generation_audit.run_tree_generation_audit``)."""
+from __future__ import annotations
+
+from exactcheck import arguments, reproduce
+from exactcheck.errors import UsageError
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+
+__all__ = ["loop_arguments", "loop_settings", "load", "plan", "run", "builtin_tree_generators", "generations",
+           "OPTIONS", "GENERATIONS", "REFERENCE", "MUTANT_PREFIX"]
+
+# the ``AuditOptions`` fields a tree generation audit reads
+OPTIONS = ("level", "seed", "alpha", "worlds", "generations", "require")
+# generations per world at each level (``--generations`` replaces it)
+GENERATIONS = {"quick": 1_000, "standard": 4_000, "release": 20_000}
+REFERENCE = "tree-loop-reference"
+MUTANT_PREFIX = "tree-loop-mutant:"
+# the checks of each world, in the order the audit reports them
+_LAWS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENERATOR_LAW),
+         ("tree_cache", CheckKind.CACHE_INVARIANT))
+
+
+def loop_arguments(parser) -> None:
+    parser.add_argument("subject", help=f"{REFERENCE}, {MUTANT_PREFIX}NAME (rejected_branch_kept, "
+                                        f"accepted_positions_off_by_depth, sibling_visible) or MODULE:CALLABLE "
+                                        f"(the tree-generator contract: docs/trees.md)")
+    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
+                        help="generations per world: quick 1,000, standard 4,000, release 20,000")
+    parser.add_argument("--generations", type=int, metavar="N", help="generations per world (instead of the level's)")
+    parser.add_argument("--world", action="append", metavar="NAME",
+                        help="only this tree world (repeatable; default every built-in tree world)")
+    parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
+    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    arguments.require(parser)
+    arguments.isolate(parser)
+
+
+def loop_settings(args) -> dict:
+    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, generations=args.generations,
+                require=args.require, progress=not args.quiet, isolate=args.isolate)
+
+
+def builtin_tree_generators() -> dict:
+    """Name -> tree generator: the reference tree loop and its tree-cache mutants."""
+    from exactcheck.tree.cached_loop import TREE_CACHE_MUTANTS, ReferenceTreeLoop
+    out = {REFERENCE: ReferenceTreeLoop()}
+    out.update({MUTANT_PREFIX + name: m for name, m in TREE_CACHE_MUTANTS.items()})
+    return out
+
+
+def load(name: str):
+    """A built-in tree generator by name, or MODULE:CALLABLE."""
+    builtin = builtin_tree_generators()
+    if name in builtin:
+        return builtin[name]
+    if name.startswith(MUTANT_PREFIX) or name.startswith("tree-loop"):
+        raise UsageError(f"unknown tree generator {name!r}; built in: {', '.join(builtin)}")
+    from exactcheck.loading import load_subject
+    return load_subject(name)
+
+
+def generations(options: AuditOptions) -> int:
+    """Generations per world: ``options.generations``, else the level's."""
+    return int(options.generations or GENERATIONS[options.level.value])
+
+
+def _world_names(options: AuditOptions) -> list[str]:
+    from toy_models.tree_worlds import tree_worlds
+    known = [w.name for w in tree_worlds()]
+    if not options.worlds:
+        return known
+    unknown = [w for w in options.worlds if w not in known]
+    if unknown:
+        raise UsageError(f"unknown tree world(s) {unknown}; known: {', '.join(known)}")
+    return list(options.worlds)
+
+
+def plan(subject, options: AuditOptions) -> AuditPlan:
+    """Three checks per world (the sequence law, its first token, the tree-cache invariants);
+    alpha split by Holm over the two laws of every world."""
+    worlds = _world_names(options)
+    checks = tuple(Check(f"{w}/{law}", kind, w, law) for w in worlds for law, kind in _LAWS)
+    n = generations(options)
+    return AuditPlan(options, checks, AlphaBudget(options.alpha, 2 * len(worlds), stop_early=False),
+                     samples=tuple((w, n) for w in worlds))
+
+
+def run(subject, options: AuditOptions, *, subject_name: str | None = None, progress: bool = True, executor=None):
+    from exactcheck.tree.generation_audit import run_tree_generation_audit
+    worlds = _world_names(options)
+    name = subject_name or getattr(subject, "name", None)
+    named = subject_name is not None and (subject_name in builtin_tree_generators() or ":" in subject_name)
+
+    def line(world: str, trials: int) -> str:
+        return reproduce.tree_loop_line(options, subject_name if named else repr(name), world, trials,
+                                        by_command=named)
+
+    return run_tree_generation_audit(subject, worlds=worlds, trials=generations(options), seed=options.seed,
+                                     alpha=options.alpha, name=name, reproduce=line, level=options.level.value,
+                                     require=options.require)
