@@ -170,7 +170,7 @@ def sampled_world_run(world, plans, n: int, budget, sample) -> WorldRun:
     ``SequenceSamples``): the run, stopped at the first look that shows a defect (``run.drawn``
     then says where) or at the budget."""
     run = WorldRun(world, 0, n, list(plans), batch_schedule(n), [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
-                   [[EProcess(expected, n * p.condition_probability) for _, expected in law_alternatives(p)]
+                   [[EProcess(expected, n * p.condition_probability, p.groupings) for _, expected in law_alternatives(p)]
                     for p in plans])
     for size in run.batches:
         samples = sample(size)

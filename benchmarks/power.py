@@ -73,7 +73,7 @@ def exactcheck_fails(world, plans, outputs: torch.Tensor, n: int) -> bool:
 def exactcheck_sequential(world, plans, outputs: torch.Tensor, n: int) -> int | None:
     """Samples at which the audit's sequential procedure flags a defect; None if it never does."""
     from exactcheck.step.drive import StepSamples
-    processes = [EProcess(plan.expected, n * plan.condition_probability) for plan in plans]
+    processes = [EProcess(plan.expected, n * plan.condition_probability, plan.groupings) for plan in plans]
     totals = [np.zeros(plan.expected.size, dtype=np.int64) for plan in plans]
     threshold = math.log(2 * len(plans) / ALPHA)
     start = 0

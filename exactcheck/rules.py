@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["Parameter", "Rule", "RuleSpec", "RULES", "rule_spec", "declared_rule", "EXACT_RULES", "StepLaws",
-           "step_laws", "completion_law", "product_law", "loop_sequence_law", "reference_sequence_law", "output_tv",
+           "step_laws", "step_output_law", "completion_law", "product_law", "loop_sequence_law", "reference_sequence_law", "output_tv",
            "Oracle", "LEGACY_NAMES", "reference_rows", "all_drafts", "chain_law", "normalised_rows", "draft_ratios",
            "block_stop_probabilities"]
 
@@ -616,6 +616,29 @@ def _rows(p, q):
 def _codes(tokens: np.ndarray, vocab: int) -> np.ndarray:
     """Each row of tokens [M, j] as one number in base V (the first token most significant)."""
     return (tokens * vocab ** np.arange(tokens.shape[1] - 1, -1, -1, dtype=np.int64)).sum(1)
+
+
+def step_output_law(spec: RuleSpec, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The exact joint law of (N, the first emitted token, the last emitted token) of one step,
+    [(k+1) V V] at cell (N V + first) V + last: the accepted length, the draft it starts with and
+    the correction or bonus, together (at N = 0 the first token is the last). One law where the
+    accepted length, the correction and the first token are three: a defect that moves mass
+    between them (a block rule reading the wrong row, dropped tail mass) shows at their joint KL,
+    not only at each marginal's; and a subject must fit one rule on all of them at once."""
+    p, q = _rows(p, q)
+    return _step_output_law_cached(spec, p.tobytes(), q.tobytes(), q.shape[0], p.shape[1])
+
+
+@functools.lru_cache(maxsize=256)
+def _step_output_law_cached(spec: RuleSpec, p_bytes: bytes, q_bytes: bytes, k: int, vocab: int) -> np.ndarray:
+    p = np.frombuffer(p_bytes).reshape(k + 1, vocab)
+    q = np.frombuffer(q_bytes).reshape(k, vocab)
+    d, _, joint, final = _enumerate(spec, p, q)
+    law = np.zeros((k + 1, vocab, vocab))
+    law[0][np.arange(vocab), np.arange(vocab)] = np.einsum("d,dv->v", joint[:, 0], final[:, 0])
+    for j in range(1, k + 1):
+        np.add.at(law[j], d[:, 0], joint[:, j, None] * final[:, j])
+    return law.reshape(-1)
 
 
 def completion_law(spec: RuleSpec, p: np.ndarray, q: np.ndarray) -> np.ndarray:

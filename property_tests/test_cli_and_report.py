@@ -16,7 +16,7 @@ def test_passing_audit_exits_0_and_writes_reports(tmp_path, capsys):
     assert code == 0
     data = json.loads(next(tmp_path.glob("audit-exactcheck-step-reference-reference_verifier-quick-seed0-h*.json")).read_text())
     assert data["schema"] == "exactcheck.audit/1" and data["summary"]["passed"]
-    assert len(data["verdicts"]) == 4
+    assert len(data["verdicts"]) == 5  # first token, accepted length, bonus, correction, their joint law
     md = next(tmp_path.glob("audit-exactcheck-step-reference-reference_verifier-quick-seed0-h*.md")).read_text()
     assert "PASSED" in md and "three_token/correction_token" in md
     assert "PASSED" in capsys.readouterr().out

@@ -113,7 +113,9 @@ def _failing_report(tmp_path) -> Path:
 def test_html_and_pr_comment_of_a_failing_audit(tmp_path, capsys):
     report = _failing_report(tmp_path)
     page = report.with_suffix(".html").read_text()
-    assert page.count('class="law-plot failed-law"') == 3  # one expected-vs-observed plot per failed law
+    # one expected-vs-observed plot per failed law: bonus_token and step_output (the joint law holds
+    # the bonus) on the two step worlds, the sequence law on the context world
+    assert page.count('class="law-plot failed-law"') == 5
     assert 'class="pvalue-plot"' in page and "Accepted-length distributions" in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
     capsys.readouterr()
@@ -131,7 +133,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120).stdout
     assert 'data-rendered="ok"' in dom  # the load handler ran and no script error was raised
-    assert dom.count('class="law-plot failed-law"') == 3
+    assert dom.count('class="law-plot failed-law"') == 5
     shot = tmp_path / "failing-audit.png"  # the committed screenshots come from benchmarks/screenshots.py
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

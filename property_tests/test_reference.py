@@ -14,7 +14,7 @@ from toy_models import step_worlds, three_token
 def test_three_token_example_verdicts():
     result = run_audit(reference_verifier, level="standard", worlds=["three_token"], progress=False)
     verdicts = {v.law: v for v in result.verdicts}
-    assert set(verdicts) == {"first_token", "accepted_length", "bonus_token", "correction_token"}
+    assert set(verdicts) == {"first_token", "accepted_length", "bonus_token", "correction_token", "step_output"}
     assert all(v.outcome is Outcome.EXACT for v in verdicts.values())
     # each verdict carries its numbers
     first = verdicts["first_token"]

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from exactcheck.rules import (EXACT_RULES, RuleSpec, loop_sequence_law, output_tv, reference_rows,
-                              reference_sequence_law, rule_spec, step_laws)
+                              reference_sequence_law, rule_spec, step_laws, step_output_law)
 from exactcheck.step.drive import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
@@ -44,7 +44,7 @@ __all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_part
 # many trials in its condition; the choice depends on the law and n, never on the samples.
 MIN_CONDITIONAL_SAMPLES = 100
 # the step laws that depend on the verification rule
-CONFORMANCE_LAWS = ("accepted_length", "correction_token")
+CONFORMANCE_LAWS = ("accepted_length", "correction_token", "step_output")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class LawPlan:
     alternatives: tuple[tuple[str, np.ndarray], ...] = ()
     lossy_rule: str = ""  # the lossy rule declared, and what it costs on the world:
     lossy_tv: float | None = None  # the exact TV of its output law from the target's
+    # coarsenings of a joint law its e-process also watches (cell -> group maps): each a mixture
+    # with fewer cells to learn (``exactcheck.stats.sequential.EProcess``)
+    groupings: tuple = ()
 
     @property
     def lossy(self) -> str:
@@ -141,6 +144,16 @@ def planned_laws(world: StepWorld | ContextWorld, n: int, rule: RuleSpec | None 
         plans.append(LawPlan("correction_token", f"(N, token) given N<{k}{under}", joint(laws),
                              lambda c: f"N={c // vocab}, token {c % vocab}", float(rejected), conformance=True,
                              alternatives=tuple((name, joint(other)) for name, other in others)))
+    # the joint conformance law: one rule must explain N, the first token and the last together
+    draft = world.draft_law()
+    cells = np.arange((k + 1) * vocab * vocab)
+    n_of, first_of, last_of = cells // vocab ** 2, cells // vocab % vocab, cells % vocab
+    plans.append(LawPlan("step_output", f"(N, first token, last token) of each step{under}",
+                         step_output_law(planning, p, draft),
+                         lambda c: f"N={c // vocab ** 2}, first {c // vocab % vocab}, last {c % vocab}",
+                         conformance=True, alternatives=tuple((name, step_output_law(rule_spec(name), p, draft))
+                                                              for name in EXACT_RULES) if rule is None else (),
+                         groupings=(n_of * vocab + first_of, n_of * vocab + last_of)))
     return plans
 
 
@@ -163,6 +176,8 @@ def compare(plan: LawPlan, samples: StepSamples | SequenceSamples) -> LawCompari
         elif plan.law == "correction_token":
             keep = accepted < k
             index = accepted[keep] * vocab + last[keep]
+        elif plan.law == "step_output":
+            index = (accepted * vocab + samples.outputs[:, 0].numpy()) * vocab + last
         else:
             raise ValueError(f"unknown step law {plan.law!r}")
     return LawComparison(plan, np.bincount(index, minlength=cells).astype(np.int64))

@@ -103,15 +103,19 @@ class EProcess:
 
     expected: np.ndarray  # exact law over the law's cells (float64)
     budget: int  # samples the law is expected to see at the full budget (fixes the pooling)
+    groupings: tuple = ()  # more cell -> group maps the law names (coarsenings of a joint law)
 
     def __post_init__(self) -> None:
         self.expected = np.asarray(self.expected, dtype=np.float64)
         pooled = pooling(self.expected, max(int(self.budget), 1))
         unpooled = np.where(self.expected > 0, np.cumsum(self.expected > 0) - 1, -1)
-        # the sets of cells the mixture runs on, each as (cell -> group, group probabilities)
+        # the sets of cells the mixture runs on, each as (cell -> group, group probabilities); a
+        # grouping's cells of probability 0 stay impossible (they are checked before any mixture)
+        groups = [pooled, unpooled, dyadic_tail_groups(self.expected)]
+        groups += [np.where(self.expected > 0, np.asarray(g, dtype=np.int64), -1) for g in self.groupings]
         self._partitions = [(group, np.bincount(group[group >= 0], weights=self.expected[group >= 0],
                                                  minlength=int(group.max()) + 1 if (group >= 0).any() else 0))
-                            for group in (pooled, unpooled, dyadic_tail_groups(self.expected))]
+                            for group in groups]
         self._impossible = self.expected <= 0
         self.largest = 0.0  # the largest log E over the looks so far (E_0 = 1)
 

@@ -169,7 +169,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             world, derive_seed(seed, world.name), n, plans,
             batch_schedule(n, from_one=options.looks_from_one) if stop_early else [n],
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
-            [[EProcess(expected, n * p.condition_probability) for _, expected in law_alternatives(p)]
+            [[EProcess(expected, n * p.condition_probability, p.groupings) for _, expected in law_alternatives(p)]
              if stop_early else None for p in plans]))
     threshold = budget.log_e_threshold
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
