@@ -47,8 +47,11 @@ def test_medusa_typical_acceptance_follows_the_typical_medusa_rule_on_every_top_
     sequence = [v for v in result.verdicts if v.law == "sequence"]
     assert {v.world for v in sequence} >= {"tree_topk_ragged_v4_medusa7", "tree_topk_dynamic_v5_eagle2"}
     for v in sequence:
-        assert v.outcome.value == "lossy-by-design"
-        assert f"TV {lossy_tv(WORLDS[v.world], 'typical_medusa'):.4f}" in v.summary
+        tv = lossy_tv(WORLDS[v.world], "typical_medusa")
+        if tv > 1e-12:  # lossy: its verdict says what it costs
+            assert v.outcome.value == "lossy-by-design" and f"TV {tv:.4f}" in v.summary
+        else:  # a greedy target: the rule's law is the target's, judged as exact
+            assert v.outcome.value == "exact" and WORLDS[v.world].greedy
 
 
 def test_medusa_greedy_keeps_the_greedy_path():

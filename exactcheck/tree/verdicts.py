@@ -60,7 +60,10 @@ def tree_verdicts(samples: TreeSamples, rule: str | None, share: float, alpha: f
     seq = samples.sequences.numpy()
     # a subject that declares a lossy tree rule is judged against what its rule gives the user,
     # and each verdict says what that costs (the exact TV of the rule's law from the target's)
-    lossy = rule is not None and not tree_rule(rule).exact and RULE_SIBLINGS[rule] == w.siblings
+    # (a lossy rule whose law is the target's on this world, typical acceptance on a greedy target,
+    # is judged as exact there)
+    lossy = (rule is not None and not tree_rule(rule).exact and RULE_SIBLINGS[rule] == w.siblings
+             and lossy_tv(w, rule) > 1e-12)
     law = loop_sequence_law(w, rule) if lossy else w.sequence_law()
     note = (f"lossy by design ({rule}): its output law on this world is TV {lossy_tv(w, rule):.4f} from the "
             "target's (exact)") if lossy else ""
