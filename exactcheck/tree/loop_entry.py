@@ -28,7 +28,7 @@ _LAWS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENERA
 def loop_arguments(parser) -> None:
     parser.add_argument("subject", help=f"{REFERENCE}, {MUTANT_PREFIX}NAME (rejected_branch_kept, "
                                         f"accepted_positions_off_by_depth, sibling_visible) or MODULE:CALLABLE "
-                                        f"(the tree-generator contract: docs/checks.md, "The whole tree loop")")
+                                        f"(the tree-generator contract: docs/checks.md, The whole tree loop)")
     parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
                         help="generations per world: quick 1,000, standard 4,000, release 20,000")
     parser.add_argument("--generations", type=int, metavar="N", help="generations per world (instead of the level's)")
