@@ -327,3 +327,17 @@ def test_a_top_k_tree_pruned_by_reading_the_target_is_still_exact():
     worlds = ["tree_topk_dynamic_v5_eagle2", "tree_topk_ragged_v4_medusa7", "tree_topk_v4_3x1"]
     result = run_tree_audit(pruned_by_target_top_k, level="quick", seed=6, progress=False, worlds=worlds)
     assert result.passed, [v.describe() for v in result.failed]
+
+
+def test_the_greedy_tree_rule_is_exact_on_greedy_targets_and_its_own_law_elsewhere():
+    """``greedy`` (the argmax child, else the argmax): its walk follows its registered law on a
+    sampled target (lossy, with the exact TV) and is exact on a greedy target."""
+    from exactcheck.tree.laws import lossy_tv
+    from exactcheck.tree.reference import greedy
+    worlds = ["tree_topk_v4_3x1", "tree_topk_dynamic_v5_eagle2", "tree_topk_greedy_v8_4x2x1"]
+    result = run_tree_audit(greedy, level="quick", seed=7, progress=False, worlds=worlds, max_samples=4_000)
+    assert result.passed, [v.describe() for v in result.failed]
+    outcome = {v.world: v.outcome.value for v in result.verdicts if v.law == "sequence"}
+    assert outcome == {"tree_topk_v4_3x1": "lossy-by-design", "tree_topk_dynamic_v5_eagle2": "lossy-by-design",
+                       "tree_topk_greedy_v8_4x2x1": "exact"}
+    assert lossy_tv(WORLDS["tree_topk_greedy_v8_4x2x1"], "greedy") < 1e-12 < lossy_tv(WORLDS["tree_topk_v4_3x1"], "greedy")

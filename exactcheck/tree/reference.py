@@ -27,7 +27,7 @@ import torch
 
 from exactcheck.tree.contract import children_table, tree_depths
 
-__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "typical", "typical_medusa",
+__all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "typical", "typical_medusa", "greedy",
            "LOSSY_TREE_VERIFIERS", "REFERENCE_TREE_VERIFIERS", "gather", "normalised", "multi_round_deciding",
            "walk_tree", "inverse_cdf"]
 
@@ -266,5 +266,24 @@ typical_medusa.tree_rule = "typical_medusa"
 REFERENCE_TREE_VERIFIERS = {"multi_round": multi_round, "without_replacement": without_replacement,
                             "deterministic": deterministic, "target_only": target_only}
 
+def _greedy_children(p, q, kid_tokens, valid, generator):
+    """The child whose token is the target's argmax (lowest id on a tie), if any; the residual is
+    the argmax itself, so the correction (or bonus) is argmax p."""
+    best = p.argmax(1)
+    hit = valid & (kid_tokens == best[:, None])
+    slot = torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(best, -1))
+    return slot, torch.nn.functional.one_hot(best, p.shape[1]).double()
+
+
+def greedy(target_probs, draft_probs, tokens, parents, generator):
+    """Greedy tree verification: the argmax child, else the argmax as correction (lossy but for a
+    greedy target)."""
+    return walk_tree(target_probs, None, tokens, parents, generator, _greedy_children)
+
+
+greedy.sibling_sampling = "top_k"
+greedy.takes_draft_probs = False
+greedy.tree_rule = "greedy"
+
 # lossy by design: each follows its declared rule, and its output law is the rule's, not the target's
-LOSSY_TREE_VERIFIERS = {"typical": typical, "typical_medusa": typical_medusa}
+LOSSY_TREE_VERIFIERS = {"typical": typical, "typical_medusa": typical_medusa, "greedy": greedy}

@@ -352,6 +352,44 @@ class Typical(TreeRule):
         return TreeDecision(tuple(nodes), tuple(int(tokens[n]) for n in nodes), tuple(read))
 
 
+@dataclass(frozen=True)
+class Greedy(TreeRule):
+    """Greedy tree verification (SGLang's ``verify_tree_greedy``, Medusa at temperature 0): at a
+    node, the child whose token is the target's argmax (lowest id on a tie) is accepted; if no
+    child has it, the argmax is the correction; at a leaf, the argmax is the bonus. No coin."""
+
+    def node_law(self, p, q, width):
+        accept, correct = np.zeros_like(p), np.zeros_like(p)
+        best = int(np.argmax(p))
+        (accept if best in top_k_order(q, width) else correct)[best] = 1.0
+        return accept, correct
+
+    def leaf_law(self, p):
+        out = np.zeros_like(p)
+        out[int(np.argmax(p))] = 1.0
+        return out
+
+    def oracle(self, p, q, tokens, parents, u):
+        """No coin: child x is accepted iff p(x) exceeds every other token's p at its parent
+        (``against`` = p(x), ``threshold`` = the largest other p; equal is a tie, not judged)."""
+        children = children_of(parents)
+        node, nodes, read = 0, [], []
+        while children.get(node):
+            row = np.asarray(p[node], dtype=np.float64)
+            chosen = None
+            for kid in children[node]:
+                x = int(tokens[kid])
+                read.append(Comparison(node, kid, float(np.delete(row, x).max()), against=float(row[x])))
+                if row[x] > np.delete(row, x).max():
+                    chosen = kid
+                    break
+            if chosen is None:
+                break
+            node = chosen
+            nodes.append(node)
+        return TreeDecision(tuple(nodes), tuple(int(tokens[n]) for n in nodes), tuple(read))
+
+
 TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (
     MultiRound("multi_round", "multi-round speculative sampling (SpecInfer, EAGLE)",
                "Miao et al. 2024 (SpecInfer, arXiv 2305.09781) algorithm 2; EAGLE (Li et al. 2024) "
@@ -384,6 +422,11 @@ TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (
             "(medusa-llm 0.1 on PyPI)", "top_k", exact=False, takes_draft_probs=False, argmax_bonus=True,
             formula="accept node x iff p_parent(x) > min(0.09, 0.3 exp(-H(p_parent))); keep the deepest fully "
                     "accepted path (ties: larger sum log p); then argmax p at the node reached"),
+    Greedy("greedy", "greedy tree verification (exact for a greedy target, lossy for a sampled one)",
+           "SGLang 0.5.23 spec_tree.py verify_tree_greedy; FasterDecoding/Medusa evaluate_posterior at "
+           "temperature 0", "top_k", exact=False, takes_draft_probs=False,
+           formula="accept the child whose token is argmax p (lowest id on a tie); if none, the correction is "
+                   "argmax p; at a leaf the bonus is argmax p"),
 )}
 
 # rule -> the sibling mode it is exact for
