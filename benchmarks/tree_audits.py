@@ -3,8 +3,10 @@
     python benchmarks/tree_audits.py --seeds 50 --level quick [--jobs 2] [--members a,b] [--json FILE]
     python benchmarks/tree_audits.py --mutants --level standard [--jobs 2]
 
-Exact members: the reference tree verifiers (``exactcheck.tree.reference``), SGLang's target-only
-walk through its layout adapter, and ``first_branch_only`` (exact, wasteful). Each is audited at
+Exact members: the reference tree verifiers (``exactcheck.tree.reference``), the correct tree corpus
+(``exactcheck.corpus.trees``, ``first_branch_only``, ``pruned_by_target_top_k``), SGLang's
+target-only walk through its layout adapter; and the lossy references (``tree-lossy:``), which must
+pass their own declared rule. Each is audited at
 seeds 1..N and the audits with a finding are counted (must be about alpha * N at most: every
 finding on exact code is a false alarm). ``--mutants`` audits every tree mutant once (seed 0) and
 prints which checks found it and the exit status the command would give (1: found).
@@ -27,7 +29,7 @@ def members(mutants: bool) -> dict:
     if mutants:
         return {n: v for n, v in builtin.items() if n.startswith("tree-mutant:")}
     return {n: v for n, v in builtin.items()
-            if n.startswith(("tree-reference:", "tree-corpus:")) or n == "sglang-tree-target-only"}
+            if n.startswith(("tree-reference:", "tree-lossy:", "tree-corpus:")) or n == "sglang-tree-target-only"}
 
 
 def audit_one(name: str, level: str, seed: int, mutants: bool) -> dict:
