@@ -90,16 +90,16 @@ def test_headlines_count_a_non_gating_finding_apart_from_the_defects(tmp_path, c
             "--world", "three_token", "--world", "properties/same_seed"]
     assert main(args + ["--report", str(tmp_path)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert "PASSED (4 exact, 1 non-gating finding; level quick" in first, first
+    assert "PASSED (5 exact, 1 non-gating finding; level quick" in first, first
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     markdown, page, comment = (renderer(data["schema"], form)(data) for form in ("markdown", "html", "pr"))
     for text in (markdown, page, comment):
-        assert "4 exact, 1 non-gating finding" in text and "1 defect" not in text
+        assert "5 exact, 1 non-gating finding" in text and "1 defect" not in text
     assert "`properties/same_seed` (reproducibility; `--require reproducible` makes it fail)" in comment
     # required, the same finding gates: then it is a defect everywhere
     assert main(args + ["--require", "reproducible"]) == 1
     first = capsys.readouterr().out.splitlines()[0]
-    assert "FAILED on properties/same_seed (defect) (4 exact, 1 defect;" in first and "non-gating" not in first
+    assert "FAILED on properties/same_seed (defect) (5 exact, 1 defect;" in first and "non-gating" not in first
 
 
 # ---- 4. end-to-end headlines say e2e and name the subject as the command line gave it ----

@@ -48,7 +48,8 @@ def test_a_fixed_budget_run_merges_shard_counts_exactly():
              for j, size in enumerate(split(n, 3))]
     merged = [sum(p[i] for p in parts) for i in range(len(laws))]
     unconditional = [m for m, law in zip(merged, laws) if law.condition_probability == 1.0]
-    assert len(unconditional) == 2 and all(int(m.sum()) == n for m in unconditional)
+    # first token, accepted length and the joint step_output law see every trial
+    assert len(unconditional) == 3 and all(int(m.sum()) == n for m in unconditional)
     audit = run_audit(reference_verifier, options=AuditOptions.build(
         level="quick", worlds=["random_v8_k4"], stop_early=False, properties=False, shards=3), progress=False)
     assert audit.samples_drawn == n
