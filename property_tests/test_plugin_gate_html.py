@@ -50,7 +50,7 @@ def test_example_project_fails_exactly_the_planted_defect(tmp_path, workers):
     for case in failed:
         message = "\n".join(r.text or r.message or "" for r in case.result)
         assert "law in world" in message and "total variation:" in message, message
-    assert len(cases) == 2 * 60  # one test per check of each subject's quick audit
+    assert len(cases) == 2 * 73  # one test per check of each subject's quick audit
 
 
 def test_adding_exactcheck_to_a_project_takes_at_most_five_lines():
@@ -71,7 +71,7 @@ def test_gate_on_the_example_exits_1_and_writes_junit(tmp_path, monkeypatch, cap
     assert set(suites) == {"correct_verifier", "buggy_verifier"}
     assert suites["correct_verifier"].failures == 0 and suites["correct_verifier"].errors == 0
     assert suites["buggy_verifier"].failures >= 1
-    assert suites["correct_verifier"].tests == 60
+    assert suites["correct_verifier"].tests == 73  # the quick plan: 13 step worlds x 5 laws (step_output the 5th) and the rest
     gate = json.loads(data.read_text())
     assert gate["passed"] is False
     assert [s["passed"] for s in gate["subjects"]] == [True, False]
