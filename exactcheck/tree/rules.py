@@ -38,6 +38,8 @@ from typing import Protocol
 
 import numpy as np
 
+from exactcheck.rules import typical_threshold as chain_typical_threshold
+
 __all__ = ["TreeRule", "TreeView", "TREE_RULES", "RULE_SIBLINGS", "tree_rule", "top_k_order",
            "typical_threshold", "Comparison", "TreeDecision", "children_of"]
 
@@ -281,9 +283,9 @@ class TargetOnly(TreeRule):
 
 def typical_threshold(p: np.ndarray, posterior_threshold: float, posterior_alpha: float) -> float:
     """Medusa's typical-acceptance threshold min(epsilon, delta exp(-H(p))), H = -sum p log(p + 1e-5)
-    in nats (the chain rule's ``exactcheck.rules.typical_threshold``, one row)."""
-    entropy = -float((p * np.log(p + 1e-5)).sum())
-    return min(posterior_threshold, posterior_alpha * float(np.exp(-entropy)))
+    in nats: the chain rule's (``exactcheck.rules.typical_threshold``) on one row."""
+    values = {"posterior_threshold": posterior_threshold, "posterior_alpha": posterior_alpha}
+    return float(chain_typical_threshold(np.asarray(p, dtype=np.float64)[None], values)[0])
 
 
 @dataclass(frozen=True)
