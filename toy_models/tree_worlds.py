@@ -5,9 +5,9 @@ row depends on the whole prefix) and a tree **shape**: ``branching[d]`` children
 depth d (the root, the context so far, is depth 0; the tree's depth D is ``len(branching)``). How
 siblings are drawn from their parent's draft row is part of the world (``siblings``):
 
-* ``iid``: independently, with replacement (SpecInfer, EAGLE-1: duplicates happen);
+* ``iid``: independently, with replacement (SpecInfer: duplicates happen);
 * ``without_replacement``: one after another, each from the row with the earlier ones removed
-  (recursive speculative decoding);
+  (recursive speculative decoding; EAGLE-1 as shipped, ``torch.multinomial(replacement=False)``);
 * ``top_k``: deterministically, the parent row's most likely tokens (ties by id: EAGLE-2/3 dynamic
   trees, SGLang, TensorRT-LLM).
 

@@ -11,8 +11,8 @@ accepted path's tokens from the root's child down, then one correction or bonus 
 padding; D is the tree's depth.
 
 How siblings were drawn is part of the tree world (``toy_models.tree_worlds``); a subject declares
-the one it expects in ``sibling_sampling`` ("iid", the default: SpecInfer, EAGLE-1;
-"without_replacement"; "top_k": deterministic siblings) and, optionally, ``takes_draft_probs =
+the one it expects in ``sibling_sampling`` ("iid", the default: SpecInfer;
+"without_replacement": EAGLE-1; "top_k": deterministic siblings) and, optionally, ``takes_draft_probs =
 False`` (it is called with None) and ``tree_rule`` (a name in ``exactcheck.tree.laws.TREE_RULES``:
 its emitted law per step is then checked as conformance).
 

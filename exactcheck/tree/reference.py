@@ -5,9 +5,9 @@ residual ``r`` that starts as the node's target row; the first accepted child is
 walk descends into it with a fresh residual (its own target row); when every child is rejected (or
 the node is a leaf) one token is drawn from ``r`` and the step ends.
 
-* ``multi_round`` (SpecInfer, EAGLE; siblings i.i.d. from the node's draft row q): child x is
+* ``multi_round`` (SpecInfer; siblings i.i.d. from the node's draft row q): child x is
   accepted with probability min(1, r(x)/q(x)); on rejection r <- norm(max(r - q, 0)).
-* ``without_replacement`` (recursive speculative decoding; siblings drawn one after another
+* ``without_replacement`` (recursive speculative decoding, EAGLE-1 as shipped; siblings drawn one after another
   from q with the earlier ones removed): sibling j was drawn from q_j (q without siblings
   1..j-1, renormalised); accepted with min(1, r(x)/q_j(x)); on rejection r <- norm(max(r - q_j,
   0)).
@@ -170,7 +170,7 @@ def _target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: 
 
 
 def multi_round(target_probs, draft_probs, tokens, parents, generator):
-    """SpecInfer / EAGLE multi-round speculative sampling (siblings i.i.d. from q)."""
+    """SpecInfer's multi-round speculative sampling (siblings i.i.d. from q)."""
     return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children)
 
 

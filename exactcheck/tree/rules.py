@@ -393,13 +393,14 @@ class Greedy(TreeRule):
 
 
 TREE_RULES: dict[str, TreeRule] = {rule.name: rule for rule in (
-    MultiRound("multi_round", "multi-round speculative sampling (SpecInfer, EAGLE)",
-               "Miao et al. 2024 (SpecInfer, arXiv 2305.09781) algorithm 2; EAGLE (Li et al. 2024) "
-               "eagle/model/utils.py evaluate_posterior", "iid",
+    MultiRound("multi_round", "multi-round speculative sampling (SpecInfer)",
+               "Miao et al. 2024 (SpecInfer, arXiv 2305.09781) algorithm 2", "iid",
                formula="siblings i.i.d. from q; accept x with min(1, r(x)/q(x)); on a rejection "
                        "r <- norm(max(r - q, 0)); after the last sibling draw from r"),
     WithoutReplacement("without_replacement", "recursive rejection sampling without replacement",
-                       "Jeon et al. 2024 (recursive speculative decoding, arXiv 2402.14160)",
+                       "Jeon et al. 2024 (recursive speculative decoding, arXiv 2402.14160); EAGLE-1 as shipped "
+                       "(eagle-llm 1.2.1 eagle/model/utils.py evaluate_posterior, siblings by cnets.Model.sample: "
+                       "torch.multinomial without replacement)",
                        "without_replacement",
                        formula="sibling j drawn from q_j (q without siblings 1..j-1); accept with "
                                "min(1, r(x)/q_j(x)); on a rejection r <- norm(max(r - q_j, 0))"),
