@@ -25,17 +25,19 @@ import os
 
 import pytest
 
-from exactcheck.adapters.eagle_tree import EagleTree, eagle_available
+import torch
+
+from exactcheck.adapters.eagle_tree import EagleGithubTree, EagleTree, eagle_available
+from exactcheck.tree.laws import lossy_tv
+from exactcheck.tree.rules import WithoutReplacement, tree_rule
+from exactcheck.tree.runner import run_tree_audit
+from toy_models.tree_worlds import tree_worlds
 
 pytestmark = pytest.mark.engines
-
-if eagle_available():
-    pytest.skip(eagle_available(), allow_module_level=True)
-
-from exactcheck.tree.laws import lossy_tv  # noqa: E402
-from exactcheck.tree.rules import WithoutReplacement, tree_rule  # noqa: E402
-from exactcheck.tree.runner import run_tree_audit  # noqa: E402
-from toy_models.tree_worlds import tree_worlds  # noqa: E402
+needs_eagle = pytest.mark.skipif(bool(eagle_available()), reason=str(eagle_available()))
+GITHUB_UTILS = os.environ.get("EXACTCHECK_EAGLE_GITHUB_UTILS")
+needs_github_head = pytest.mark.skipif(
+    not GITHUB_UTILS, reason="by hand: EXACTCHECK_EAGLE_GITHUB_UTILS=<a SafeAILab/EAGLE checkout>/eagle/model/utils.py")
 
 WORLDS = {w.name: w for w in tree_worlds()}
 WOR = ("tree_wor_v4_3x1", "tree_wor_v3_2x2")
@@ -67,6 +69,7 @@ class _BonusAtTemperatureOne(WithoutReplacement):
         return tempered / tempered.sum()
 
 
+@needs_eagle
 def test_eagle_at_temperature_1_keeps_the_law_and_accepts_a_forbidden_sibling_at_coin_zero():
     result = _audit(EagleTree("model", 1.0), "EagleModelT1")
     outcomes = _outcomes(result)
@@ -83,6 +86,7 @@ def test_eagle_at_temperature_1_keeps_the_law_and_accepts_a_forbidden_sibling_at
     assert 0 < crash.reachability.probability < 1e-6, crash.describe()
 
 
+@needs_eagle
 def test_eagle_draws_the_bonus_after_a_full_path_at_temperature_1():
     result = _audit(EagleTree("model", 0.7), "EagleModelT07")
     base = tree_rule("without_replacement")
@@ -98,6 +102,7 @@ def test_eagle_draws_the_bonus_after_a_full_path_at_temperature_1():
     assert fixed.passed, [v.describe() for v in fixed.failed]
 
 
+@needs_eagle
 def test_eagle_batched_compares_the_accepted_length_with_the_number_of_paths():
     result = _audit(EagleTree("modelbsne1", 1.0), "EagleBatchedT1")
     outcomes = _outcomes(result)
@@ -109,6 +114,7 @@ def test_eagle_batched_compares_the_accepted_length_with_the_number_of_paths():
     assert fixed.passed, [v.describe() for v in fixed.failed]
 
 
+@needs_eagle
 def test_eagle_greedy_keeps_the_greedy_path():
     for module in ("model", "modelbsne1"):
         result = _audit(EagleTree(module, 0.0), f"EagleGreedy-{module}")
@@ -117,6 +123,7 @@ def test_eagle_greedy_keeps_the_greedy_path():
                                                                               "tree_topk_greedy_v8_4x2x1"}
 
 
+@needs_eagle
 def test_a_fix_that_does_not_apply_is_refused():
     with pytest.raises(ValueError, match="unknown fixes"):
         EagleTree("model", 1.0, fixed=("no_such_fix",))
@@ -125,6 +132,31 @@ def test_a_fix_that_does_not_apply_is_refused():
 
 
 def _one_tree():
-    import torch
     p = torch.full((1, 2, 3), 1 / 3, dtype=torch.float64)
     return p, p.clone(), torch.tensor([[0, 1]]), torch.tensor([[-1, 0]]), torch.Generator().manual_seed(0)
+
+
+def test_the_github_head_glue_builds_eagle_2s_retrieve_indices_for_a_ragged_tree():
+    # a root with children 1, 2; node 1 with children 3, 4; node 3 with child 5 (leaves 2, 4, 5)
+    parents = [-1, 0, 0, 1, 1, 3]
+    sampled = EagleGithubTree("unused.py", 1.0).retrieve_indices(parents).tolist()
+    assert sampled == [[0, 1, 3, 5], [0, 1, 4, -1], [0, 2, -1, -1]]  # sorted by path, -1 last
+    greedy = EagleGithubTree("unused.py", 0.0).retrieve_indices(parents).tolist()
+    assert greedy == [[0, 2, -1, -1], [0, 1, 4, -1], [0, 1, 3, 5]]  # leaves in node order
+
+
+@needs_github_head
+def test_eagle_github_head_keeps_the_deterministic_rules_law_on_every_top_k_world():
+    """By hand, on a fetched checkout (EAGLE-2/3 are not on PyPI): ragged and dynamic trees
+    included; the coin test ``r <= p(x)`` is still non-strict (2^-53 per coin)."""
+    for temperature in (1.0, 0.7):
+        result = _audit(EagleGithubTree(GITHUB_UTILS, temperature), f"EagleGithubHeadT{temperature:g}")
+        laws = [v for v in result.verdicts if v.world != "properties"]
+        assert {v.world for v in laws} >= {"tree_topk_ragged_v4_medusa7", "tree_topk_dynamic_v5_eagle2"}
+        assert all(v.outcome.value == "exact" for v in laws), [v.describe() for v in laws if v.outcome.value != "exact"]
+        forbidden = next(v for v in result.verdicts if v.law == "tree_no_forbidden_token")
+        assert forbidden.outcome.value == "defect" and forbidden.reachability.probability == pytest.approx(2.0 ** -53)
+        assert all(v.outcome.value == "exact" for v in result.verdicts
+                   if v.law in ("tree_rule_decisions", "tree_row_independence"))
+    greedy = _audit(EagleGithubTree(GITHUB_UTILS, 0.0), "EagleGithubHeadGreedy")
+    assert greedy.passed, [v.describe() for v in greedy.failed]

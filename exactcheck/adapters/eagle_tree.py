@@ -64,6 +64,7 @@ test_eagle_tree.py``); each finding is gone from the audit of EAGLE's module wit
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import sys
 import types
@@ -73,7 +74,7 @@ import torch
 
 from exactcheck.tree.contract import tree_depths
 
-__all__ = ["EagleTree", "eagle_available", "eagle_choices", "FIXES"]
+__all__ = ["EagleTree", "EagleGithubTree", "eagle_available", "eagle_choices", "FIXES"]
 
 MODULES = ("model", "modelbsne1")
 
@@ -284,3 +285,84 @@ class EagleTree:
         else:
             last = int(torch.multinomial(sample_p.reshape(-1), 1, generator=generator))
         return path[1:accepted + 1].tolist() + [last]
+
+
+class EagleGithubTree:
+    """EAGLE-2/3's tree walk as on SafeAILab/EAGLE's GitHub head (``eagle/model/utils.py``
+    ``evaluate_posterior(logits, candidates, logits_processor)``; not on PyPI), loaded from
+    ``utils_path``, a file of a checkout the user fetched (nothing of it ships here).
+
+    The head drafts a dynamic tree of the draft's top-k (``cnets.Model.topK_genrate``) and verifies
+    with ``qx = 1.0``: sibling x accepted when ``random.random() <= p(x)``, on a rejection x zeroed
+    in p and p renormalised; the registered rule is ``deterministic``. Glue, as ``topK_genrate`` and
+    ``EaModel.eagenerate`` build it: ``retrieve_indices`` one row per leaf (the node ids on its path,
+    -1 padded to the depth, leaves in node order; sorted by that path with -1 last when sampling),
+    ``candidates`` the drafted tokens with -1 appended, read along them, the logits ``tree_logits[0,
+    retrieve_indices]`` (a -1 reads the last node), and the next token ``torch.multinomial(sample_p,
+    1)`` (greedy: the argmax), as ``update_inference_inputs`` draws it."""
+
+    def __init__(self, utils_path: str, temperature: float = 1.0):
+        if temperature < 0:
+            raise ValueError(f"temperature {temperature!r} must be >= 0")
+        self.utils_path, self.temperature = str(utils_path), float(temperature)
+        self.greedy = temperature == 0
+        self.sibling_sampling = "top_k"
+        self.takes_draft_probs = False
+        self.tree_rule = None if self.greedy else "deterministic"
+        self.__name__ = "eagle-github-" + ("greedy" if self.greedy else f"T{self.temperature:g}")
+        self._utils = None
+
+    def __repr__(self) -> str:
+        return f"EagleGithubTree({self.utils_path!r}, temperature={self.temperature!r})"
+
+    def utils(self) -> types.ModuleType:
+        if self._utils is None:
+            spec = importlib.util.spec_from_file_location("eagle_github_head_utils", self.utils_path)
+            if spec is None or spec.loader is None:
+                raise ValueError(f"{self.utils_path}: not a Python file")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            if list(inspect.signature(module.evaluate_posterior).parameters) != ["logits", "candidates",
+                                                                                  "logits_processor"]:
+                raise ValueError(f"{self.utils_path}: evaluate_posterior is not the head's "
+                                 "(logits, candidates, logits_processor)")
+            self._utils = module
+        return self._utils
+
+    def retrieve_indices(self, parents: list[int]) -> torch.Tensor:
+        """``topK_genrate``'s ``retrieve_indices`` for a tree given by its parents."""
+        depth = {0: 0}
+        for node in range(1, len(parents)):
+            depth[node] = depth[parents[node]] + 1
+        inner = set(parents[1:])
+        rows = []
+        for leaf in (n for n in range(len(parents)) if n not in inner):
+            path, node = [], leaf
+            while node != 0:
+                path.append(node)
+                node = parents[node]
+            rows.append([0] + path[::-1] + [-1] * (max(depth.values()) - depth[leaf]))
+        if not self.greedy:
+            last = len(parents) + 5  # topK_genrate's maxitem: -1 sorts last
+            rows.sort(key=lambda row: [i if i >= 0 else last for i in row])
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def __call__(self, target_probs, draft_probs, tokens, parents, generator):
+        utils = self.utils()
+        b = target_probs.shape[0]
+        out = torch.full((b, int(tree_depths(parents).max()) + 1), -1, dtype=torch.int64)
+        p = target_probs.detach().cpu().float()
+        logits = torch.log(p) if self.greedy or self.temperature == 1 else self.temperature * torch.log(p)
+        processor = None if self.greedy else utils.prepare_logits_processor(temperature=self.temperature)
+        for row in range(b):
+            retrieve = self.retrieve_indices(parents[row].tolist())
+            drafted = torch.cat((tokens[row].cpu(), torch.tensor([-1])))
+            with _eagle_call(utils, generator, 0):
+                best, accepted, sample_p = utils.evaluate_posterior(logits[row][retrieve], drafted[retrieve], processor)
+            if self.greedy:
+                last = int(torch.argmax(sample_p))
+            else:
+                last = int(torch.multinomial(sample_p.reshape(-1), 1, generator=generator))
+            seq = drafted[retrieve][int(best), 1:int(accepted) + 1].tolist() + [last]
+            out[row, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
+        return out.to(tokens.device)
