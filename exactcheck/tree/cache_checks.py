@@ -30,6 +30,16 @@ that keeps the conventions of ``exactcheck.tree.generator`` keeps, at every call
    feeds the ``beam`` best nodes of depth d, best first, and the verify forward's candidates are
    the ``total`` best drafted nodes, breadth-first. That tree is then the one checks 2-4 hold
    the verify forward to. It needs the draft's recorded logits (``TreeForwardCall.logits``).
+   **Near-ties.** An exact generator that scores in another precision or order (float16 or
+   bfloat16 log-space sums, as EAGLE's ``topK_genrate`` adds them; ``torch.topk``'s tie order)
+   may pick another tree where two scores a decision compares are within ``TIE_TOLERANCE``
+   (relative) of each other. A beam fed in another order, or with another node, that EAGLE-2
+   could pick up to such near-ties (every node clearly above the cut in it, none clearly below,
+   one reading of its tokens) is followed: the round is judged on the generator's tree. Another
+   beam or candidate set that a near-tie can explain but not follow (every token fed a child
+   within the tolerance of its row's top-k and of the cut, and some decision's margin below
+   it) leaves the round not judged (checks 2-4 skipped, 1 and 5 still run, the count in the
+   verdict), never a breach. Anything else is a breach.
 
 A round is one target call; draft calls before target call r belong to round r. Each breach is a
 ``TreeBreach`` (invariant, round, role, call index, detail). Deterministic: an exact generator
@@ -37,13 +47,19 @@ never breaches, so any breach is a finding.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from toy_models.tree_worlds import TreeWorld
 
-__all__ = ["TreeBreach", "check_tree_calls", "dynamic_tree", "TREE_INVARIANTS"]
+__all__ = ["TreeBreach", "NearTies", "check_tree_calls", "dynamic_tree", "TREE_INVARIANTS", "TIE_TOLERANCE"]
+
+# relative gap below which two scores of a dynamic tree's decision are a near-tie: scores summed in
+# log space in bfloat16 (EAGLE adds log-softmax scores in the model's dtype: about 2^-9 of |log p|
+# a term, a few terms a path) stay within it; float32 and float16 far within
+TIE_TOLERANCE = 2.0 ** -4
 
 TREE_INVARIANTS = ("committed_cache", "committed_inputs", "tree_positions", "tree_mask", "visible_path",
                    "drafted_tree")
@@ -65,9 +81,12 @@ class TreeBreach:
 
 
 def check_tree_calls(calls, prompt, generated, tree: TreeWorld,
-                     final_target_cache: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> list[TreeBreach]:
+                     final_target_cache: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                     unjudged: list | None = None) -> list[TreeBreach]:
     """Every broken invariant over the recorded ``calls`` of one generation of ``generated`` after
-    ``prompt``; ``final_target_cache``: (tokens, positions) the target's cache held at the end."""
+    ``prompt``; ``final_target_cache``: (tokens, positions) the target's cache held at the end;
+    ``unjudged`` (a list, if given) gets (round, detail) for each dynamic round not judged (a
+    near-tie explains the generator's other tree)."""
     final = tuple(int(x) for x in prompt) + tuple(int(x) for x in generated)
     fixed = None if tree.expansion is not None else tree.topology + (None,)
     breaches: list[TreeBreach] = []
@@ -76,12 +95,15 @@ def check_tree_calls(calls, prompt, generated, tree: TreeWorld,
         if call.role == "target" or first_of_round:
             breaches += _committed_cache(call.cached_tokens, call.cached_positions, final, rounds, call.role, i)
         if call.role == "target":
-            expected = fixed
+            expected, found, ties = fixed, [], None
             if expected is None:
-                expected, found = dynamic_tree(drafts, tree.expansion, rounds, i)
+                expected, found, ties = dynamic_tree(drafts, tree.expansion, rounds, i)
                 breaches += found
             if expected is not None:
-                breaches += _verify_call(call, i, rounds, final, *expected)
+                breaches += _verify_call(call, i, rounds, final, *expected, ties=ties, unjudged=unjudged)
+            elif not found and unjudged is not None:
+                unjudged.append((rounds, "a draft forward fed another beam than EAGLE-2's, within a near-tie "
+                                         f"(relative gap < {TIE_TOLERANCE:.2g}) of it"))
             drafts = []
         else:
             drafts.append((i, call))
@@ -113,15 +135,59 @@ def _committed_cache(tokens, positions, final, rnd, role, call, partial=False) -
     return []
 
 
-def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None, list[TreeBreach]]:
+def _gaps(values, k: int) -> float:
+    """The smallest relative gap between neighbours among the ``k`` + 1 largest ``values``
+    (in order): the margin of a top-``k`` choice and of its order."""
+    ordered = sorted((float(v) for v in values), reverse=True)[:k + 1]
+    return min(((a - b) / a for a, b in zip(ordered, ordered[1:]) if a > 0), default=float("inf"))
+
+
+def _near_tie_beam(level, scores, tokens, beam: int, fed: list[int]) -> list[int] | None:
+    """The nodes of ``level`` the generator fed (``fed``: tokens, best first) where they are the one
+    beam EAGLE-2 could pick up to near-ties: every node clearly above the ``beam``-th best score
+    (by more than ``TIE_TOLERANCE``, relative) in it, every one in it no further below that score
+    than the tolerance, each no more than that above the one before it, and the fed tokens read
+    as such nodes in one way only (a token can be drafted under two parents); else None."""
+    if len(fed) != beam:
+        return None
+    cut = sorted((scores[i] for i in level), reverse=True)[beam - 1]
+    must = {i for i in level if scores[i] > cut * (1 + TIE_TOLERANCE)}
+    options = [[i for i in level if tokens[i] == x and scores[i] >= cut * (1 - TIE_TOLERANCE)] for x in fed]
+    valid = [list(nodes) for nodes in itertools.product(*options)
+             if len(set(nodes)) == beam and must <= set(nodes)
+             and all(scores[b] <= scores[a] * (1 + TIE_TOLERANCE) for a, b in zip(nodes, nodes[1:]))]
+    return valid[0] if len(valid) == 1 else None
+
+
+@dataclass(frozen=True)
+class NearTies:
+    """What a near-tie could change in a dynamic round: the smallest relative margin of its
+    decisions, and the tokens a tree picked within ``TIE_TOLERANCE`` of them could hold (every
+    drafted node's, and every child within the tolerance of a row's top-k, whose path score is
+    within it of the kept set's last)."""
+
+    margin: float
+    tokens: frozenset
+
+    def explain(self, tokens) -> bool:
+        """Whether other candidate ``tokens`` may be a near-tie's choice (so not judged)."""
+        return self.margin < TIE_TOLERANCE and set(tokens) <= self.tokens
+
+
+def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None, list[TreeBreach], NearTies | None]:
     """EAGLE-2's tree of round ``rnd``, redone from the logits of its draft calls ``drafts``
     ((call index, call) pairs; ``verify``: the index of its verify call): ((parents, depths,
-    tokens) of the kept tree, breadth-first; no breaches), or (None, the ``drafted_tree`` breach)
-    where the draft calls do not follow it."""
+    tokens) of the kept tree, breadth-first; no breaches; its ``NearTies``), or (None, the
+    ``drafted_tree`` breach, None) where the draft calls do not follow it; (None, [], None)
+    where a draft forward fed another beam that a near-tie can explain (not judged). A beam fed
+    in another order or with another node within a near-tie is followed (``_near_tie_beam``)."""
     top, beam, depth, total = expansion
+    margin = float("inf")
 
-    def breach(index, detail, role="draft"):
-        return None, [TreeBreach("drafted_tree", rnd, role, index, detail)]
+    def breach(index, detail, role="draft", explained=False):
+        if explained:
+            return None, [], None
+        return None, [TreeBreach("drafted_tree", rnd, role, index, detail)], None
 
     if not drafts:
         return breach(verify, "no draft forward before the verify; the round's tree is drafted from the draft's rows",
@@ -129,12 +195,17 @@ def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None
     if any(call.logits is None for _, call in drafts):
         raise ValueError("a dynamic tree world's cache checks need the draft's logits (TreeForwardCall.logits)")
     tokens, parents, depths, scores = [-1], [-1], [0], [1.0]
+    near: list[tuple[int, int, float]] = []  # (depth, token, path score) of every child within a near-tie of a top-k
     rows = {0: torch.softmax(torch.as_tensor(drafts[0][1].logits, dtype=torch.float64), -1)[-1]}
     frontier = [0]
     for d in range(1, depth + 1):
         level = []
         for parent in frontier:
-            for x in torch.sort(rows[parent], descending=True, stable=True).indices[:top].tolist():
+            margin = min(margin, _gaps(rows[parent].tolist(), top))
+            ordered = torch.sort(rows[parent], descending=True, stable=True).indices.tolist()
+            edge = float(rows[parent][ordered[top - 1]]) * (1 - TIE_TOLERANCE)
+            near += [(d, x, scores[parent] * float(rows[parent][x])) for x in ordered if float(rows[parent][x]) >= edge]
+            for x in ordered[:top]:
                 tokens.append(x)
                 parents.append(parent)
                 depths.append(d)
@@ -142,26 +213,40 @@ def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None
                 level.append(len(tokens) - 1)
         if d == depth:
             break
+        margin = min(margin, _gaps([scores[i] for i in level], beam))
         frontier = sorted(level, key=lambda i: (-scores[i], i))[:beam]
         expected = [tokens[i] for i in frontier]
+        followed = None if d >= len(drafts) else _near_tie_beam(level, scores, tokens, beam,
+                                                                list(drafts[d][1].input_tokens))
+        if followed is not None and [tokens[i] for i in followed] != expected:
+            frontier, expected = followed, [tokens[i] for i in followed]  # another beam, within a near-tie
         if d >= len(drafts) or list(drafts[d][1].input_tokens) != expected:
             index, got = (drafts[d][0], list(drafts[d][1].input_tokens)) if d < len(drafts) else (drafts[-1][0], None)
+            cut = sorted((scores[i] for i in level), reverse=True)[beam - 1] * (1 - TIE_TOLERANCE)
+            explained = (margin < TIE_TOLERANCE and got is not None and len(got) == beam
+                         and set(got) <= {x for dd, x, sc in near if dd == d and sc >= cut})
             return breach(index, f"the draft forward for depth {d} feeds {got if got is not None else 'nothing'}; "
-                                 f"the {beam} best nodes of depth {d} by path score, best first, are {expected}")
+                                 f"the {beam} best nodes of depth {d} by path score, best first, are {expected}",
+                          explained=explained)
         out = torch.softmax(torch.as_tensor(drafts[d][1].logits, dtype=torch.float64), -1)
         rows.update(zip(frontier, out))
     if len(drafts) > depth:
         return breach(drafts[depth][0], f"{len(drafts)} draft forwards before the verify; EAGLE-2 with depth {depth} "
                                         f"makes {depth} (the committed tokens, then depths 1 .. {depth - 1})")
+    margin = min(margin, _gaps(scores[1:], total))
     kept = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:total]
     order = [0] + sorted(kept, key=lambda i: (depths[i], i))
     new = {old: j for j, old in enumerate(order)}
+    last = min(scores[i] for i in kept) * (1 - TIE_TOLERANCE)
+    ties = NearTies(margin, frozenset(x for _, x, sc in near if sc >= last))
     return ((-1,) + tuple(new[parents[i]] for i in order[1:]), tuple(depths[i] for i in order),
-            tuple(tokens[i] for i in order)), []
+            tuple(tokens[i] for i in order)), [], ties
 
 
-def _verify_call(call, index, rnd, final, parents, depths, tokens=None) -> list[TreeBreach]:
-    """Checks 2-4 on one verify forward; ``tokens``: the candidates' expected tokens (dynamic trees)."""
+def _verify_call(call, index, rnd, final, parents, depths, tokens=None, ties=None, unjudged=None) -> list[TreeBreach]:
+    """Checks 2-4 on one verify forward; ``tokens``: the candidates' expected tokens (dynamic trees),
+    ``ties`` their ``NearTies``: other candidates a near-tie explains leave the round not judged
+    (recorded in ``unjudged``)."""
     m, n, nodes = len(call.cached_tokens), len(call.input_tokens), len(parents)
     c = n - (nodes - 1)
     where = dict(round=rnd, role="target", call=index)
@@ -172,6 +257,12 @@ def _verify_call(call, index, rnd, final, parents, depths, tokens=None) -> list[
     root = m + c - 1  # the root's index among cache + inputs, and its position
     expected = list(range(m, m + c)) + [root + depths[i] for i in range(1, nodes)]
     out = []
+    if tokens is not None and tuple(call.input_tokens[c:]) != tuple(tokens[1:]) and ties is not None \
+            and ties.explain(call.input_tokens[c:]):
+        if unjudged is not None:
+            unjudged.append((rnd, f"the verify forward's candidates are another tree than EAGLE-2's, within a near-tie "
+                                  f"(relative gap {ties.margin:.2g} < {TIE_TOLERANCE:.2g}) of it"))
+        return out
     if tokens is not None and tuple(call.input_tokens[c:]) != tuple(tokens[1:]):
         out.append(TreeBreach("drafted_tree", detail=(
             f"the verify forward's candidates are {list(call.input_tokens[c:])}; EAGLE-2's tree from the draft's "

@@ -122,6 +122,11 @@ class ReferenceTreeLoop:
     """An exact tree generator with explicit cache compaction (module docstring)."""
 
     name: str = "exactcheck reference tree loop"
+    root_score: float = 1.0  # a path's score starts here and ``extend_score`` grows it
+
+    def extend_score(self, parent_score: float, probability: float) -> float:
+        """A child's path score (EAGLE-2's: the product of the draft's probabilities, float64)."""
+        return parent_score * probability
 
     def __call__(self, target, draft, prompt_ids: list[int], max_new_tokens: int, tree: TreeWorld,
                  generator: torch.Generator) -> list[int]:
@@ -213,7 +218,7 @@ class ReferenceTreeLoop:
         numbered in the order drafted (the root 0) until the kept ones are renumbered breadth-first."""
         top, beam, depth, total = tree.expansion
         root_position = len(sequence) - 1
-        tokens, parents, depths, scores = [-1], [-1], [0], [1.0]
+        tokens, parents, depths, scores = [-1], [-1], [0], [self.root_score]
         q0, labels = self._draft_root(draft, sequence, known, parents)
         rows, index = {0: q0}, {0: len(labels) - 1}
         frontier = [0]
@@ -224,7 +229,7 @@ class ReferenceTreeLoop:
                     tokens.append(int(x))
                     parents.append(parent)
                     depths.append(d)
-                    scores.append(scores[parent] * float(rows[parent][int(x)]))
+                    scores.append(self.extend_score(scores[parent], float(rows[parent][int(x)])))
                     level.append(len(tokens) - 1)
             if d == depth:
                 break  # the last depth's nodes are not fed

@@ -55,6 +55,7 @@ class TreeGenerationSamples:
     breaches: tuple[tuple[int, TreeBreach], ...]  # (generation, breach)
     forward_calls: int
     rounds: int
+    unjudged: tuple[tuple[int, int, str], ...] = ()  # (generation, round, why): a dynamic round's near-tie
 
     @property
     def size(self) -> int:
@@ -79,6 +80,7 @@ def drive_tree_generator(subject, tree: TreeWorld, trials: int, seed: int,
     generator = torch.Generator().manual_seed(seed)
     sequences = np.zeros((trials, tree.length), dtype=np.int64)
     breaches: list[tuple[int, TreeBreach]] = []
+    unjudged: list[tuple[int, int, str]] = []
     calls = rounds = 0
     for trial in range(trials):
         target.reset()
@@ -89,9 +91,11 @@ def drive_tree_generator(subject, tree: TreeWorld, trials: int, seed: int,
         sequences[trial] = out
         calls += len(log)
         rounds += sum(c.role == "target" for c in log)
-        found = check_tree_calls(log, prompt, out, tree, (target.cached_tokens, target.cached_positions))
+        skipped: list[tuple[int, str]] = []
+        found = check_tree_calls(log, prompt, out, tree, (target.cached_tokens, target.cached_positions), skipped)
         breaches += [(trial, b) for b in found]
-    return TreeGenerationSamples(tree, sequences, tuple(breaches), calls, rounds)
+        unjudged += [(trial, rnd, why) for rnd, why in skipped]
+    return TreeGenerationSamples(tree, sequences, tuple(breaches), calls, rounds, tuple(unjudged))
 
 
 def _codes(sequences: np.ndarray, vocab: int) -> np.ndarray:
@@ -117,8 +121,13 @@ def _law(law: str, condition: str, expected: np.ndarray, observed: np.ndarray, l
 
 def _cache_verdict(samples: TreeGenerationSamples, base: dict) -> Verdict:
     name = samples.world.name
+    unjudged = ""
+    if samples.unjudged:
+        generation, rnd, why = samples.unjudged[0]
+        unjudged = (f"; {len(samples.unjudged):,} rounds' trees not judged (a near-tie, not a finding; first in "
+                    f"generation {generation}, round {rnd}: {why})")
     common = dict(base, check=f"{name}/tree_cache", law="tree_cache", samples=samples.size,
-                  condition=f"{samples.forward_calls:,} forward calls over {samples.rounds:,} tree verifies",
+                  condition=f"{samples.forward_calls:,} forward calls over {samples.rounds:,} tree verifies" + unjudged,
                   kind=CheckKind.CACHE_INVARIANT)
     if samples.breaches:
         kinds = sorted({b.invariant for _, b in samples.breaches})
