@@ -127,6 +127,7 @@ LINES = (
     '  tree-loop-mutant:rejected_branch_kept mutant: rejected_branch_kept',
     '  tree-loop-mutant:accepted_positions_off_by_depth mutant: accepted_positions_off_by_depth',
     '  tree-loop-mutant:sibling_visible mutant: sibling_visible',
+    '  tree-loop-mutant:coins_reused_across_rounds mutant: coins_reused_across_rounds',
     'real models (`exactcheck greedy --model`): tiny-llama, tiny-gpt2, smollm2',
     'mutants:',
     '  trust_draft                Every draft token is accepted: the output follows q, not p.',

@@ -296,13 +296,13 @@ def _beams(loop, seed):
 
 
 def test_a_beam_off_by_more_than_a_near_tie_still_breaks_drafted_tree():
-    from exactcheck.tree.cache_checks import TIE_TOLERANCE, _near_tie_beam
+    from exactcheck.tree.cache_checks import TIE_TOLERANCE, near_tie_beam
     level, tokens = [1, 2, 3], [-1, 3, 1, 3]
     scores = [1.0, 0.04647, 0.04141, 0.04143]
-    assert _near_tie_beam(level, scores, tokens, 2, [3, 1]) == [1, 2]  # 1 and the second 3: a near-tie
-    assert _near_tie_beam(level, scores, tokens, 2, [1, 3]) is None  # 0.04647 fed after 0.04141
+    assert near_tie_beam(level, scores, tokens, 2, [3, 1]) == [1, 2]  # 1 and the second 3: a near-tie
+    assert near_tie_beam(level, scores, tokens, 2, [1, 3]) is None  # 0.04647 fed after 0.04141
     far = [1.0, 0.04647, 0.04141 * (1 - 2 * TIE_TOLERANCE), 0.04143]
-    assert _near_tie_beam(level, far, tokens, 2, [3, 1]) is None
+    assert near_tie_beam(level, far, tokens, 2, [3, 1]) is None
 
 
 @pytest.mark.parametrize("mutant", sorted(TREE_CACHE_MUTANTS))
@@ -359,3 +359,18 @@ def test_the_same_seed_gives_the_same_generations():
     a = drive_tree_generator(ReferenceTreeLoop(), w, 5, seed=11)
     b = drive_tree_generator(ReferenceTreeLoop(), w, 5, seed=11)
     assert np.array_equal(a.sequences, b.sequences)
+
+
+def test_coins_reused_across_rounds_is_found_by_the_sequence_law_alone():
+    """Sequoia's class (docs/checks.md): every call alone is exact, the cache too; the first round
+    is exact (``first_token``); the law of whole generations is not."""
+    from exactcheck.tree.cached_loop import TREE_LOOP_MUTANTS
+    worlds = ["tree_wor_v4_3x1", "tree_topk_dynamic_v5_eagle2", "tree_topk_greedy_v4_3x1"]
+    result = run_tree_generation_audit(TREE_LOOP_MUTANTS["coins_reused_across_rounds"], worlds=worlds, trials=200, seed=0)
+    outcomes = {(v.world, v.law): v.outcome for v in result.verdicts}
+    for w in worlds[:2]:
+        assert outcomes[(w, "sequence")] is Outcome.DEFECT
+        assert outcomes[(w, "first_token")] is Outcome.EXACT and outcomes[(w, "tree_cache")] is Outcome.EXACT
+    assert all(outcomes[(worlds[2], law)] is Outcome.EXACT for law in ("sequence", "first_token", "tree_cache"))
+    reference = run_tree_generation_audit(ReferenceTreeLoop(), worlds=worlds[:1], trials=200, seed=0)
+    assert reference.passed

@@ -54,7 +54,7 @@ import torch
 
 from toy_models.tree_worlds import TreeWorld
 
-__all__ = ["TreeBreach", "NearTies", "check_tree_calls", "dynamic_tree", "TREE_INVARIANTS", "TIE_TOLERANCE"]
+__all__ = ["TreeBreach", "NearTies", "check_tree_calls", "dynamic_tree", "near_tie_beam", "TREE_INVARIANTS", "TIE_TOLERANCE"]
 
 # relative gap below which two scores of a dynamic tree's decision are a near-tie: scores summed in
 # log space in bfloat16 (EAGLE adds log-softmax scores in the model's dtype: about 2^-9 of |log p|
@@ -142,7 +142,7 @@ def _gaps(values, k: int) -> float:
     return min(((a - b) / a for a, b in zip(ordered, ordered[1:]) if a > 0), default=float("inf"))
 
 
-def _near_tie_beam(level, scores, tokens, beam: int, fed: list[int]) -> list[int] | None:
+def near_tie_beam(level, scores, tokens, beam: int, fed: list[int]) -> list[int] | None:
     """The nodes of ``level`` the generator fed (``fed``: tokens, best first) where they are the one
     beam EAGLE-2 could pick up to near-ties: every node clearly above the ``beam``-th best score
     (by more than ``TIE_TOLERANCE``, relative) in it, every one in it no further below that score
@@ -180,7 +180,7 @@ def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None
     tokens) of the kept tree, breadth-first; no breaches; its ``NearTies``), or (None, the
     ``drafted_tree`` breach, None) where the draft calls do not follow it; (None, [], None)
     where a draft forward fed another beam that a near-tie can explain (not judged). A beam fed
-    in another order or with another node within a near-tie is followed (``_near_tie_beam``)."""
+    in another order or with another node within a near-tie is followed (``near_tie_beam``)."""
     top, beam, depth, total = expansion
     margin = float("inf")
 
@@ -216,7 +216,7 @@ def dynamic_tree(drafts, expansion, rnd: int, verify: int) -> tuple[tuple | None
         margin = min(margin, _gaps([scores[i] for i in level], beam))
         frontier = sorted(level, key=lambda i: (-scores[i], i))[:beam]
         expected = [tokens[i] for i in frontier]
-        followed = None if d >= len(drafts) else _near_tie_beam(level, scores, tokens, beam,
+        followed = None if d >= len(drafts) else near_tie_beam(level, scores, tokens, beam,
                                                                 list(drafts[d][1].input_tokens))
         if followed is not None and [tokens[i] for i in followed] != expected:
             frontier, expected = followed, [tokens[i] for i in followed]  # another beam, within a near-tie

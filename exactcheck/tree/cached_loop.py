@@ -55,7 +55,7 @@ from exactcheck.tree.reference import deterministic, multi_round, without_replac
 from toy_models.tree_worlds import TreeWorld
 
 __all__ = ["DraftedTree", "ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",
-           "TREE_CACHE_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes"]
+           "TREE_CACHE_MUTANTS", "TREE_LOOP_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes"]
 
 # the reference verifier that is exact for each way siblings are drawn
 VERIFIER_FOR_SIBLINGS = {"iid": multi_round, "without_replacement": without_replacement, "top_k": deterministic}
@@ -128,16 +128,23 @@ class ReferenceTreeLoop:
         """A child's path score (EAGLE-2's: the product of the draft's probabilities, float64)."""
         return parent_score * probability
 
+    def round_generator(self, generator: torch.Generator, generation: dict) -> torch.Generator:
+        """The generator one round drafts and verifies with (``generation``: state kept over one
+        generation's rounds): the caller's, so every round draws fresh random numbers."""
+        return generator
+
     def __call__(self, target, draft, prompt_ids: list[int], max_new_tokens: int, tree: TreeWorld,
                  generator: torch.Generator) -> list[int]:
         sequence = [int(x) for x in prompt_ids]
         prompt = len(sequence)
         known = {"target": 0, "draft": 0}  # committed entries the loop believes each cache holds
+        generation: dict = {}
         with torch.no_grad():
             while len(sequence) - prompt < max_new_tokens:
-                drafted = self.draft_tree(draft, sequence, known["draft"], tree, generator)
+                rng = self.round_generator(generator, generation)
+                drafted = self.draft_tree(draft, sequence, known["draft"], tree, rng)
                 p = self.score_tree(target, sequence, known["target"], drafted)
-                emitted = self.verify(p, drafted, tree, generator)
+                emitted = self.verify(p, drafted, tree, rng)
                 path = path_nodes(emitted, drafted.tokens, drafted.parents)
                 committed = len(sequence)  # entries F's tokens take in each cache after this round's feeds
                 sequence += emitted
@@ -335,3 +342,28 @@ class SiblingVisible(ReferenceTreeLoop):
 TREE_CACHE_MUTANTS = {"rejected_branch_kept": RejectedBranchKept(),
                       "accepted_positions_off_by_depth": AcceptedPositionsOffByDepth(),
                       "sibling_visible": SiblingVisible()}
+
+
+# -- a randomness mutant of the loop (its cache is exact: the law finds it) ---------------------
+
+@dataclass(frozen=True)
+class CoinsReusedAcrossRounds(ReferenceTreeLoop):
+    """The random numbers are drawn once per generation and every round draws the same ones again,
+    the draft's sibling draws and the verify's coins alike. The class read in Sequoia's
+    ``SpecTree`` (Infini-AI-Lab/Sequoia ``Tree/SpecTree.py``, read, not run: it needs CUDA graphs
+    and its own engines): ``self.rand`` (the Gumbel noise of its sibling draws, indexed by tree
+    row) and ``self.r`` (the acceptance uniforms, indexed by absolute position) are drawn in
+    ``__init__``, once per prompt, and never redrawn in ``prepare_for_next_iter``, so each round
+    drafts with the same noise and reuses the uniforms earlier rounds drew at its positions. Here
+    both repeat each round, the simplest form of the class. The first round is exact; later
+    rounds' draws depend on what they decided before."""
+
+    name: str = "mutant: coins_reused_across_rounds"
+
+    def round_generator(self, generator, generation):
+        if "seed" not in generation:
+            generation["seed"] = int(torch.randint(0, 2 ** 62, (), generator=generator))
+        return torch.Generator().manual_seed(generation["seed"])
+
+
+TREE_LOOP_MUTANTS = {**TREE_CACHE_MUTANTS, "coins_reused_across_rounds": CoinsReusedAcrossRounds()}

@@ -2,7 +2,7 @@
 SUBJECT``, the plugin's ``audit_tests("tree-loop", ...)``): its command-line arguments, its
 settings from the parsed command line, how a tree generator is loaded by name, planned and
 audited. Subjects: ``tree-loop-reference`` (``exactcheck.tree.cached_loop.ReferenceTreeLoop``),
-``tree-loop-mutant:NAME`` (its tree-cache mutants) or MODULE:CALLABLE (the tree-generator
+``tree-loop-mutant:NAME`` (its tree-cache and randomness mutants) or MODULE:CALLABLE (the tree-generator
 contract, ``exactcheck.tree.generator``). Light: the audit is imported when it runs
 (``exactcheck.tree.generation_audit.run_tree_generation_audit``)."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ _LAWS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENERA
 
 def loop_arguments(parser) -> None:
     parser.add_argument("subject", help=f"{REFERENCE}, {MUTANT_PREFIX}NAME (rejected_branch_kept, "
-                                        f"accepted_positions_off_by_depth, sibling_visible) or MODULE:CALLABLE "
+                                        f"accepted_positions_off_by_depth, sibling_visible, coins_reused_across_rounds) or MODULE:CALLABLE "
                                         f"(the tree-generator contract: docs/checks.md, The whole tree loop)")
     parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
                         help="generations per world: quick 1,000, standard 4,000, release 20,000")
@@ -49,10 +49,10 @@ def loop_settings(args) -> dict:
 
 
 def builtin_tree_generators() -> dict:
-    """Name -> tree generator: the reference tree loop and its tree-cache mutants."""
-    from exactcheck.tree.cached_loop import TREE_CACHE_MUTANTS, ReferenceTreeLoop
+    """Name -> tree generator: the reference tree loop and its mutants (tree-cache and randomness)."""
+    from exactcheck.tree.cached_loop import TREE_LOOP_MUTANTS, ReferenceTreeLoop
     out = {REFERENCE: ReferenceTreeLoop()}
-    out.update({MUTANT_PREFIX + name: m for name, m in TREE_CACHE_MUTANTS.items()})
+    out.update({MUTANT_PREFIX + name: m for name, m in TREE_LOOP_MUTANTS.items()})
     return out
 
 
