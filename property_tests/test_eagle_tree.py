@@ -26,6 +26,7 @@ import os
 import pytest
 
 import torch
+from engine_reports import write_engine_report
 
 from exactcheck.adapters.eagle_tree import EagleGithubTree, EagleTree, eagle_available
 from exactcheck.tree.laws import lossy_tv
@@ -46,11 +47,7 @@ LAWS = ("sequence", "first_token", "step_law@without_replacement")
 
 def _audit(subject, name, **settings):
     result = run_tree_audit(subject, subject_name=name, level="quick", max_samples=2000, progress=False, **settings)
-    directory = os.environ.get("EXACTCHECK_ENGINES_REPORTS")
-    if directory:
-        from exactcheck.report.files import write_report
-        from exactcheck.report.json_md import audit_to_json
-        write_report(audit_to_json(result), directory, f"engine-{name}")
+    write_engine_report(result, name)
     return result
 
 

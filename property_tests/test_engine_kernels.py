@@ -21,6 +21,7 @@ import math
 import os
 
 import pytest
+from engine_reports import write_engine_report
 
 pytestmark = pytest.mark.engines
 
@@ -60,11 +61,7 @@ def test_the_engine_path_is_exact_but_for_the_findings_named(path):
     subject = getattr(engine_paths, path)()
     result = run_audit(subject, subject_name=f"exactcheck.adapters.engine_paths:{path}", level="quick",
                        max_seconds=SECONDS, progress=False)
-    directory = os.environ.get("EXACTCHECK_ENGINES_REPORTS")
-    if directory:
-        from exactcheck.report.files import write_report
-        from exactcheck.report.json_md import audit_to_json
-        write_report(audit_to_json(result), directory, f"engine-{path}")
+    write_engine_report(result, path)
     laws = [v for v in result.verdicts if v.kind.statistical]
     assert laws, "no law was checked"
     broken = [v.describe() for v in laws if v.outcome.failed]
@@ -88,11 +85,7 @@ def test_sglang_greedy_tree_kernel_is_exact_on_the_greedy_tree_worlds():
     # taken 1 time in 435 or more is seen with probability 0.9 (about 40 s a world interpreted)
     result = run_tree_audit(SglangTreeGreedy("triton"), subject_name="sglang-tree-greedy-triton", level="quick",
                             max_samples=1000, progress=False)
-    directory = os.environ.get("EXACTCHECK_ENGINES_REPORTS")
-    if directory:
-        from exactcheck.report.files import write_report
-        from exactcheck.report.json_md import audit_to_json
-        write_report(audit_to_json(result), directory, "engine-SglangTreeGreedyTriton")
+    write_engine_report(result, "SglangTreeGreedyTriton")
     assert result.passed, [v.describe() for v in result.failed]
     laws = [v for v in result.verdicts if v.world != "properties"]
     assert {v.world for v in laws} == {"tree_topk_greedy_v4_3x1", "tree_topk_greedy_v8_4x2x1"}

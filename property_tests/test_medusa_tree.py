@@ -13,9 +13,8 @@ Marked ``engines`` (the package is installed in the engines step's environment, 
 """
 from __future__ import annotations
 
-import os
-
 import pytest
+from engine_reports import write_engine_report
 
 from exactcheck.adapters.medusa_tree import MedusaTree, medusa_available
 
@@ -31,18 +30,10 @@ from toy_models.tree_worlds import tree_worlds  # noqa: E402
 WORLDS = {w.name: w for w in tree_worlds()}
 
 
-def _report(result, name):
-    directory = os.environ.get("EXACTCHECK_ENGINES_REPORTS")
-    if directory:
-        from exactcheck.report.files import write_report
-        from exactcheck.report.json_md import audit_to_json
-        write_report(audit_to_json(result), directory, name)
-
-
 def test_medusa_typical_acceptance_follows_the_typical_medusa_rule_on_every_top_k_world():
     result = run_tree_audit(MedusaTree("typical"), subject_name="medusa-typical", level="quick", max_samples=2000,
                             progress=False)
-    _report(result, "engine-MedusaTypical")
+    write_engine_report(result, "MedusaTypical")
     assert result.passed, [v.describe() for v in result.failed]
     sequence = [v for v in result.verdicts if v.law == "sequence"]
     assert {v.world for v in sequence} >= {"tree_topk_ragged_v4_medusa7", "tree_topk_dynamic_v5_eagle2"}
@@ -57,7 +48,7 @@ def test_medusa_typical_acceptance_follows_the_typical_medusa_rule_on_every_top_
 def test_medusa_greedy_keeps_the_greedy_path():
     result = run_tree_audit(MedusaTree("greedy"), subject_name="medusa-greedy", level="quick", max_samples=2000,
                             progress=False)
-    _report(result, "engine-MedusaGreedy")
+    write_engine_report(result, "MedusaGreedy")
     assert result.passed, [v.describe() for v in result.failed]
     assert {v.world for v in result.verdicts if v.law == "sequence"} == {"tree_topk_greedy_v4_3x1",
                                                                           "tree_topk_greedy_v8_4x2x1"}
@@ -66,6 +57,6 @@ def test_medusa_greedy_keeps_the_greedy_path():
 def test_medusa_github_padding_emits_a_phantom_token_on_a_ragged_tree():
     result = run_tree_audit(MedusaTree("typical", padding="medusa"), subject_name="medusa-typical-github-padding",
                             level="quick", max_samples=2000, progress=False, worlds=["tree_topk_ragged_v4_medusa7"])
-    _report(result, "engine-MedusaGithubPadding")
+    write_engine_report(result, "MedusaGithubPadding")
     failed = {v.law: v for v in result.failed}
     assert "contract" in failed and "token 0" in failed["contract"].summary, [v.describe() for v in result.verdicts]

@@ -169,6 +169,21 @@ def _sample_probs(q_rows: torch.Tensor, slot_tokens: torch.Tensor) -> torch.Tens
     return torch.clamp(sampled, min=0.0, max=1.0)
 
 
+def _target_logits(target_probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The target's float32 logits as EAGLE's model hands them over: ``temperature * log p``, so
+    that its temperature processor gives back p (``log p`` at temperature 0 or 1)."""
+    log_p = torch.log(target_probs.detach().cpu().float())
+    return log_p if temperature in (0.0, 1.0) else temperature * log_p
+
+
+def _next_token(sample_p: torch.Tensor, greedy: bool, generator) -> int:
+    """``update_inference_inputs``' next token: the argmax when greedy, else ``torch.multinomial``
+    on the call's generator."""
+    if greedy:
+        return int(torch.argmax(sample_p))
+    return int(torch.multinomial(sample_p.reshape(-1), 1, generator=generator))
+
+
 class _Shape:
     """One tree shape in EAGLE's terms: its buffers, and where each of our nodes sits in them."""
 
@@ -220,9 +235,8 @@ class EagleTree:
         utils = _utils(self.module, self.fixed)
         b = target_probs.shape[0]
         out = torch.full((b, int(tree_depths(parents).max()) + 1), -1, dtype=torch.int64)
-        p = target_probs.detach().cpu().float()
         q = None if draft_probs is None else draft_probs.detach().cpu()
-        logits = torch.log(p) if self.greedy or self.temperature == 1 else self.temperature * torch.log(p)
+        logits = _target_logits(target_probs, self.temperature)
         processor = None if self.greedy else utils.prepare_logits_processor(temperature=self.temperature)
         groups: dict[tuple, list[int]] = {}
         for row in range(b):  # the batched copy takes rows of one shape at a time
@@ -280,11 +294,7 @@ class EagleTree:
 
     def _emitted(self, path: torch.Tensor, accepted: int, sample_p: torch.Tensor, generator) -> list[int]:
         """The accepted candidate tokens (column 0, the root's, left out), then EAGLE's next token."""
-        if self.greedy:
-            last = int(torch.argmax(sample_p))
-        else:
-            last = int(torch.multinomial(sample_p.reshape(-1), 1, generator=generator))
-        return path[1:accepted + 1].tolist() + [last]
+        return path[1:accepted + 1].tolist() + [_next_token(sample_p, self.greedy, generator)]
 
 
 class EagleGithubTree:
@@ -331,9 +341,7 @@ class EagleGithubTree:
 
     def retrieve_indices(self, parents: list[int]) -> torch.Tensor:
         """``topK_genrate``'s ``retrieve_indices`` for a tree given by its parents."""
-        depth = {0: 0}
-        for node in range(1, len(parents)):
-            depth[node] = depth[parents[node]] + 1
+        depth = tree_depths(torch.tensor([parents]))[0].tolist()
         inner = set(parents[1:])
         rows = []
         for leaf in (n for n in range(len(parents)) if n not in inner):
@@ -341,7 +349,7 @@ class EagleGithubTree:
             while node != 0:
                 path.append(node)
                 node = parents[node]
-            rows.append([0] + path[::-1] + [-1] * (max(depth.values()) - depth[leaf]))
+            rows.append([0] + path[::-1] + [-1] * (max(depth) - depth[leaf]))
         if not self.greedy:
             last = len(parents) + 5  # topK_genrate's maxitem: -1 sorts last
             rows.sort(key=lambda row: [i if i >= 0 else last for i in row])
@@ -351,18 +359,14 @@ class EagleGithubTree:
         utils = self.utils()
         b = target_probs.shape[0]
         out = torch.full((b, int(tree_depths(parents).max()) + 1), -1, dtype=torch.int64)
-        p = target_probs.detach().cpu().float()
-        logits = torch.log(p) if self.greedy or self.temperature == 1 else self.temperature * torch.log(p)
+        logits = _target_logits(target_probs, self.temperature)
         processor = None if self.greedy else utils.prepare_logits_processor(temperature=self.temperature)
         for row in range(b):
             retrieve = self.retrieve_indices(parents[row].tolist())
             drafted = torch.cat((tokens[row].cpu(), torch.tensor([-1])))
             with _eagle_call(utils, generator, 0):
                 best, accepted, sample_p = utils.evaluate_posterior(logits[row][retrieve], drafted[retrieve], processor)
-            if self.greedy:
-                last = int(torch.argmax(sample_p))
-            else:
-                last = int(torch.multinomial(sample_p.reshape(-1), 1, generator=generator))
-            seq = drafted[retrieve][int(best), 1:int(accepted) + 1].tolist() + [last]
+            seq = drafted[retrieve][int(best), 1:int(accepted) + 1].tolist() + [_next_token(sample_p, self.greedy,
+                                                                                             generator)]
             out[row, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
         return out.to(tokens.device)
