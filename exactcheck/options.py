@@ -418,13 +418,14 @@ class CheckKind(enum.Enum):
     GREEDY_IDENTITY = "greedy identity"
     CONTRACT = "subject contract"  # a world whose subject crashed or broke its contract: stands for its checks
     LOGPROB_FIDELITY = "logprob fidelity"  # a server's reported probabilities against the reference's
-    SPECULATION = "speculation ran"  # a server's own speculation counters
+    SPECULATION = "speculation ran"  # a server's own speculation counters: drafting units compared (stats.rates)
+    DECLARED_SETTINGS = "declared settings"  # the speculation settings a server exposes
     SEED_REPRODUCIBILITY = "seed reproducibility"  # the same seeded request twice
 
     @property
     def statistical(self) -> bool:
         """Whether the check spends alpha."""
-        return self in (CheckKind.LAW, CheckKind.CHAIN_RULE, CheckKind.GENERATOR_LAW)
+        return self in (CheckKind.LAW, CheckKind.CHAIN_RULE, CheckKind.GENERATOR_LAW, CheckKind.SPECULATION)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ def test_an_exact_served_system_passes_with_its_detectable_tv_stated(servers):
     assert result.passed, [v.describe() for v in result.failed]
     law = next(v for v in result.verdicts if v.law == "continuation")
     assert law.samples == 2000 and 0 < law.tv.detectable < 0.2
-    assert "speculation ran on 2,000 of 2,000" in next(v for v in result.verdicts if v.law == "speculation_ran").summary
+    assert "speculation ran: 2,000 of 2,000 requests drafted" in next(
+        v for v in result.verdicts if v.law == "speculation_ran").summary
 
 
 @pytest.mark.long
@@ -135,7 +136,7 @@ def test_an_exact_server_passes_through_the_openai_api(flavour):
     how = "token ids read from logprobs" if flavour == "llama.cpp" else "token ids from return_token_ids"
     assert "OpenAI /v1/completions" in result.reference and how in result.reference
     ran = next(v for v in result.verdicts if v.law == "speculation_ran").summary
-    assert ("during the 2,000 requests" if flavour == "vllm" else "ran on 2,000 of 2,000") in ran
+    assert ("250 of 250 chunks of 8 requests drafted" if flavour == "vllm" else "2,000 of 2,000 requests drafted") in ran
     assert all(v.samples == 2000 for v in result.verdicts if v.law == "continuation")
 
 
@@ -199,3 +200,67 @@ def test_vllm_metrics_are_read_summed_over_their_labels():
             'vllm:spec_decode_num_draft_tokens_total{engine="1"} 5\nvllm:spec_decode_num_draft_tokens_created 1.7e9\n'
             'vllm:num_requests_running 2\n')
     assert parse_metrics(text) == {"vllm:spec_decode_num_draft_tokens": 15.0, "vllm:num_requests_running": 2.0}
+
+
+# --- speculation_ran is a test (exactcheck.stats.rates), never p = 0 from a small count: a rarely
+# drafting exact server (n-gram prompt lookup on a context that seldom repeats) is no finding, and
+# the server that switches speculation off for requests with probabilities is still found
+
+RARE = dict(vocab=64, sharpness=1.0, drafter="ngram", ngram=1)  # about 5% of requests draft at temperature 1
+RARE_AUDIT = dict(SMALL, max_samples=None, samplings=(Sampling(), Sampling(temperature=0.7, top_k=5, min_p=0.05)))
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+def test_a_rarely_drafting_exact_server_is_no_speculation_finding(api):
+    model = ToyServedModel(api=api, **RARE)
+    with served_model(model) as target:
+        result = run_serve_audit(target.url, **dict(RARE_AUDIT, api="auto" if api == "llama.cpp" else "openai"))
+    assert result.passed, [v.describe() for v in result.failed]
+    ran = {v.world: v for v in result.verdicts if v.law == "speculation_ran"}
+    sampled = ran["p0-t1"]  # drafts on a few per cent of the requests: probed enough to tell
+    assert sampled.outcome.value == "exact" and sampled.pvalue > 1e-3, sampled.summary
+    assert "requests that asked for probabilities" in sampled.summary
+    cold = ran["p0-temperature0_7-top_k5-min_p0_05"]  # the top 5 never repeat the prompt: no draft at all
+    assert cold.outcome.value == "inconclusive" and "no draft counted" in cold.summary
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+def test_speculation_off_for_logprobs_is_found_on_a_rarely_drafting_server(api):
+    model = ToyServedModel(api=api, **RARE)
+    with served_model(model) as target, served_model(model.as_plain()) as plain, \
+            proxy("speculation_off_for_logprobs", target.url, plain=plain.url) as p:
+        result = run_serve_audit(p.url, reference=target.url, **dict(RARE_AUDIT, samplings=(Sampling(),),
+                                                                     api="auto" if api == "llama.cpp" else "openai"))
+    (found,) = result.failed
+    assert found.law == "speculation_ran" and "switched speculation off" in found.summary, found.summary
+    assert found.adjusted_pvalue <= 1e-3 and found.pvalue > 0
+
+
+def test_a_server_that_never_drafted_is_not_judged_and_worded_as_measured():
+    from exactcheck.serve.draft_counts import CounterSource, DraftTally
+    from exactcheck.serve.verdicts import speculation_verdict
+    base = dict(world="w", seed=0, reproduce="exactcheck serve URL")
+    none = DraftTally(CounterSource.PER_REQUEST, (0,) * 500, 1, 500)
+    verdict = speculation_verdict(none, DraftTally(CounterSource.PER_REQUEST, (0,) * 32, 1, 32), 1e-4, base)
+    assert verdict.outcome.value == "inconclusive" and "no draft counted on 532 requests" in verdict.summary
+    # 6 drafting requests of 12,000 expect 0.016 on 32 probes: none there is no evidence
+    rare = DraftTally(CounterSource.PER_REQUEST, (3,) * 6 + (0,) * 11_994, 1, 12_000)
+    verdict = speculation_verdict(rare, DraftTally(CounterSource.PER_REQUEST, (0,) * 32, 1, 32), 1e-4, base)
+    assert verdict.outcome.value == "inconclusive" and "drafts too rare on this workload to tell" in verdict.summary
+    # speculation on for every law request, off for the probes: p far below any share, through Holm
+    on = DraftTally(CounterSource.SERVER_WIDE, (5,) * 250, 8, 2000)
+    off = speculation_verdict(on, DraftTally(CounterSource.SERVER_WIDE, (0,) * 4, 8, 32), 1e-4, base)
+    assert off.pvalue < 1e-4 and "switched speculation off" in off.summary and off.kind.statistical
+
+
+def test_the_probe_count_is_planned_to_see_speculation_off_at_the_measured_rate():
+    from exactcheck.serve.draft_counts import CounterSource, DraftTally, probes_needed
+    from exactcheck.stats.rates import fewer_positives_pvalue
+    share = 1e-3 / 12
+    law = DraftTally(CounterSource.PER_REQUEST, (3,) * 161 + (0,) * 11_839, 1, 12_000)  # the n-gram rate
+    probes = probes_needed(law, share, 32, 12_000)
+    assert 32 < probes <= 3_000 and fewer_positives_pvalue(161, 12_000, 0, probes) <= share
+    assert fewer_positives_pvalue(161, 12_000, 0, probes - 1) > share  # the fewest that can
+    assert probes_needed(DraftTally(CounterSource.PER_REQUEST, (1,) * 2000, 1, 2000), share, 32, 2000) == 32

@@ -72,6 +72,11 @@ class ToyServedModel:
     draft_max: int = 3
     api: str = "llama.cpp"  # or "vllm"
     server_info: dict | None = None  # SGLang's /get_server_info, when set
+    # "model": drafts from the draft table at every step; "ngram": prompt lookup, drafting only
+    # where the last ``ngram`` tokens occurred earlier in the context (the tokens that followed
+    # them, as a deterministic proposal: rarely on contexts that do not repeat)
+    drafter: str = "model"
+    ngram: int = 2
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
 
@@ -85,19 +90,39 @@ class ToyServedModel:
 
     def as_draft(self) -> "ToyServedModel":
         """The draft model served on its own: its table as the target, no speculation."""
-        other = ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api)
+        other = self.as_plain()
         other.target = self.draft
         return other
 
     def as_plain(self) -> "ToyServedModel":
         """The same target without speculation."""
-        return ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api)
+        return ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api,
+                              drafter=self.drafter, ngram=self.ngram)
 
     def row(self, table: np.ndarray, context: list[int]) -> np.ndarray:
         return table[context[-1] if context else self.vocab]
 
     def law(self, context: list[int], sampling: dict) -> np.ndarray:
         return sampler_chain(self.row(self.target, context), **sampling)
+
+    def _propose(self, context: list[int], k: int, sampling: dict, rng) -> tuple[list[int], list[np.ndarray]]:
+        """Up to ``k`` draft tokens and the law each was drawn from (one-hot for prompt lookup)."""
+        if self.drafter == "ngram":
+            n = self.ngram
+            tail = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # the latest earlier occurrence
+                if context[start:start + n] == tail:
+                    proposal = context[start + n:start + n + k]
+                    return proposal, [np.eye(self.vocab)[x] for x in proposal]
+            return [], []
+        proposal, q_rows, draft_context = [], [], list(context)
+        for _ in range(k):
+            q = sampler_chain(self.row(self.draft, draft_context), **sampling)
+            x = _sample(q, rng)
+            proposal.append(x)
+            q_rows.append(q)
+            draft_context.append(x)
+        return proposal, q_rows
 
     def complete(self, prompt: list[int], n_predict: int, sampling: dict, seed: int) -> tuple[list[int], int, int]:
         """(tokens, drafts proposed, drafts accepted): the first token from the target, the rest by
@@ -111,14 +136,13 @@ class ToyServedModel:
                 context.append(token)
                 continue
             k = min(self.draft_max, n_predict - len(out))
-            proposal, q_rows, draft_context = [], [], list(context)
-            for _ in range(k):
-                q = sampler_chain(self.row(self.draft, draft_context), **sampling)
-                x = _sample(q, rng)
-                proposal.append(x)
-                q_rows.append(q)
-                draft_context.append(x)
-            drafted += k
+            proposal, q_rows = self._propose(context, k, sampling, rng)
+            if not proposal:  # nothing to draft here (n-gram: the context does not repeat)
+                token = _sample(self.law(context, sampling), rng)
+                out.append(token)
+                context.append(token)
+                continue
+            drafted += len(proposal)
             for x, q in zip(proposal, q_rows):
                 p = self.law(context, sampling)
                 if rng.random() < min(1.0, p[x] / q[x]):

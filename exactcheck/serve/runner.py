@@ -27,11 +27,12 @@ from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.serve.client import Client, EndpointError
 from exactcheck.serve.continuation_law import ContinuationLaw, expand
+from exactcheck.serve.draft_counts import probes_needed, send_counted
 from exactcheck.serve.apis import open_endpoint
 from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
 from exactcheck.serve.sampler_law import NotDeterminable
-from exactcheck.serve.verdicts import (continuation_law_verdict, greedy_verdict, logprob_verdict, seed_verdict,
-                                       settings_verdict, speculation_verdict)
+from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
+                                       logprob_verdict, seed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "DEFAULT_PROMPTS", "REQUEST_CAPS"]
@@ -97,7 +98,7 @@ def serve_checks(worlds) -> list[Check]:
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
-    checks.append(Check("server/declared_settings", CheckKind.SPECULATION, "server", "declared_settings"))
+    checks.append(Check("server/declared_settings", CheckKind.DECLARED_SETTINGS, "server", "declared_settings"))
     return checks
 
 def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: ServeSettings | None = None,
@@ -133,7 +134,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
             if unknown:
                 raise UsageError(f"unknown serve world(s) {unknown}; known: {[w.name for w in worlds]}")
             worlds = [w for w in worlds if w.name in options.worlds]
-        budget = AlphaBudget(options.alpha, max(len(worlds), 1), stop_early=False)
+        # Holm over each world's continuation law and its speculation_ran test
+        budget = AlphaBudget(options.alpha, 2 * max(len(worlds), 1), stop_early=False)
         eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
         min_mass, max_calls = EXPANSION[options.level.value]
 
@@ -143,9 +145,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
 
         pending: list[Verdict] = []
         planned = drawn = 0
+        noise = 0.0  # the reference's own largest decode-vs-prefill gap over the worlds
         interrupted = False
-        law_runs: list[Completion] = []
-        probed_runs: list[Completion] = []
         try:
             for world in worlds:
                 seed = derive_seed(options.seed, world.name)
@@ -160,11 +161,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 bar.grow(n + settings.probed + 2 * settings.seeds)
                 seeds = [_request_seed(seed, i) for i in range(n)]
                 bodies = [audited.body(world.prompt, world.length, world.sampling, s) for s in seeds]
-                before = audited.speculation_totals()
-                runs = audited.complete_many(bodies)
-                after = audited.speculation_totals()
+                runs, law_tally = send_counted(audited, bodies, settings.concurrency)
                 drawn += len(runs)
-                law_runs += runs
                 if law is not None:
                     pending.append(continuation_law_verdict(law, runs, world.describe(), budget.first_share,
                                                             budget.alpha, base))
@@ -173,19 +171,28 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                                                          world.name, "continuation"), seed, base["reproduce"],
                                                    f"not judged: the reference's probabilities do not determine the "
                                                    f"law of these settings ({why})"))
-                probes = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s, n_probs=1)
-                                                for s in seeds[:settings.probed]])
-                probed = audited.speculation_totals()
-                probed_runs += probes
-                pending.append(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
-                                               settings.logprob_tolerance, len(probes), base))
+                probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
+                bar.grow(probe_count - settings.probed)
+                probes, probe_tally = send_counted(audited, [
+                    audited.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"), n_probs=1)
+                    for i in range(probe_count)], settings.concurrency)
+                world_noise = None
+                if reference_url != url:
+                    bar.grow(settings.probed)
+                    world_noise = _reference_noise(reference, world, law, settings, seed)
+                if world_noise is not None:
+                    noise = max(noise, world_noise)
+                pending.append(logprob_verdict(_probability_rows(reference, world, law, probes[:settings.probed],
+                                                                 settings.n_probs),
+                                               settings.logprob_tolerance, settings.probed, base, noise=world_noise))
                 repeats = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s,
                                                               tag="repeat") for s in seeds[:settings.seeds]])
                 pending.append(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
-                pending.append(speculation_verdict(runs, probes, base, totals=_deltas(before, after, probed)))
+                pending.append(speculation_verdict(law_tally, probe_tally, budget.first_share, base))
             if worlds:
                 greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
-                pending += _greedy(audited, reference, prompts, settings, reference_url != url, greedy_base)
+                pending += _greedy(audited, reference, prompts, settings, reference_url != url, greedy_base,
+                                   near_tie=max(NEAR_TIE, NOISE_MARGIN * noise))
                 pending.append(settings_verdict(audited.speculation_settings(), dict(
                     world="server", seed=options.seed, reproduce=reproduce("server"))))
         except KeyboardInterrupt:
@@ -213,15 +220,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         traffic=client.stats.line())
 
 
-def _request_seed(world_seed: int, i: int) -> int:
-    return derive_seed(world_seed, f"request/{i}") % (1 << 31)
-
-
-def _deltas(before, after, probed):
-    """(drafted, accepted) on the law requests and on the probed ones, from server-wide counters."""
-    if before is None or after is None or probed is None:
-        return None
-    return (after[0] - before[0], after[1] - before[1]), (probed[0] - after[0], probed[1] - after[1])
+def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:
+    return derive_seed(world_seed, f"{purpose}/{i}") % (1 << 31)
 
 
 def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mass: float,
@@ -229,6 +229,18 @@ def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mas
     prompt = list(world.prompt)
     return expand(lambda prefix: reference.next_token_laws(prompt, [prefix], world.sampling, n_probs)[0],
                   world.length, min_mass=min_mass, max_calls=max_calls)
+
+
+def _reference_noise(reference: Endpoint, world: ServeWorld, law: ContinuationLaw | None,
+                     settings: ServeSettings, world_seed: int) -> float | None:
+    """The reference's own arithmetic noise: the largest gap between the probabilities it reports
+    for its own tokens while decoding (``settings.probed`` requests with n_probs, speculation off)
+    and those its one-token requests give after the same prefix; None where it reported none."""
+    own = reference.complete_many([reference.body(world.prompt, world.length, world.sampling,
+                                                  _request_seed(world_seed, i, "noise"), n_probs=1)
+                                   for i in range(settings.probed)])
+    rows = _probability_rows(reference, world, law, own, settings.n_probs)
+    return max((abs(reported - known) for _, _, reported, known in rows), default=None)
 
 
 def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationLaw | None, probes: list[Completion],
@@ -258,7 +270,7 @@ def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationL
 
 
 def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSettings, separate: bool,
-            base: dict) -> list[Verdict]:
+            base: dict, near_tie: float) -> list[Verdict]:
     """Greedy output speculation on vs off per prompt (each prompt sent alone), and on alone vs on
     under load (each prompt ``settings.load`` times at once; with the prompt cache on and, where the
     API has the switch, off): with the reference being the audited server, "off" is built token by
@@ -289,10 +301,10 @@ def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSett
                   for c in loaded[i * len(copies):(i + 1) * len(copies)]]
     cache_words = "the prompt cache on and off" if audited.cache_switch else \
         "the prompt cache as the server keeps it (no per-request switch in this API)"
-    return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base),
+    return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base, near_tie=near_tie),
             greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",
                            condition=f"temperature 0, {len(prompts)} prompts each alone and {settings.load} times at "
-                                     f"once ({cache_words}), speculation on")]
+                                     f"once ({cache_words}), speculation on", near_tie=near_tie)]
 
 
 def _margins(reference: Endpoint, pairs, n_probs: int) -> dict:
