@@ -6,7 +6,7 @@ produces, so this measures the tests' false-alarm rate without spending an hour 
 speculative loop), the five tests under Holm; counted at several alpha.
 
 Through the loop: the reference verifier and the small-bias mutants driven through the real
-speculative loop (``exactcheck.stats.chain_rule.drive_chain``, k = 4, float32 rows), tested on nested
+speculative loop (``exactcheck.step.drive.drive_chain``, k = 4, float32 rows), tested on nested
 prefixes of their sequences to find the fewest sequences at which Holm at alpha = 1e-3 rejects.
 
     python benchmarks/chain_rule.py --runs 1000 --sequences 2000 --loop-sequences 500
@@ -20,7 +20,8 @@ import time
 import numpy as np
 import torch
 
-from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
+from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests
+from exactcheck.step.drive import drive_chain
 from exactcheck.step.mutants import SMALL_BIAS_MUTANTS
 from exactcheck.step.reference import reference_verifier
 from exactcheck.stats.goodness_of_fit import holm

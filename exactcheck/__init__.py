@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from exactcheck.version import __version__  # noqa: E402  (a leaf)
 
 _PUBLIC = {
     "run_audit": "exactcheck.step.runner", "AuditResult": "exactcheck.report.result",

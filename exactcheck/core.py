@@ -18,9 +18,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from exactcheck import __version__
+from exactcheck.version import __version__
 from exactcheck.errors import SubjectCrashed, UsageError
-from exactcheck.options import AlphaBudget, AuditPlan, CheckKind
+from exactcheck.options import AlphaBudget, CheckKind
 from exactcheck.reachability import structural
 from exactcheck.report.verdict import CellDeviation, Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
 from exactcheck.reachability import observed_in
@@ -168,15 +168,15 @@ def not_run_verdict(check, seed: int, reproduce: str, summary: str, condition: s
                    evidence=evidence)
 
 
-def unreached_verdicts(audit_plan: AuditPlan, pending: list[Verdict], seed: int,
-                       reproduce: Callable[[str], str]) -> list[Verdict]:
-    """After Ctrl-C: an inconclusive "not run" verdict for every planned check that has none
-    (a world whose subject broke its contract has one contract verdict in place of its laws).
-    ``reproduce(world)`` gives each its reproduce line."""
+def unreached_verdicts(checks, pending: list[Verdict], seed: int, reproduce: Callable[[str], str],
+                       words: str = "not run: the audit was interrupted (Ctrl-C) before this check") -> list[Verdict]:
+    """After Ctrl-C: an inconclusive "not run" verdict for every planned check (``checks``) that
+    has none (a world whose subject broke its contract has one contract verdict in place of its
+    checks). ``reproduce(world)`` gives each its reproduce line."""
     reached = {v.check for v in pending}
     broken = {v.world for v in pending if v.kind is CheckKind.CONTRACT}
-    return [not_run_verdict(c, seed, reproduce(c.world), "not run: the audit was interrupted (Ctrl-C) before this check")
-            for c in audit_plan.checks if c.name not in reached and c.world not in broken]
+    return [not_run_verdict(c, seed, reproduce(c.world), words)
+            for c in checks if c.name not in reached and c.world not in broken]
 
 
 def run_environment(**extra) -> dict:

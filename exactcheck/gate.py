@@ -32,13 +32,11 @@ import functools
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, AuditOptions, Category, Level, SubjectKind
-from exactcheck.report.result import AuditResult
-from exactcheck.report.verdict import Verdict
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, Category, Level
+from exactcheck.report.result import AuditResult, GateResult, GateSubject
 from exactcheck.subjects import audit_subject, entry_point, gate_kinds, plan_subject
 
 if sys.version_info >= (3, 11):
@@ -52,38 +50,6 @@ __all__ = ["GateSubject", "GateResult", "read_config", "check_exempt", "run_gate
 _OWN_KEYS = ("name", "exempt")
 # settings [tool.exactcheck] may give every subject
 _SHARED = ("level", "seed", "alpha", "device", "require")
-
-
-@dataclass(frozen=True)
-class GateSubject:
-    name: str
-    kind: SubjectKind
-    target: str  # MODULE:CALLABLE or a built-in generator name
-    options: AuditOptions
-    settings: dict = field(default_factory=dict, hash=False)  # what only this kind takes (e.g. policies)
-    exempt: tuple[str, ...] = ()
-
-    @property
-    def level(self) -> str:
-        return self.options.level.value
-
-
-@dataclass(frozen=True)
-class GateResult:
-    subject: GateSubject
-    audit: AuditResult
-
-    def exempted(self, verdict: Verdict) -> bool:
-        return verdict.check in self.subject.exempt or verdict.world in self.subject.exempt
-
-    @property
-    def blocking(self) -> tuple[Verdict, ...]:
-        """Failed checks that are not exempt: each one fails the gate."""
-        return tuple(v for v in self.audit.failed if not self.exempted(v))
-
-    @property
-    def passed(self) -> bool:
-        return not self.blocking
 
 
 def _whole(value) -> bool:

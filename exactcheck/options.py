@@ -32,6 +32,8 @@ BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "reference-tli
 # elements of target_probs (B * (k+1) * V) per verify call in a step audit, unless an audit asks
 # for another size (``AuditOptions.call_elements``; ``exactcheck.memory.device_max_elements``)
 DEFAULT_CALL_ELEMENTS = 1 << 24
+# what pads a verifier's output row past its last emitted token (the step contract's PADDING)
+PADDING = -1
 # seconds one call of the subject may take before it is stopped and reported as a hang
 # (``AuditOptions.call_timeout``, ``--call-timeout``; ``exactcheck.subject_call``): generous for an
 # engine's kernel under Triton's interpreter, whose largest batches here take well under a minute

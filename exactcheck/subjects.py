@@ -139,7 +139,7 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
     EntryPoint(
         SubjectKind("selftest"), "selftest", "audit the reference and every mutant",
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
-        "exactcheck.step.selftest:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
+        "exactcheck.report.result:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
         options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
         settings=("mutants", "on_audit", "jobs")),
     EntryPoint(

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain, teacher_forced
+from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, teacher_forced
+from exactcheck.step.drive import drive_chain
 from exactcheck.step.mutants import SMALL_BIAS_MUTANTS
 from exactcheck.step.reference import reference_verifier
 from exactcheck.stats.goodness_of_fit import holm

@@ -243,13 +243,21 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     sampling = _sampling(body)
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
     tokens, drafted, accepted = model.complete(prompt, n_predict, sampling, int(body.get("seed", 0)))
-    answer = {"tokens": tokens, "content": "", "stop_type": "limit",
-              "timings": {"predicted_n": len(tokens), "draft_n": drafted, "draft_n_accepted": accepted}}
+    answer = {"tokens": tokens, "content": "", "stop_type": "limit", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
     if n_probs:
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
                                                             bool(body.get("post_sampling_probs")))
     return 200, answer
+
+
+def _timings(tokens: list[int], drafted: int, accepted: int) -> dict:
+    """llama.cpp's ``timings``: the draft counters only on a request that drafted (server-task.cpp,
+    ``if (draft_n > 0)``)."""
+    timings = {"predicted_n": len(tokens)}
+    if drafted > 0:
+        timings.update(draft_n=drafted, draft_n_accepted=accepted)
+    return timings
 
 
 def _model_name(model: ToyServedModel) -> str:
@@ -307,7 +315,7 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
               "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
     logprobs = body.get("logprobs")
     if model.api == "llama.cpp":
-        answer["timings"] = {"predicted_n": len(tokens), "draft_n": drafted, "draft_n_accepted": accepted}
+        answer["timings"] = _timings(tokens, drafted, accepted)
         if logprobs is not None and int(logprobs) > 0:
             choice["logprobs"] = {"content": _llama_entries(model, prompt, tokens, sampling, int(logprobs),
                                                             bool(body.get("post_sampling_probs")))}

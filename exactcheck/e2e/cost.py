@@ -321,7 +321,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
     """Measure ``generator``'s cost on a real model pair (``model``: tiny-llama, tiny-gpt2,
     smollm2) or a toy model world (``world``), and audit its exactness on the same; the report's
     JSON (``exactcheck.report.cost_report.COST_SCHEMA``)."""
-    from exactcheck import __version__
+    from exactcheck.version import __version__
     from exactcheck.e2e.policy import SAMPLING
     from exactcheck.errors import UsageError
     from exactcheck.progress import Progress

@@ -50,7 +50,7 @@ class RealModelRun:
         (Ctrl-C): the checks not reached get "not run" verdicts and the result is marked incomplete."""
         self.bar.close()
         if interrupted:
-            verdicts = verdicts + unreached_verdicts(self.plan, verdicts, seed, lambda _world: reproduce)
+            verdicts = verdicts + unreached_verdicts(self.plan.checks, verdicts, seed, lambda _world: reproduce)
         if alpha is not None:
             verdicts = apply_holm(verdicts, self.plan.budget)
         order = {name: i for i, name in enumerate(self.plan.names)}

@@ -30,11 +30,9 @@ measured TV with its interval, the price of the mode.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import time
 
-from exactcheck.core import (apply_holm, failure_verdict, keep_plots_where_needed, not_run_verdict, resolve_device,
-                             run_environment, unreached_verdicts)
+from exactcheck.audit_run import AuditRun
+from exactcheck.core import not_run_verdict, resolve_device, run_environment
 from exactcheck.e2e.drive import drive_generator, drive_generator_sharded
 from exactcheck.e2e.forced_draws import forced_draw_verdicts
 from exactcheck.e2e.draft_reuse import draft_reuse_verdict
@@ -47,9 +45,7 @@ from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import Executor, LocalExecutor
 from exactcheck.options import AuditOptions, CheckKind, derive_seed
 from exactcheck.subject_call import call_time_limit
-from exactcheck.progress import Progress
 from exactcheck.report.result import GeneratorAuditResult
-from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import generator_audit_line
 
 __all__ = ["run_generator_audit"]
@@ -90,20 +86,18 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
     sampled = {name for name, _ in plan.samples}  # the world and policy runs some law of the plan judges
     runs = {w.name: tuple(p for p in world_policies(w, policies) if f"{w.name}{policy_suffix(p, w)}" in sampled)
             for w in chosen}
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    clock = time.perf_counter()
-    bar = Progress(n * sum(len(runs[w.name]) for w in chosen), unit="generation",
-                   desc="exactcheck: generations", enabled=progress)
-    pending: list[Verdict] = []
-    drawn = 0
-    interrupted = False  # Ctrl-C: report what was generated, marked incomplete
     stated = () if tuple(policies) == (SAMPLING,) else tuple(policies)
 
     def reproduce_in(world_name: str) -> str:
         return generator_audit_line(options, subject_name or name, world_name, stated, greedy,
                                     by_command=subject_name is not None)
 
-    try:
+    # the checks a generator cannot have (not applicable) are reported as such, never as "not run"
+    run = AuditRun([c for c in plan.checks if c.name not in not_applicable], budget, seed, reproduce_in,
+                   progress=progress)
+    run.planned = n * sum(len(v) for v in runs.values())
+    bar = run.bar(run.planned, unit="generation", desc="exactcheck: generations")
+    with run.interruptible():
         for world in chosen:
             world_seed = derive_seed(seed, world.name)
             base = dict(world=world.name, seed=world_seed, reproduce=reproduce_in(world.name))
@@ -113,54 +107,41 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
                 try:
                     run_seed = derive_seed(world_seed, "sampling" + suffix)
                     if options.shards > 1 or executor is not None:
-                        run = drive_generator_sharded(generator, world, n, run_seed, policy, executor or LocalExecutor(),
-                                                      options.shards, options.device,
-                                                      progress=lambda k, label=label: bar.step(label, k))
+                        samples = drive_generator_sharded(generator, world, n, run_seed, policy,
+                                                          executor or LocalExecutor(), options.shards, options.device,
+                                                          progress=lambda k, label=label: bar.step(label, k))
                     else:
-                        run = drive_generator(generator, world, n, run_seed, policy, device=device,
-                                              progress=lambda k, label=label: bar.step(label, k))
+                        samples = drive_generator(generator, world, n, run_seed, policy, device=device,
+                                                  progress=lambda k, label=label: bar.step(label, k))
                 except SubjectError as exc:
-                    pending.append(failure_verdict(exc, world=world.name, seed=world_seed, reproduce=base["reproduce"],
-                                                   samples=n, condition="every generation"))
+                    run.crashed(exc, world=world.name, seed=world_seed, samples=n, condition="every generation")
                     continue
-                drawn += run.size
-                pending.extend(v for v in generation_law_verdicts(run, budget.first_share, budget.alpha, base, lossy)
-                               if v.check not in not_applicable)  # (a text-law-only generator's token laws)
+                run.drawn += samples.size
+                run.extend(v for v in generation_law_verdicts(samples, budget.first_share, budget.alpha, base, lossy)
+                           if v.check not in not_applicable)  # (a text-law-only generator's token laws)
                 if capabilities is not None and capabilities.reports_draft_q:
-                    pending.append(draft_q_verdict(run, base, suffix))
+                    run.add(draft_q_verdict(samples, base, suffix))
                 if world.validate is not None:
-                    pending.append(validity_verdict(run, base))
+                    run.add(validity_verdict(samples, base))
                 if policy is world_policies(world, policies)[0]:
-                    pending.append(rollback_verdict(run, base, capabilities))
+                    run.add(rollback_verdict(samples, base, capabilities))
             if f"{world.name}/forced_no_crash" in not_applicable:
                 continue
             if greedy:
                 bar.step(f"{world.name}/greedy_identity", 0)
-                pending.append(greedy_verdict(generator, world, world_seed, base, lossy, device))
-            if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in pending):
+                run.add(greedy_verdict(generator, world, world_seed, base, lossy, device))
+            if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in run.pending):
                 continue  # its contract verdict stands for the checks of a world it cannot be driven on
             if f"{world.name}/draft_reuse" in plan.names:
                 bar.step(f"{world.name}/draft_reuse", 0)
-                pending.append(draft_reuse_verdict(generator, world, world_seed, base, device, capabilities))
+                run.add(draft_reuse_verdict(generator, world, world_seed, base, device, capabilities))
             bar.step(f"{world.name}/forced_draws", 0)
-            pending.extend(forced_draw_verdicts(generator, world, policies, derive_seed(world_seed, "forced"), base,
-                                                device, capabilities))
-    except KeyboardInterrupt:
-        interrupted = True
-        pending += [v for v in unreached_verdicts(plan, pending, seed, reproduce_in) if v.check not in not_applicable]
-    bar.close()
-    reached = {v.check for v in pending}
-    pending += [not_run_verdict(c, derive_seed(seed, c.world), reproduce_in(c.world), not_applicable[c.name])
-                for c in plan.checks if c.name in not_applicable and c.name not in reached]
-    order = {name: i for i, name in enumerate(plan.names)}
-    first = {}
-    for c in plan.checks:
-        first.setdefault(c.world, order[c.name])
-    # the plan's order; a world's contract verdict where its checks would be
-    pending.sort(key=lambda v: order.get(v.check, first.get(v.world, len(order)) - 0.5))
-    verdicts = keep_plots_where_needed(name_causes(apply_holm(pending, budget)))
-    return GeneratorAuditResult(subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
-                                alpha=budget.alpha, device=options.device, verdicts=tuple(verdicts), started=started,
-                                duration_s=time.perf_counter() - clock, environment=run_environment(),
-                                samples_planned=n * sum(len(v) for v in runs.values()), samples_drawn=drawn,
-                                require=options.require, interrupted=interrupted)
+            run.extend(forced_draw_verdicts(generator, world, policies, derive_seed(world_seed, "forced"), base,
+                                            device, capabilities))
+    reached = {v.check for v in run.pending}
+    run.extend(not_run_verdict(c, derive_seed(seed, c.world), reproduce_in(c.world), not_applicable[c.name])
+               for c in plan.checks if c.name in not_applicable and c.name not in reached)
+    return run.finish(GeneratorAuditResult, decide=name_causes, order=plan.checks,
+                      subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
+                      alpha=budget.alpha, device=options.device, environment=run_environment(),
+                      require=options.require)

@@ -12,8 +12,7 @@ from exactcheck.report.ranking import how_reachable
 from exactcheck.report.verdict import Outcome, Verdict
 
 if TYPE_CHECKING:
-    from exactcheck.gate import GateResult
-    from exactcheck.step.selftest import SelftestResult
+    from exactcheck.report.result import GateResult, SelftestResult
 
 __all__ = ["AUDIT_SCHEMA", "SELFTEST_SCHEMA", "GATE_SCHEMA", "audit_to_json", "audit_from_json",
            "render_audit_markdown", "selftest_to_json", "render_selftest_markdown", "gate_to_json",

@@ -8,7 +8,7 @@ from exactcheck.report.escaping import xml_text
 from exactcheck.report.verdict import Outcome
 
 if TYPE_CHECKING:
-    from exactcheck.gate import GateResult
+    from exactcheck.report.result import GateResult
 
 __all__ = ["junit_xml"]
 

@@ -16,15 +16,16 @@ kind from which fields are empty. ``result_type`` picks the type when a report i
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from exactcheck.options import DEFAULT_REQUIRE, CheckKind, PseudoWorld
+from exactcheck.options import DEFAULT_REQUIRE, AuditOptions, CheckKind, PseudoWorld, SubjectKind
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
 __all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
-           "TreeLoopAuditResult", "GrammarAuditResult", "ServeAuditResult", "result_type"]
+           "TreeLoopAuditResult", "GrammarAuditResult", "ServeAuditResult", "result_type", "GateSubject", "GateResult",
+           "SelftestResult"]
 
 
 class AuditKind(enum.Enum):
@@ -276,3 +277,60 @@ def result_type(data: dict) -> type[AuditResult]:
     if data.get("level") in ("greedy", "grammar"):
         return _TYPES[AuditKind(data["level"])]
     return StepAuditResult if data.get("budget", {}).get("detect_tv") else GeneratorAuditResult
+
+
+# --- what a gate and a selftest return: several audits, each a result above
+
+@dataclass(frozen=True)
+class GateSubject:
+    name: str
+    kind: SubjectKind
+    target: str  # MODULE:CALLABLE or a built-in generator name
+    options: AuditOptions
+    settings: dict = field(default_factory=dict, hash=False)  # what only this kind takes (e.g. policies)
+    exempt: tuple[str, ...] = ()
+
+    @property
+    def level(self) -> str:
+        return self.options.level.value
+
+
+@dataclass(frozen=True)
+class GateResult:
+    subject: GateSubject
+    audit: AuditResult
+
+    def exempted(self, verdict: Verdict) -> bool:
+        return verdict.check in self.subject.exempt or verdict.world in self.subject.exempt
+
+    @property
+    def blocking(self) -> tuple[Verdict, ...]:
+        """Failed checks that are not exempt: each one fails the gate."""
+        return tuple(v for v in self.audit.failed if not self.exempted(v))
+
+    @property
+    def passed(self) -> bool:
+        return not self.blocking
+
+
+@dataclass(frozen=True)
+class SelftestResult:
+    """The reference audit and one audit per mutant, at one level and seed."""
+
+    level: str
+    seed: int
+    alpha: float
+    reference: AuditResult
+    mutants: tuple[tuple[str, str, AuditResult], ...]  # (name, defect, audit)
+    # Ctrl-C or SIGTERM ended it: the audits finished (and the interrupted one, marked so) are
+    # kept; ``planned`` names every mutant it was to audit
+    interrupted: bool = False
+    planned: tuple[str, ...] = ()
+
+    @property
+    def undetected(self) -> list[str]:
+        return [name for name, _, audit in self.mutants if audit.passed]
+
+    @property
+    def passed(self) -> bool:
+        return self.reference.passed and not self.undetected and not self.interrupted

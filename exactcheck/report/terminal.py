@@ -14,8 +14,7 @@ from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Outcome
 
 if TYPE_CHECKING:
-    from exactcheck.gate import GateResult
-    from exactcheck.step.selftest import SelftestResult
+    from exactcheck.report.result import GateResult, SelftestResult
 
 __all__ = ["audit_summary", "selftest_header", "selftest_row", "selftest_footer", "gate_lines", "gate_verdict",
            "interrupted_line", "DETAILED_FAILURES"]

@@ -1,6 +1,8 @@
 """Drafts counted over a batch of requests, unit by unit: what ``speculation_ran`` tests.
 
-A server counts its drafts per request (llama.cpp's ``timings.draft_n``: a unit is a request) or
+A server counts its drafts per request (llama.cpp's ``timings.draft_n``, which it writes only on a
+request that drafted: ``server-task.cpp``, ``if (draft_n > 0)``, so an answer without it drafted
+nothing; a unit is a request) or
 server-wide (vLLM's ``/metrics``: the batch is sent in chunks of ``unit_size`` requests, the
 counters read between chunks, and a unit is a chunk). A chunk whose answers came from the journal
 (``--resume``) moved no counter, and a last chunk shorter than the others is not like them: their
@@ -19,9 +21,9 @@ __all__ = ["CounterSource", "DraftTally", "send_counted", "probes_needed"]
 
 
 class CounterSource(enum.Enum):
-    PER_REQUEST = "the server's own counters per request (timings.draft_n, draft_n_accepted)"
+    PER_REQUEST = ("the server's own counters per request (timings.draft_n, draft_n_accepted; absent on a request "
+                   "that drafted nothing)")
     SERVER_WIDE = "the server-wide /metrics counters, read between chunks of requests (other traffic counts too)"
-    NONE = "no speculation counters"
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class DraftTally:
     unit_size: int
     requests: int
     accepted: int = 0
-    uncounted: int = 0  # requests in no unit (answered from the journal, a short last chunk, no counter)
+    uncounted: int = 0  # requests in no unit (server-wide counters: answered from the journal, a short last chunk)
 
     @property
     def positive(self) -> int:
@@ -55,12 +57,10 @@ def send_counted(endpoint: Endpoint, bodies: list[dict], unit_size: int) -> tupl
     """Send ``bodies`` to ``endpoint`` (in chunks of ``unit_size`` where its counters are
     server-wide); the completions in order, and the drafts each unit counted."""
     start = endpoint.speculation_totals()
-    if start is None:
+    if start is None:  # per request: an answer without a counter drafted nothing
         completions = endpoint.complete_many(bodies)
-        counted = [c for c in completions if c.draft_n is not None]
-        source = CounterSource.PER_REQUEST if counted else CounterSource.NONE
-        return completions, DraftTally(source, tuple(c.draft_n for c in counted), 1, len(bodies),
-                                       sum(c.draft_accepted or 0 for c in counted), len(bodies) - len(counted))
+        return completions, DraftTally(CounterSource.PER_REQUEST, tuple(c.draft_n or 0 for c in completions), 1,
+                                       len(bodies), sum(c.draft_accepted or 0 for c in completions))
     completions: list[Completion] = []
     units, accepted, uncounted = [], 0, 0
     stats = endpoint.client.stats

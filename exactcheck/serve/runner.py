@@ -13,15 +13,12 @@ one-token request is the target alone; the report says which reference it used.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from exactcheck.core import apply_holm, keep_plots_where_needed, not_run_verdict, run_environment
+from exactcheck.audit_run import AuditRun
+from exactcheck.core import not_run_verdict, run_environment
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, CheckKind, derive_seed
-from exactcheck.progress import Progress
 from exactcheck.reproduce import serve_audit_line
 from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
@@ -113,9 +110,15 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
     settings = settings or ServeSettings(**{k: v for k, v in keywords.items() if k in ServeSettings.__dataclass_fields__})
     name = subject_name or url
     reference_url = settings.reference or url
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    clock = time.perf_counter()
-    bar = Progress(0, unit="request", desc="exactcheck: serve", enabled=progress, growing=True)
+    worlds: list[ServeWorld] = []
+
+    def reproduce(world: str) -> str:
+        return serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
+                                reference_probabilities=settings.reference_probabilities)
+
+    run = AuditRun((), None, options.seed, reproduce, progress=progress, unreached=(
+        "not run: the audit was interrupted before this check (its answers so far are in the journal: --resume)"))
+    bar = run.bar(0, unit="request", desc="exactcheck: serve", growing=True)
     client = Client(settings.journal, concurrency=settings.concurrency, timeout=settings.timeout,
                     resume=settings.resume, progress=bar, transport=transport)
     audited = reference = None
@@ -136,18 +139,11 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
             worlds = [w for w in worlds if w.name in options.worlds]
         # Holm over each world's continuation law and its speculation_ran test
         budget = AlphaBudget(options.alpha, 2 * max(len(worlds), 1), stop_early=False)
+        run.plan(serve_checks(worlds), budget)
         eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
         min_mass, max_calls = EXPANSION[options.level.value]
-
-        def reproduce(world: str) -> str:
-            return serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
-                                    reference_probabilities=settings.reference_probabilities)
-
-        pending: list[Verdict] = []
-        planned = drawn = 0
         noise = 0.0  # the reference's own largest decode-vs-prefill gap over the worlds
-        interrupted = False
-        try:
+        with run.interruptible():
             for world in worlds:
                 seed = derive_seed(options.seed, world.name)
                 base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
@@ -157,20 +153,20 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     law, why = None, str(exc)
                 n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
                     else max(settings.probed, settings.seeds)
-                planned += n
+                run.planned += n
                 bar.grow(n + settings.probed + 2 * settings.seeds)
                 seeds = [_request_seed(seed, i) for i in range(n)]
                 bodies = [audited.body(world.prompt, world.length, world.sampling, s) for s in seeds]
                 runs, law_tally = send_counted(audited, bodies, settings.concurrency)
-                drawn += len(runs)
+                run.drawn += len(runs)
                 if law is not None:
-                    pending.append(continuation_law_verdict(law, runs, world.describe(), budget.first_share,
-                                                            budget.alpha, base))
+                    run.add(continuation_law_verdict(law, runs, world.describe(), budget.first_share, budget.alpha,
+                                                     base))
                 else:
-                    pending.append(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW,
-                                                         world.name, "continuation"), seed, base["reproduce"],
-                                                   f"not judged: the reference's probabilities do not determine the "
-                                                   f"law of these settings ({why})"))
+                    run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
+                                                  "continuation"), seed, base["reproduce"],
+                                            f"not judged: the reference's probabilities do not determine the law of "
+                                            f"these settings ({why})"))
                 probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
                 bar.grow(probe_count - settings.probed)
                 probes, probe_tally = send_counted(audited, [
@@ -180,41 +176,30 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 if reference_url != url:
                     bar.grow(settings.probed)
                     world_noise = _reference_noise(reference, world, law, settings, seed)
-                if world_noise is not None:
-                    noise = max(noise, world_noise)
-                pending.append(logprob_verdict(_probability_rows(reference, world, law, probes[:settings.probed],
-                                                                 settings.n_probs),
-                                               settings.logprob_tolerance, settings.probed, base, noise=world_noise))
+                    if world_noise is not None:
+                        noise = max(noise, world_noise)
+                run.add(logprob_verdict(_probability_rows(reference, world, law, probes[:settings.probed],
+                                                          settings.n_probs),
+                                        settings.logprob_tolerance, settings.probed, base, noise=world_noise))
                 repeats = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s,
                                                               tag="repeat") for s in seeds[:settings.seeds]])
-                pending.append(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
-                pending.append(speculation_verdict(law_tally, probe_tally, budget.first_share, base))
+                run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
+                run.add(speculation_verdict(law_tally, probe_tally, budget.first_share, base))
             if worlds:
                 greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
-                pending += _greedy(audited, reference, prompts, settings, reference_url != url, greedy_base,
-                                   near_tie=max(NEAR_TIE, NOISE_MARGIN * noise))
-                pending.append(settings_verdict(audited.speculation_settings(), dict(
+                run.extend(_greedy(audited, reference, prompts, settings, reference_url != url, greedy_base,
+                                   near_tie=max(NEAR_TIE, NOISE_MARGIN * noise)))
+                run.add(settings_verdict(audited.speculation_settings(), dict(
                     world="server", seed=options.seed, reproduce=reproduce("server"))))
-        except KeyboardInterrupt:
-            interrupted = True
     except EndpointError as exc:  # the server went away, or answered what the audit cannot use
         kept = f"; the answers so far are in {settings.journal}: rerun with --resume" if settings.journal else ""
         raise UsageError(f"{url}: {exc}{kept}") from None
     finally:
-        bar.close()
+        run.close_bars()
         client.close()
-    if interrupted:
-        done = {v.check for v in pending}
-        checks = serve_checks(worlds)
-        pending += [not_run_verdict(c, options.seed, reproduce(c.world), "not run: the audit was interrupted before "
-                                    "this check (its answers so far are in the journal: --resume)")
-                    for c in checks if c.name not in done]
-    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
-    return ServeAuditResult(
-        subject=name, level=options.level.value, seed=options.seed, alpha=options.alpha, device="server",
-        verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
-        environment=run_environment(server=url, reference=reference_url), samples_planned=planned,
-        samples_drawn=drawn, require=options.require, interrupted=interrupted,
+    return run.finish(
+        ServeAuditResult, subject=name, level=options.level.value, seed=options.seed, alpha=options.alpha,
+        device="server", environment=run_environment(server=url, reference=reference_url), require=options.require,
         reference=(reference.describe() if reference is not None else reference_url)
         + ("" if settings.reference else " (the audited server, one-token requests)"),
         traffic=client.stats.line())

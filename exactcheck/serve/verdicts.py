@@ -11,7 +11,7 @@ from exactcheck.options import Category, CheckKind
 from exactcheck.reachability import observed_in
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
 from exactcheck.serve.continuation_law import ContinuationLaw
-from exactcheck.serve.draft_counts import CounterSource, DraftTally
+from exactcheck.serve.draft_counts import DraftTally
 from exactcheck.serve.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
@@ -150,9 +150,6 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
     common = dict(base, check=f"{base['world']}/speculation_ran", law="speculation_ran", kind=CheckKind.SPECULATION,
                   samples=law.requests + probed.requests, category=Category.SPECULATION,
                   condition=f"{law.source.value}; a unit: {law.unit_words(1)}")
-    if law.source is CounterSource.NONE:
-        return Verdict(outcome=Outcome.INCONCLUSIVE, summary="not judged: the server reports no speculation counters",
-                       evidence=LawEvidence(Evidence.NONE), **common)
     ran = (f"{law.positive:,} of {law.unit_words()} drafted ({law.drafted:,} tokens drafted, {law.accepted:,} "
            f"accepted)")
     if law.uncounted:
@@ -160,7 +157,8 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
     if law.positive == 0 and probed.positive == 0:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"not judged: no draft counted on {law.requests + probed.requests:,} requests ({ran}): speculation did not "
-            f"run on this workload, so the law checks say nothing about speculative decoding here (a draft model "
+            f"run on this workload, or the server reports no counters, so the law checks say nothing about "
+            f"speculative decoding here (a draft model "
             f"drafts on every request longer than one token; an n-gram drafter only where the context repeats: "
             f"start the server with speculation on, or give prompts that repeat)"),
             evidence=LawEvidence(Evidence.NONE), **common)

@@ -28,12 +28,8 @@ from typing import Protocol
 import torch
 from scipy import stats
 
-from exactcheck.step.contract import Verifier
-from exactcheck.step.drive import SequenceSamples
-from exactcheck.step.sampling import inverse_cdf
-from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 
-__all__ = ["ChainWorld", "ChainRuleTest", "drive_chain", "teacher_forced",
+__all__ = ["ChainWorld", "ChainRuleTest", "teacher_forced",
            "chain_rule_tests", "row_statistics", "z_test", "CHAIN_RULE_TESTS"]
 
 CHAIN_RULE_TESTS = ("pit_target_order", "pit_ratio_order", "surprisal", "log_draft_ratio",
@@ -63,61 +59,6 @@ class ChainRuleTest:
     pvalue: float
     tokens: int
     detail: str
-
-
-def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
-                device: torch.device | str = "cpu", batch: int = 128) -> SequenceSamples:
-    """``n`` speculative generations through ``world``: draft k tokens from the draft
-    conditionals, build the k + 1 target rows along the drafted path, verify, commit, repeat.
-    Rows are handed to the subject in float32 and drafts are drawn exactly from the float32 draft
-    row (so the reported q is the q sampled from); the checks use the float64 rows, from which
-    float32 rounding moves a row by TV < 1e-7."""
-    device = torch.device(device)
-    driver = torch.Generator(device=device).manual_seed(seed)
-    subject = torch.Generator(device=device).manual_seed(seed ^ 0x5EC0_DE5E)
-    out, calls, steps = [], 0, 0
-    for start in range(0, n, batch):
-        size = min(batch, n - start)
-        # every row handed to the subject is live (compacted whenever a trial finishes)
-        seq, used, rows = run_speculative_loop(verifier, _ChainProposer(world), size, world.length, driver,
-                                               subject, device, compact_at=1.0)
-        out.append(seq.cpu())
-        calls, steps = calls + used, steps + rows
-    return SequenceSamples(world, torch.cat(out), seed, calls, steps)
-
-
-@dataclass(frozen=True)
-class _ChainProposer:
-    """Drafts drawn exactly from the float32 draft rows, target rows along the drafted path; a
-    trial's state is its last token (the world's conditionals depend on it and the position)."""
-
-    world: ChainWorld
-
-    @property
-    def draft_length(self) -> int:
-        return self.world.draft_length
-
-    def start(self, batch: int, device: torch.device) -> torch.Tensor:
-        return torch.full((batch,), self.world.bos, dtype=torch.int64, device=device)
-
-    def propose(self, state, filled, generator) -> Proposal:
-        previous, path, drafted, draft_rows, target_rows = state, [state], [], [], []
-        for i in range(self.world.draft_length):
-            q = self.world.draft_rows(previous, filled + i, torch.float32)
-            u = torch.rand(state.numel(), dtype=torch.float64, generator=generator, device=state.device)
-            cdf = torch.cumsum(q, -1, dtype=torch.float64)
-            x = inverse_cdf(cdf, u * cdf[:, -1])
-            target_rows.append(self.world.target_rows(previous, filled + i, torch.float32))
-            draft_rows.append(q)
-            drafted.append(x)
-            path.append(x)
-            previous = x
-        target_rows.append(self.world.target_rows(previous, filled + self.world.draft_length, torch.float32))
-        return Proposal(torch.stack(target_rows, 1), torch.stack(draft_rows, 1), torch.stack(drafted, 1),
-                        torch.stack(path, 1))
-
-    def advance(self, path, accepted, token) -> torch.Tensor:
-        return token
 
 
 def teacher_forced(world: ChainWorld, sequences: torch.Tensor, fast: bool = True,

@@ -34,7 +34,7 @@ import numpy as np
 
 from exactcheck.rules import (EXACT_RULES, RuleSpec, loop_sequence_law, output_tv, reference_rows,
                               reference_sequence_law, rule_spec, step_laws, step_output_law)
-from exactcheck.step.drive import SequenceSamples, StepSamples
+from exactcheck.stats.samples import SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld
 
 __all__ = ["LawComparison", "LawPlan", "planned_laws", "compare", "step_law_parts", "policy_sequence_law",

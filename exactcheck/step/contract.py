@@ -18,11 +18,11 @@ from typing import Callable, Protocol
 import torch
 
 from exactcheck.errors import ContractViolation, Violation
+from exactcheck.options import PADDING
 from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["Verifier", "PADDING", "validate_output", "rows_keep_contract", "call_verifier", "from_logits"]
 
-PADDING = -1
 
 
 class Verifier(Protocol):

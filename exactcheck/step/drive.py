@@ -16,62 +16,22 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
 import torch
 
 from exactcheck.options import DEFAULT_CALL_ELEMENTS
-from exactcheck.step.contract import PADDING, Verifier, call_verifier, rows_keep_contract
+from exactcheck.step.contract import Verifier, call_verifier, rows_keep_contract
 from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
 from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
+from exactcheck.stats.chain_rule import ChainWorld
+from exactcheck.stats.samples import Samples, SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld, ToyLM
 
 __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",
-           "draft_and_rows"]
+           "draft_and_rows", "drive_chain"]
 
 
-@dataclass(frozen=True)
-class StepSamples:
-    """What a verifier emitted on ``n`` independent one-call trials of a step world."""
-
-    world: StepWorld
-    outputs: torch.Tensor  # [n, k+1] int64, validated
-    draft_tokens: torch.Tensor  # [n, k] int64
-    seed: int
-    calls: int
-
-    @property
-    def size(self) -> int:
-        return self.outputs.shape[0]
-
-    @property
-    def accepted(self) -> torch.Tensor:
-        """Number of drafts accepted per trial (emitted tokens - 1)."""
-        return (self.outputs != PADDING).sum(1) - 1
-
-    @property
-    def last_token(self) -> torch.Tensor:
-        """The correction or bonus token of each trial."""
-        return self.outputs.gather(1, self.accepted[:, None])[:, 0]
-
-
-@dataclass(frozen=True)
-class SequenceSamples:
-    """The first ``world.length`` tokens of ``n`` independent speculative generations (of a
-    ``ContextWorld`` here, or a large-vocabulary world in ``exactcheck.stats.chain_rule``)."""
-
-    world: ContextWorld
-    sequences: torch.Tensor  # [n, L] int64
-    seed: int
-    calls: int
-    steps: int  # verify steps done for trials still short of `length` (the useful work)
-
-    @property
-    def size(self) -> int:
-        return self.sequences.shape[0]
-
-
-Samples = Union[StepSamples, SequenceSamples]
 
 
 def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
@@ -227,3 +187,58 @@ def drive(verifier: Verifier, world: StepWorld | ContextWorld, n: int, seed: int
     if isinstance(world, ContextWorld):
         return drive_sequences(verifier, world, n, seed, device, max_elements)
     raise TypeError(f"not a world: {type(world).__name__}")
+
+
+def drive_chain(verifier: Verifier, world: ChainWorld, n: int, seed: int,
+                device: torch.device | str = "cpu", batch: int = 128) -> SequenceSamples:
+    """``n`` speculative generations through ``world``: draft k tokens from the draft
+    conditionals, build the k + 1 target rows along the drafted path, verify, commit, repeat.
+    Rows are handed to the subject in float32 and drafts are drawn exactly from the float32 draft
+    row (so the reported q is the q sampled from); the checks use the float64 rows, from which
+    float32 rounding moves a row by TV < 1e-7."""
+    device = torch.device(device)
+    driver = torch.Generator(device=device).manual_seed(seed)
+    subject = torch.Generator(device=device).manual_seed(seed ^ 0x5EC0_DE5E)
+    out, calls, steps = [], 0, 0
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        # every row handed to the subject is live (compacted whenever a trial finishes)
+        seq, used, rows = run_speculative_loop(verifier, _ChainProposer(world), size, world.length, driver,
+                                               subject, device, compact_at=1.0)
+        out.append(seq.cpu())
+        calls, steps = calls + used, steps + rows
+    return SequenceSamples(world, torch.cat(out), seed, calls, steps)
+
+
+@dataclass(frozen=True)
+class _ChainProposer:
+    """Drafts drawn exactly from the float32 draft rows, target rows along the drafted path; a
+    trial's state is its last token (the world's conditionals depend on it and the position)."""
+
+    world: ChainWorld
+
+    @property
+    def draft_length(self) -> int:
+        return self.world.draft_length
+
+    def start(self, batch: int, device: torch.device) -> torch.Tensor:
+        return torch.full((batch,), self.world.bos, dtype=torch.int64, device=device)
+
+    def propose(self, state, filled, generator) -> Proposal:
+        previous, path, drafted, draft_rows, target_rows = state, [state], [], [], []
+        for i in range(self.world.draft_length):
+            q = self.world.draft_rows(previous, filled + i, torch.float32)
+            u = torch.rand(state.numel(), dtype=torch.float64, generator=generator, device=state.device)
+            cdf = torch.cumsum(q, -1, dtype=torch.float64)
+            x = inverse_cdf(cdf, u * cdf[:, -1])
+            target_rows.append(self.world.target_rows(previous, filled + i, torch.float32))
+            draft_rows.append(q)
+            drafted.append(x)
+            path.append(x)
+            previous = x
+        target_rows.append(self.world.target_rows(previous, filled + self.world.draft_length, torch.float32))
+        return Proposal(torch.stack(target_rows, 1), torch.stack(draft_rows, 1), torch.stack(drafted, 1),
+                        torch.stack(path, 1))
+
+    def advance(self, path, accepted, token) -> torch.Tensor:
+        return token

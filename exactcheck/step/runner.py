@@ -8,15 +8,14 @@ exact subject gets any defect verdict at most alpha, whatever the dependence bet
 """
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from dataclasses import replace
 
 import numpy as np
 import torch
 
-from exactcheck.core import (apply_holm, keep_plots_where_needed, not_run_verdict, resolve_device, run_environment,
-                             unreached_verdicts)
+from exactcheck.audit_run import AuditRun
+from exactcheck.core import not_run_verdict, resolve_device, run_environment
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
 from exactcheck.memory import device_max_elements
@@ -172,11 +171,11 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             [[EProcess(expected, n * p.condition_probability, p.groupings) for _, expected in law_alternatives(p)]
              if stop_early else None for p in plans]))
     threshold = budget.log_e_threshold
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    clock = time.perf_counter()
 
     def reproduce(world: str) -> str:
         return step_audit_line(options, name, world)
+
+    run_ = AuditRun(audit_plan.checks, budget, seed, reproduce, progress=progress)
 
     properties = PseudoWorld.PROPERTIES.value
     rule = judged_rule(options)
@@ -222,11 +221,10 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     first_look = bool(options.properties_first and stop_early and until is None and searched)
     searched_first: list[Verdict] = []
     certain: str | None = None  # the check whose finding stopped the audit before the rest of its trials
-    interrupted = False  # Ctrl-C: keep what was drawn, report it marked incomplete
     if first_look:
         for run in runs:
             run.batches = first_look_schedule(run.budget, FIRST_LOOK_SHARE)
-    bar = Progress(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws", enabled=progress)
+    bar = run_.bar(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws")
 
     evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     executor = executor or LocalExecutor()
@@ -272,17 +270,13 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                 break
 
     batches = max((len(r.batches) for r in runs), default=0)
-    try:
+    with run_.interruptible():
         if first_look:
             draw_batches([0])
-    except KeyboardInterrupt:
-        interrupted = True
-    if first_look and not (evident or interrupted):
-        first_bar = Progress(len(searched), unit="check", desc="exactcheck: properties", enabled=progress)
-        try:
+    if first_look and not (evident or run_.interrupted):
+        first_bar = run_.bar(len(searched), unit="check", desc="exactcheck: properties")
+        with run_.interruptible():
             searched_first = search_properties(first_bar, stop_at_finding=True)
-        except KeyboardInterrupt:
-            interrupted = True
         first_bar.close()
         certain = next((v.check for v in searched_first if gating(v)), None)
     elif first_look and evident:  # a law stopped the audit at its first look: no search is run
@@ -291,52 +285,40 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         searched_first = [not_run_verdict(c, seed, reproduce(c.name),
                                           f"not run: the audit stopped on a defect at {stopper} before this search")
                           for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
-    try:
-        if not (certain or interrupted or evident):
+    with run_.interruptible():
+        if not (certain or run_.interrupted or evident):
             draw_batches(range(1 if first_look else 0, batches))
-    except KeyboardInterrupt:
-        interrupted = True
     bar.close()
-    bar = Progress(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
-                   desc="exactcheck: checks", enabled=progress)
+    bar = run_.bar(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
+                   desc="exactcheck: checks")
 
     stopped = certain
     if evident:
         run, i = evident
         stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
-    pending: list[Verdict] = []
     for run in runs:
         if run.failure is not None:
-            pending.append(run.failure)
+            run_.add(run.failure)
             continue
-        pending += [law_verdict(run, i, reproduce(run.world.name), budget, stopped, interrupted)
-                    for i in range(len(run.plans))]
-    pending += searched_first
-    try:
-        for world in chains if not interrupted else ():
-            pending.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
-                                          device, reproduce(world.name), stopped is not None, rule))
+        run_.extend(law_verdict(run, i, reproduce(run.world.name), budget, stopped, run_.interrupted)
+                    for i in range(len(run.plans)))
+    run_.extend(searched_first)
+    with run_.interruptible():
+        for world in chains if not run_.interrupted else ():
+            run_.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
+                                       device, reproduce(world.name), stopped is not None, rule))
             bar.step(world.name)
 
-        if searched and not searched_first and not interrupted:
-            pending += search_properties(bar)
+        if searched and not searched_first and not run_.interrupted:
+            run_.extend(search_properties(bar))
 
-        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not interrupted:
-            pending.append(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
+        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not run_.interrupted:
+            run_.add(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
             bar.step(PseudoWorld.INPUTS.value)
-    except KeyboardInterrupt:
-        interrupted = True
-    bar.close()
-    if interrupted:  # every planned check still gets a verdict: the ones not reached say so
-        pending += unreached_verdicts(audit_plan, pending, seed, reproduce)
-
-    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
-    note = rule_note(verdicts, rule, audit_plan.laws)
-    return StepAuditResult(
-        subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
-        verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
+    run_.planned, run_.drawn = sum(r.budget for r in runs), sum(r.drawn for r in runs)
+    result = run_.finish(
+        StepAuditResult, subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
         environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
-        samples_planned=sum(r.budget for r in runs), samples_drawn=sum(r.drawn for r in runs),
-        stopped_early_at=stopped, require=options.require, interrupted=interrupted,
-        call_elements=options.max_elements, rule=options.acceptance_rule, rule_note=note,
-        max_seconds=options.max_seconds, trials=options.trials)
+        stopped_early_at=stopped, require=options.require, call_elements=options.max_elements,
+        rule=options.acceptance_rule, max_seconds=options.max_seconds, trials=options.trials)
+    return replace(result, rule_note=rule_note(result.verdicts, rule, audit_plan.laws))

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Callable
 
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA
-from exactcheck.report.result import AuditResult
+from exactcheck.report.result import AuditResult, SelftestResult
 from exactcheck.step.mutants import MUTANTS
 from exactcheck.step.reference import reference_verifier
 from exactcheck.step.runner import run_audit
@@ -15,29 +14,6 @@ from exactcheck.step.runner import run_audit
 __all__ = ["SelftestResult", "run_selftest", "REFERENCE_NAME"]
 
 REFERENCE_NAME = "exactcheck.step.reference:reference_verifier"
-
-
-@dataclass(frozen=True)
-class SelftestResult:
-    """The reference audit and one audit per mutant, at one level and seed."""
-
-    level: str
-    seed: int
-    alpha: float
-    reference: AuditResult
-    mutants: tuple[tuple[str, str, AuditResult], ...]  # (name, defect, audit)
-    # Ctrl-C or SIGTERM ended it: the audits finished (and the interrupted one, marked so) are
-    # kept; ``planned`` names every mutant it was to audit
-    interrupted: bool = False
-    planned: tuple[str, ...] = ()
-
-    @property
-    def undetected(self) -> list[str]:
-        return [name for name, _, audit in self.mutants if audit.passed]
-
-    @property
-    def passed(self) -> bool:
-        return self.reference.passed and not self.undetected and not self.interrupted
 
 
 def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_ALPHA,

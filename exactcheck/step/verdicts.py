@@ -20,10 +20,11 @@ from exactcheck.options import AlphaBudget, Category, Check, CheckKind, PseudoWo
 from exactcheck.reachability import observed_in, structural
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, TotalVariation, Verdict
 from exactcheck.reproduce import replay_line
-from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests, drive_chain
+from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests
 from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan
 from exactcheck.stats.sequential import EProcess
+from exactcheck.step.drive import drive_chain
 from exactcheck.step.invalid_inputs import MUST_REFUSE, probe_invalid_inputs
 from exactcheck.rules import RULES, RuleSpec
 from exactcheck.step.properties import RULE_PROPERTIES, forced_values, PropertyResult, reproducer

@@ -22,17 +22,16 @@ from ``prompt_seed``. Not vectorised: one generation at a time (about 3-7 ms eac
 """
 from __future__ import annotations
 
-import datetime as _dt
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed, run_environment, sample_law_verdict
+from exactcheck.audit_run import AuditRun
+from exactcheck.core import run_environment, sample_law_verdict
 from exactcheck.errors import SubjectError, UsageError
-from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, CheckKind, derive_seed
+from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, Check, CheckKind, derive_seed
 from exactcheck.reachability import observed_in
 from exactcheck.report.result import TreeLoopAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
@@ -43,7 +42,7 @@ from toy_models.tree_cache_lm import tree_model_pair, tree_prompt
 from toy_models.tree_worlds import TreeWorld, tree_worlds
 
 __all__ = ["TreeGenerationSamples", "TreeGenerationAuditResult", "drive_tree_generator", "generation_tree_worlds",
-           "tree_generation_verdicts", "run_tree_generation_audit", "DEFAULT_TRIALS"]
+           "tree_generation_verdicts", "run_tree_generation_audit", "tree_loop_checks", "DEFAULT_TRIALS"]
 
 DEFAULT_TRIALS = 2_000
 
@@ -157,15 +156,26 @@ def tree_generation_verdicts(samples: TreeGenerationSamples, share: float, alpha
     return verdicts + [_cache_verdict(samples, base)]
 
 
+# a world's checks, in the order the audit reports them
+LOOP_CHECKS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENERATOR_LAW),
+               ("tree_cache", CheckKind.CACHE_INVARIANT))
+
+
+def tree_loop_checks(world_names) -> tuple[Check, ...]:
+    return tuple(Check(f"{w}/{law}", kind, w, law) for w in world_names for law, kind in LOOP_CHECKS)
+
+
 def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str, int] = DEFAULT_TRIALS, seed: int = 0,
                               alpha: float = DEFAULT_ALPHA, prompt_seed: int = 0, name: str | None = None,
                               reproduce: Callable[[str, int], str] | None = None, level: str | None = None,
-                              require: tuple[str, ...] | None = None) -> TreeGenerationAuditResult:
+                              require: tuple[str, ...] | None = None,
+                              progress: bool = False) -> TreeGenerationAuditResult:
     """Audit a tree generator (``exactcheck.tree.generator``) end to end on ``worlds`` (names or
     ``TreeWorld``s; default ``generation_tree_worlds()``), ``trials`` generations per world (one
     number, or per world name). ``name``: the subject's name in the result; ``reproduce(world,
     trials)``: each world's reproduce line (default: this call); ``level``, ``require``: as the
-    result records them (``exactcheck tree-loop``'s entry, ``exactcheck.tree.loop_entry``)."""
+    result records them (``exactcheck tree-loop``'s entry, ``exactcheck.tree.loop_entry``).
+    Ctrl-C ends it with the generations so far, marked incomplete (``exactcheck.audit_run``)."""
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     if not 0 < alpha < 1:
@@ -175,30 +185,32 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
     if any(n < 1 for n in counts.values()):
         raise UsageError(f"trials ({counts}) must be >= 1 per world")
     name = name or getattr(generator, "name", None) or getattr(generator, "__name__", type(generator).__name__)
-    budget = AlphaBudget(alpha, 2 * len(chosen), stop_early=False)
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    clock = time.perf_counter()
-    pending, drawn = [], 0
-    for w in chosen:
-        world_seed = derive_seed(seed, w.name)
-        line = (reproduce(w.name, counts[w.name]) if reproduce is not None else
-                f"run_tree_generation_audit({name!r}, worlds=[{w.name!r}], trials={counts[w.name]}, seed={seed}, "
+
+    def line(world: str) -> str:
+        n = counts.get(world, 0)
+        return (reproduce(world, n) if reproduce is not None else
+                f"run_tree_generation_audit({name!r}, worlds=[{world!r}], trials={n}, seed={seed}, "
                 f"prompt_seed={prompt_seed})")
-        base = dict(world=w.name, seed=world_seed, reproduce=line)
-        try:
-            samples = drive_tree_generator(generator, w, counts[w.name], world_seed, prompt_seed)
-        except SubjectError as exc:
-            pending.append(failure_verdict(exc, world=w.name, seed=world_seed, reproduce=line,
-                                           samples=counts[w.name], condition="every generation"))
-            continue
-        drawn += samples.size
-        pending += tree_generation_verdicts(samples, budget.first_share, alpha, base)
-    verdicts = keep_plots_where_needed(apply_holm(pending, budget))
+
+    budget = AlphaBudget(alpha, 2 * len(chosen), stop_early=False)
+    run = AuditRun(tree_loop_checks(counts), budget, seed, line, progress=progress)
+    run.planned = sum(counts.values())
+    bar = run.bar(len(chosen), unit="world", desc="exactcheck: tree-loop worlds")
+    with run.interruptible():
+        for w in chosen:
+            world_seed = derive_seed(seed, w.name)
+            base = dict(world=w.name, seed=world_seed, reproduce=line(w.name))
+            try:
+                samples = drive_tree_generator(generator, w, counts[w.name], world_seed, prompt_seed)
+            except SubjectError as exc:
+                run.crashed(exc, world=w.name, seed=world_seed, samples=counts[w.name], condition="every generation")
+                continue
+            run.drawn += samples.size
+            run.extend(tree_generation_verdicts(samples, budget.first_share, alpha, base))
+            bar.step(w.name)
     extra = {} if require is None else {"require": tuple(require)}
-    return TreeGenerationAuditResult(subject=name, level=level, seed=seed, alpha=alpha, device="cpu", **extra,
-                                     verdicts=tuple(verdicts), started=started, duration_s=time.perf_counter() - clock,
-                                     environment=run_environment(), samples_planned=sum(counts.values()),
-                                     samples_drawn=drawn)
+    return run.finish(TreeGenerationAuditResult, subject=name, level=level, seed=seed, alpha=alpha, device="cpu",
+                      environment=run_environment(), **extra)
 
 
 def _worlds(worlds) -> list[TreeWorld]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from exactcheck import arguments, reproduce
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan
 
 __all__ = ["loop_arguments", "loop_settings", "load", "plan", "run", "builtin_tree_generators", "generations",
            "OPTIONS", "GENERATIONS", "REFERENCE", "MUTANT_PREFIX"]
@@ -21,10 +21,6 @@ GENERATIONS = {"quick": 1_000, "standard": 4_000, "release": 20_000}
 REFERENCE = "tree-loop-reference"
 MUTANT_PREFIX = "tree-loop-mutant:"
 # the checks of each world, in the order the audit reports them
-_LAWS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENERATOR_LAW),
-         ("tree_cache", CheckKind.CACHE_INVARIANT))
-
-
 def loop_arguments(parser) -> None:
     parser.add_argument("subject", help=f"{REFERENCE}, {MUTANT_PREFIX}NAME (rejected_branch_kept, "
                                         f"accepted_positions_off_by_depth, sibling_visible, coins_reused_across_rounds) or MODULE:CALLABLE "
@@ -87,7 +83,8 @@ def plan(subject, options: AuditOptions) -> AuditPlan:
     """Three checks per world (the sequence law, its first token, the tree-cache invariants);
     alpha split by Holm over the two laws of every world."""
     worlds = _world_names(options)
-    checks = tuple(Check(f"{w}/{law}", kind, w, law) for w in worlds for law, kind in _LAWS)
+    from exactcheck.tree.generation_audit import tree_loop_checks
+    checks = tree_loop_checks(worlds)
     n = generations(options)
     return AuditPlan(options, checks, AlphaBudget(options.alpha, 2 * len(worlds), stop_early=False),
                      samples=tuple((w, n) for w in worlds))
@@ -105,4 +102,4 @@ def run(subject, options: AuditOptions, *, subject_name: str | None = None, prog
 
     return run_tree_generation_audit(subject, worlds=worlds, trials=generations(options), seed=options.seed,
                                      alpha=options.alpha, name=name, reproduce=line, level=options.level.value,
-                                     require=options.require)
+                                     require=options.require, progress=progress)

@@ -22,14 +22,11 @@ Trials per world are planned as the step audit plans a law: the fewest that dete
 """
 from __future__ import annotations
 
-import datetime as _dt
-import time
-
-from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed, resolve_device, run_environment
+from exactcheck.audit_run import AuditRun
+from exactcheck.core import resolve_device, run_environment
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
 from exactcheck.options import AuditOptions, CheckKind, PseudoWorld, derive_seed
-from exactcheck.progress import Progress
 from exactcheck.report.result import TreeAuditResult
 from exactcheck.reproduce import tree_audit_line
 from exactcheck.tree.drive import drive_tree
@@ -57,32 +54,29 @@ def _run_tree_audit(subject, options: AuditOptions, device, subject_name, progre
     plan, trials = plan_tree_audit(subject, options)
     rule = judged_tree_rule(subject, options)
     name = subject_name or getattr(subject, "__name__", type(subject).__name__)
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    clock = time.perf_counter()
-    bar = Progress(sum(trials.values()), unit="trial", desc="exactcheck: tree trials", enabled=progress)
-    pending, drawn = [], 0
-    for w in plan.worlds:
-        world_seed = derive_seed(options.seed, w.name)
-        reproduce = tree_audit_line(options, name, w.name, by_command=bool(subject_name))
-        base = dict(world=w.name, seed=world_seed, reproduce=reproduce)
-        try:
-            samples = drive_tree(subject, w, trials[w.name], world_seed, device=device)
-        except SubjectError as exc:
-            pending.append(failure_verdict(exc, world=w.name, seed=world_seed, reproduce=base["reproduce"],
-                                           samples=trials[w.name], condition="every verify call"))
-            continue
-        bar.step(w.name, samples.size)
-        drawn += samples.size
-        pending += tree_verdicts(samples, rule, plan.budget.first_share, plan.budget.alpha, base)
-    bar.close()
-    properties = PseudoWorld.PROPERTIES.value
-    for check in plan.checks:
-        if check.kind is CheckKind.PROPERTY:
-            pending.append(TREE_PROPERTIES[check.law](
-                subject, device, derive_seed(options.seed, check.name),
-                tree_audit_line(options, name, properties, by_command=bool(subject_name)), rule))
-    verdicts = keep_plots_where_needed(apply_holm(pending, plan.budget))
-    return TreeAuditResult(subject=name, level=options.level.value, seed=options.seed, alpha=plan.budget.alpha,
-                           device=str(device), verdicts=tuple(verdicts), started=started,
-                           duration_s=time.perf_counter() - clock, environment=run_environment(),
-                           samples_planned=sum(trials.values()), samples_drawn=drawn, require=options.require)
+
+    def reproduce(world: str) -> str:
+        return tree_audit_line(options, name, world, by_command=bool(subject_name))
+
+    run = AuditRun(plan.checks, plan.budget, options.seed, reproduce, progress=progress)
+    run.planned = sum(trials.values())
+    bar = run.bar(run.planned, unit="trial", desc="exactcheck: tree trials")
+    with run.interruptible():
+        for w in plan.worlds:
+            world_seed = derive_seed(options.seed, w.name)
+            base = dict(world=w.name, seed=world_seed, reproduce=reproduce(w.name))
+            try:
+                samples = drive_tree(subject, w, trials[w.name], world_seed, device=device)
+            except SubjectError as exc:
+                run.crashed(exc, world=w.name, seed=world_seed, samples=trials[w.name], condition="every verify call")
+                continue
+            bar.step(w.name, samples.size)
+            run.drawn += samples.size
+            run.extend(tree_verdicts(samples, rule, plan.budget.first_share, plan.budget.alpha, base))
+        for check in plan.checks:
+            if check.kind is CheckKind.PROPERTY:
+                run.add(TREE_PROPERTIES[check.law](subject, device, derive_seed(options.seed, check.name),
+                                                   reproduce(PseudoWorld.PROPERTIES.value), rule))
+    return run.finish(TreeAuditResult, subject=name, level=options.level.value, seed=options.seed,
+                      alpha=plan.budget.alpha, device=str(device), environment=run_environment(),
+                      require=options.require)

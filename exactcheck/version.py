@@ -1,0 +1,2 @@
+"""The package version (a leaf: every layer may read it)."""
+__version__ = "0.1.0"
