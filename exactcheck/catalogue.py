@@ -56,6 +56,14 @@ def build_listing() -> str:
     lines.append("tree generators (`exactcheck tree-loop NAME`; whole tree loops through cached toy models, "
                  "dynamic EAGLE-2 trees included):")
     lines += [f"  {name:<26} {g.name}" for name, g in builtin_tree_generators().items()]
+    from exactcheck.serve.mutants import PROXY_MUTANTS
+    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS
+    lines.append("served systems (`exactcheck serve URL [--reference URL2]`; llama.cpp's /completion or OpenAI's "
+                 "/v1/completions): one world per prompt and sampling")
+    lines.append(f"  prompts (tokenized by the server; --prompt, --prompt-ids): {', '.join(map(repr, DEFAULT_PROMPTS))}")
+    lines.append(f"  samplings (--sampling): {'; '.join(s.describe() for s in DEFAULT_SAMPLINGS)}")
+    lines.append("served-system mutants (HTTP proxies in front of a correct server: exactcheck.serve.mutants):")
+    lines += [f"  {m.name:<26} {m.defect}" for m in PROXY_MUTANTS.values()]
     lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
     lines.append("mutants:")
     lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]
