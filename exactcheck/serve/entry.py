@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exactcheck import arguments
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions, AuditPlan
 
 __all__ = ["serve_arguments", "serve_settings", "load", "plan", "run", "OPTIONS", "SETTINGS", "FIELDS"]
 
@@ -127,13 +127,13 @@ def load(name: str) -> str:
 
 def plan(subject, options: AuditOptions, **settings) -> AuditPlan:
     """The checks by name (the worlds are the prompts x the samplings; nothing is asked of the server)."""
-    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, serve_checks, serve_worlds
+    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, serve_budget, serve_checks, serve_worlds
     prompts = settings.get("prompts") or DEFAULT_PROMPTS
     worlds = serve_worlds([() for _ in prompts], settings.get("samplings") or DEFAULT_SAMPLINGS, settings.get("length", 3))
     if options.worlds:
         worlds = [w for w in worlds if w.name in options.worlds]
     checks = serve_checks(worlds)
-    return AuditPlan(options, tuple(checks), AlphaBudget(options.alpha, max(len(worlds), 1), stop_early=False))
+    return AuditPlan(options, tuple(checks), serve_budget(options.alpha, len(worlds)))
 
 
 def run(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None, **settings):

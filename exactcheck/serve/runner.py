@@ -32,7 +32,8 @@ from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_
                                        logprob_verdict, seed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
-__all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "DEFAULT_PROMPTS", "REQUEST_CAPS"]
+__all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "serve_checks", "serve_budget",
+           "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS", "REQUEST_CAPS"]
 
 DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
 DEFAULT_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8), Sampling(top_p=0.9, min_p=0.05))
@@ -86,6 +87,11 @@ def _sampling_name(s: Sampling) -> str:
 
 
 
+def serve_budget(alpha: float, worlds: int) -> AlphaBudget:
+    """Holm over each world's two statistical checks: its continuation law and its speculation_ran test."""
+    return AlphaBudget(alpha, 2 * max(worlds, 1), stop_early=False)
+
+
 def serve_checks(worlds) -> list[Check]:
     """The checks a serve audit reports, in order: per world its continuation law, logprob
     fidelity, seed reproducibility and speculation counters; then greedy identity alone and under
@@ -137,8 +143,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
             if unknown:
                 raise UsageError(f"unknown serve world(s) {unknown}; known: {[w.name for w in worlds]}")
             worlds = [w for w in worlds if w.name in options.worlds]
-        # Holm over each world's continuation law and its speculation_ran test
-        budget = AlphaBudget(options.alpha, 2 * max(len(worlds), 1), stop_early=False)
+        budget = serve_budget(options.alpha, len(worlds))
         run.plan(serve_checks(worlds), budget)
         eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
         min_mass, max_calls = EXPANSION[options.level.value]
