@@ -264,3 +264,27 @@ def test_the_probe_count_is_planned_to_see_speculation_off_at_the_measured_rate(
     assert 32 < probes <= 3_000 and fewer_positives_pvalue(161, 12_000, 0, probes) <= share
     assert fewer_positives_pvalue(161, 12_000, 0, probes - 1) > share  # the fewest that can
     assert probes_needed(DraftTally(CounterSource.PER_REQUEST, (1,) * 2000, 1, 2000), share, 32, 2000) == 32
+
+
+def test_every_serve_setting_is_declared_once_and_read_by_each_front_end(capsys):
+    """serve/settings.py's table is what ServeSettings, the command line, the gate's checks and the
+    registry row read: a setting added there is a field, a flag, a gate key and a row setting."""
+    import dataclasses
+
+    from exactcheck.cli import main
+    from exactcheck.serve import entry, settings
+    from exactcheck.subjects import entry_point
+    names = [s.name for s in settings.SETTINGS]
+    assert [f.name for f in dataclasses.fields(settings.ServeSettings)] == names
+    assert settings.ServeSettings().n_probs == 256 and settings.ServeSettings().samplings == settings.DEFAULT_SAMPLINGS
+    row = entry_point("serve")
+    assert row.settings == entry.SETTINGS == settings.NAMES and row.fields == settings.FIELDS
+    assert set(settings.FIELDS) <= set(settings.NAMES)
+    import argparse
+    parser = argparse.ArgumentParser()
+    entry.serve_arguments(parser)
+    flags = {a.dest for a in parser._actions}
+    assert {s.name for s in settings.SETTINGS if s.flag} <= flags
+    assert main(["serve", "http://127.0.0.1:9", "--concurrency", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["exactcheck: error: --concurrency (0) must be a positive integer"], err

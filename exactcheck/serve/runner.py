@@ -28,6 +28,7 @@ from exactcheck.serve.draft_counts import probes_needed, send_counted
 from exactcheck.serve.apis import open_endpoint
 from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
 from exactcheck.serve.sampler_law import NotDeterminable
+from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
                                        logprob_verdict, seed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
@@ -35,8 +36,6 @@ from exactcheck.stats.planning import trials_to_detect
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "serve_checks", "serve_budget",
            "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS", "REQUEST_CAPS"]
 
-DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
-DEFAULT_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8), Sampling(top_p=0.9, min_p=0.05))
 REQUEST_CAPS = {"quick": 12_000, "standard": 100_000, "release": 400_000}  # sampled requests per world at most
 # the prefix tree of the reference law: expanded while a prefix's mass is at least this, in at most
 # this many reference requests (what is not expanded is merged into exact cells, never guessed)
@@ -52,29 +51,6 @@ class ServeWorld:
 
     def describe(self) -> str:
         return f"the first {self.length} tokens after prompt {list(self.prompt)}, {self.sampling.describe()}"
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """What only a serve audit takes besides ``AuditOptions``."""
-
-    reference: str | None = None  # None: the audited URL itself, by one-token requests
-    api: str = "auto"  # "llama.cpp" (/completion), "openai" (/v1/completions), "auto": llama.cpp where it answers
-    model: str | None = None  # the model an OpenAI endpoint is asked for (default: the one it serves)
-    reference_probabilities: str | None = None  # "raw" | "post-sampling"; None: what the API reports
-    prompts: tuple = DEFAULT_PROMPTS  # texts (tokenized by the server) or token-id tuples
-    samplings: tuple[Sampling, ...] = DEFAULT_SAMPLINGS
-    length: int = 3
-    n_probs: int = 256
-    journal: str | None = None
-    resume: bool = False
-    concurrency: int = 8
-    timeout: float = 60.0
-    logprob_tolerance: float = 0.02
-    probed: int = 32  # requests with n_probs, for logprob fidelity
-    seeds: int = 8  # seeded requests sent twice
-    greedy_tokens: int = 16
-    load: int = 4  # greedy under load: each prompt this many times at once
 
 
 def serve_worlds(prompts: list[tuple[int, ...]], samplings, length: int) -> list[ServeWorld]:
