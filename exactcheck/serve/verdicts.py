@@ -154,6 +154,11 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
            f"accepted)")
     if law.uncounted:
         ran += f"; {law.uncounted:,} requests not counted (answered from the journal, or a short last chunk)"
+    if not law.units:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
+            f"not judged: none of the {law.requests:,} requests' drafts could be counted (server-wide counters move "
+            f"only for requests sent in this run, not for answers taken from the journal)"),
+            evidence=LawEvidence(Evidence.NONE), **common)
     if law.positive == 0 and probed.positive == 0:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"not judged: no draft counted on {law.requests + probed.requests:,} requests ({ran}): speculation did not "
