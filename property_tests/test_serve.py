@@ -288,3 +288,18 @@ def test_every_serve_setting_is_declared_once_and_read_by_each_front_end(capsys)
     assert main(["serve", "http://127.0.0.1:9", "--concurrency", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["exactcheck: error: --concurrency (0) must be a positive integer"], err
+
+
+def test_the_tiny_hf_llama_for_served_engines_loads_with_its_local_tokenizer(tmp_path):
+    """toy_models.hf_served_models: what vLLM (or mlx-lm) loads from a directory; nothing downloaded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from toy_models.hf_served_models import VOCAB, write_llama
+    path = write_llama(tmp_path / "llama", seed=3)
+    assert write_llama(tmp_path / "llama", seed=3) == path  # written once
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert tokenizer("w5 w6 w7").input_ids == [5, 6, 7] and tokenizer.decode([5, 6]) == "w5 w6"
+    probs = torch.softmax(model(torch.tensor([[5, 6, 7]])).logits[0, -1].double(), -1)
+    assert probs.shape == (VOCAB,) and probs.max() > 2 / VOCAB  # peaked enough to tell from uniform
