@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from exactcheck.options import CheckKind
 from exactcheck.report.verdict import Verdict
 
 __all__ = ["rank_failures", "per_call_probability", "how_reachable"]
@@ -40,6 +41,8 @@ def rank_failures(verdicts: Iterable[Verdict]) -> list[Verdict]:
 def how_reachable(verdict: Verdict) -> str:
     """How a user meets a failure, in words: a law that is off is met on every call; a
     deterministic finding by its trigger's reachability (``exactcheck.reachability``)."""
+    if verdict.kind is CheckKind.SPECULATION:
+        return "on the requests the check names (speculation switched off for them): met on every such request"
     if verdict.kind.statistical:
         return "a law that is off: met on every call, with ordinary random numbers"
     reach = verdict.reachability
