@@ -80,8 +80,8 @@ def send_counted(endpoint: Endpoint, bodies: list[dict], unit_size: int) -> tupl
 
 
 def probes_needed(law: DraftTally, share: float, minimum: int, law_requests: int) -> int:
-    """How many requests that ask for probabilities to send: ``minimum`` (logprob fidelity reads
-    those), or as many as ``speculation_ran`` needs to see speculation switched off on them at
+    """How many requests that ask for probabilities to send (logprob fidelity reads them all):
+    ``minimum``, or as many as ``speculation_ran`` needs to see speculation switched off on them at
     ``share`` at the law requests' drafting rate (whole units), up to a quarter of the law
     requests (past that the verdict says the drafts were too rare to tell)."""
     units = units_to_detect_off(law.positive, len(law.units), share) if law.units else None

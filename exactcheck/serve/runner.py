@@ -159,9 +159,10 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     world_noise = _reference_noise(reference, world, law, settings, seed)
                     if world_noise is not None:
                         noise = max(noise, world_noise)
-                run.add(logprob_verdict(_probability_rows(reference, world, law, probes[:settings.probed],
-                                                          settings.n_probs),
-                                        settings.logprob_tolerance, settings.probed, base, noise=world_noise))
+                # every probe is read (where drafts are rare, the ones planned for speculation_ran are what
+                # carries speculated tokens whose reported probabilities can be checked)
+                run.add(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
+                                        settings.logprob_tolerance, len(probes), base, noise=world_noise))
                 repeats = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s,
                                                               tag="repeat") for s in seeds[:settings.seeds]])
                 run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))

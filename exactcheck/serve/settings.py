@@ -74,8 +74,8 @@ SETTINGS = (
     Setting("logprob_tolerance", 0.02, "largest difference in probability allowed between reported and reference "
             "probabilities (widened to 4x the reference's own measured noise where that is larger)",
             lambda v: _number(v) and 0 < v < 1, "a number in (0, 1)", type=float),
-    Setting("probed", 32, "requests with n_probs for logprob fidelity (speculation_ran plans more where drafts are "
-            "rare)", _positive_int, "a positive integer", type=int, flag=False, public=False),
+    Setting("probed", 32, "requests with n_probs at least (logprob fidelity reads them; speculation_ran plans more "
+            "where drafts are rare)", _positive_int, "a positive integer", type=int, flag=False, public=False),
     Setting("seeds", 8, "seeded requests sent twice", _positive_int, "a positive integer", type=int, flag=False,
             public=False),
     Setting("greedy_tokens", 16, "tokens of each greedy request", _positive_int, "a positive integer", type=int,
