@@ -20,7 +20,7 @@ import datetime as _dt
 import time
 from typing import Callable, Iterable, Sequence
 
-from exactcheck.core import apply_holm, failure_verdict, keep_plots_where_needed, unreached_verdicts
+from exactcheck.core import INTERRUPTED, apply_holm, failure_verdict, keep_plots_where_needed, unreached_verdicts
 from exactcheck.options import AlphaBudget, Check
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult
@@ -28,7 +28,6 @@ from exactcheck.report.verdict import Verdict
 
 __all__ = ["AuditRun", "INTERRUPTED"]
 
-INTERRUPTED = "not run: the audit was interrupted (Ctrl-C) before this check"  # core.unreached_verdicts' words
 
 
 class AuditRun:

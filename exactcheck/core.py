@@ -29,7 +29,7 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, tv_certifica
 from exactcheck.stats.laws import LawComparison, LawPlan
 
 __all__ = ["resolve_device", "apply_holm", "deviating_cells", "plot_cells", "keep_plots_where_needed", "sample_law_verdict",
-           "failure_verdict", "not_run_verdict", "unreached_verdicts", "run_environment", "STATISTIC_NAME", "E_STATISTIC_NAME"]
+           "failure_verdict", "not_run_verdict", "unreached_verdicts", "INTERRUPTED", "run_environment", "STATISTIC_NAME", "E_STATISTIC_NAME"]
 
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
@@ -168,8 +168,11 @@ def not_run_verdict(check, seed: int, reproduce: str, summary: str, condition: s
                    evidence=evidence)
 
 
+INTERRUPTED = "not run: the audit was interrupted (Ctrl-C) before this check"
+
+
 def unreached_verdicts(checks, pending: list[Verdict], seed: int, reproduce: Callable[[str], str],
-                       words: str = "not run: the audit was interrupted (Ctrl-C) before this check") -> list[Verdict]:
+                       words: str = INTERRUPTED) -> list[Verdict]:
     """After Ctrl-C: an inconclusive "not run" verdict for every planned check (``checks``) that
     has none (a world whose subject broke its contract has one contract verdict in place of its
     checks). ``reproduce(world)`` gives each its reproduce line."""
