@@ -29,7 +29,8 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, tv_certifica
 from exactcheck.stats.laws import LawComparison, LawPlan
 
 __all__ = ["resolve_device", "apply_holm", "deviating_cells", "plot_cells", "keep_plots_where_needed", "sample_law_verdict",
-           "failure_verdict", "not_run_verdict", "unreached_verdicts", "INTERRUPTED", "run_environment", "STATISTIC_NAME", "E_STATISTIC_NAME"]
+           "failure_verdict", "not_run_verdict", "unreached_verdicts", "INTERRUPTED", "run_environment", "STATISTIC_NAME",
+           "E_STATISTIC_NAME"]
 
 STATISTIC_NAME = "Pearson X^2 (pooled)"
 E_STATISTIC_NAME = "log e-value (Dirichlet-mixture likelihood ratio)"
