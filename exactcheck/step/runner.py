@@ -175,7 +175,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     def reproduce(world: str) -> str:
         return step_audit_line(options, name, world)
 
-    run_ = AuditRun(audit_plan.checks, budget, seed, reproduce, progress=progress)
+    audit = AuditRun(audit_plan.checks, budget, seed, reproduce, progress=progress)
 
     properties = PseudoWorld.PROPERTIES.value
     rule = judged_rule(options)
@@ -224,7 +224,7 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     if first_look:
         for run in runs:
             run.batches = first_look_schedule(run.budget, FIRST_LOOK_SHARE)
-    bar = run_.bar(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws")
+    bar = audit.bar(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws")
 
     evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
     executor = executor or LocalExecutor()
@@ -270,12 +270,12 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                 break
 
     batches = max((len(r.batches) for r in runs), default=0)
-    with run_.interruptible():
+    with audit.interruptible():
         if first_look:
             draw_batches([0])
-    if first_look and not (evident or run_.interrupted):
-        first_bar = run_.bar(len(searched), unit="check", desc="exactcheck: properties")
-        with run_.interruptible():
+    if first_look and not (evident or audit.interrupted):
+        first_bar = audit.bar(len(searched), unit="check", desc="exactcheck: properties")
+        with audit.interruptible():
             searched_first = search_properties(first_bar, stop_at_finding=True)
         first_bar.close()
         certain = next((v.check for v in searched_first if gating(v)), None)
@@ -285,11 +285,11 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         searched_first = [not_run_verdict(c, seed, reproduce(c.name),
                                           f"not run: the audit stopped on a defect at {stopper} before this search")
                           for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
-    with run_.interruptible():
-        if not (certain or run_.interrupted or evident):
+    with audit.interruptible():
+        if not (certain or audit.interrupted or evident):
             draw_batches(range(1 if first_look else 0, batches))
     bar.close()
-    bar = run_.bar(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
+    bar = audit.bar(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
                    desc="exactcheck: checks")
 
     stopped = certain
@@ -298,25 +298,25 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
         stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
     for run in runs:
         if run.failure is not None:
-            run_.add(run.failure)
+            audit.add(run.failure)
             continue
-        run_.extend(law_verdict(run, i, reproduce(run.world.name), budget, stopped, run_.interrupted)
+        audit.extend(law_verdict(run, i, reproduce(run.world.name), budget, stopped, audit.interrupted)
                     for i in range(len(run.plans)))
-    run_.extend(searched_first)
-    with run_.interruptible():
-        for world in chains if not run_.interrupted else ():
-            run_.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
+    audit.extend(searched_first)
+    with audit.interruptible():
+        for world in chains if not audit.interrupted else ():
+            audit.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
                                        device, reproduce(world.name), stopped is not None, rule))
             bar.step(world.name)
 
-        if searched and not searched_first and not run_.interrupted:
-            run_.extend(search_properties(bar))
+        if searched and not searched_first and not audit.interrupted:
+            audit.extend(search_properties(bar))
 
-        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not run_.interrupted:
-            run_.add(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
+        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not audit.interrupted:
+            audit.add(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
             bar.step(PseudoWorld.INPUTS.value)
-    run_.planned, run_.drawn = sum(r.budget for r in runs), sum(r.drawn for r in runs)
-    result = run_.finish(
+    audit.planned, audit.drawn = sum(r.budget for r in runs), sum(r.drawn for r in runs)
+    result = audit.finish(
         StepAuditResult, subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
         environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
         stopped_early_at=stopped, require=options.require, call_elements=options.max_elements,
