@@ -171,7 +171,7 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
     comparison = RateComparison(law.positive, len(law.units), probed.positive, n)
     seen = (f"on the {probed.requests:,} requests that asked for probabilities, {probed.positive:,} of "
             f"{probed.unit_words()} drafted where {comparison.expected:,.1f} are expected at the law requests' rate")
-    if law.positive == 0 or fewer_positives_pvalue(law.positive, len(law.units), 0, n) > share:
+    if fewer_positives_pvalue(law.positive, len(law.units), 0, n) > share:  # (no positive law unit: 1)
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"speculation ran ({ran}); not judged on the requests that asked for probabilities: drafts too rare on "
             f"this workload to tell ({comparison.expected:,.1f} drafting units expected on the probes; even none "
