@@ -86,10 +86,12 @@ class AuditRun:
         self._bars.clear()
 
     def finish(self, result_type: type[AuditResult], *, decide: Callable[[list[Verdict]], list[Verdict]] | None = None,
-               order: Sequence[Check] | None = None, **fields) -> AuditResult:
-        """The typed result: Holm over the pending verdicts (``decide`` then names causes, where a
-        kind does), plots kept where needed, the run's timing, samples and interrupt. ``order``:
-        the plan's checks, in the order to report (a world's contract verdict where its checks would be)."""
+               order: Sequence[Check] | None = None, strays_last: bool = False, **fields) -> AuditResult:
+        """The typed result: Holm over the pending verdicts (none for a run without a budget: its
+        checks are deterministic; ``decide`` then names causes, where a kind does), plots kept where
+        needed, the run's timing, samples and interrupt. ``order``: the plan's checks, in the order to
+        report (a verdict the plan does not name goes where its world's checks are, or last with
+        ``strays_last``)."""
         self.close_bars()
         if self.interrupted:
             self.pending += unreached_verdicts(self.checks, self.pending, self.seed, self.reproduce, self.unreached)
@@ -98,8 +100,11 @@ class AuditRun:
             first: dict[str, int] = {}
             for c in order:
                 first.setdefault(c.world, rank[c.name])
-            self.pending.sort(key=lambda v: rank.get(v.check, first.get(v.world, len(rank)) - 0.5))
-        verdicts = apply_holm(self.pending, self.budget)
+            if strays_last:
+                self.pending.sort(key=lambda v: rank.get(v.check, len(rank)))
+            else:
+                self.pending.sort(key=lambda v: rank.get(v.check, first.get(v.world, len(rank)) - 0.5))
+        verdicts = apply_holm(self.pending, self.budget) if self.budget is not None else list(self.pending)
         if decide is not None:
             verdicts = decide(verdicts)
         fields.setdefault("samples_planned", self.planned)

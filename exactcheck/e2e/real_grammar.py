@@ -80,7 +80,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                                    new_tokens, seed, alpha, device, by_command=subject_name is not None)
     base = dict(world=world, seed=seed, reproduce=reproduce)
     texts = []
-    run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", progress)
+    run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", seed=seed,
+                       reproduce=reproduce, statistical=alpha is not None, progress=progress)
 
     def text(new) -> str:
         return tokenizer.decode([t for t in new if t not in mask.stop_tokens])
@@ -88,8 +89,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     def keep(i, k, new, generation):
         texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
 
-    finish = dict(subject=generator_name(generator), seed=seed, alpha=alpha, device=device, reproduce=reproduce,
-                  samples_planned=samples, environment={"xgrammar": importlib.metadata.version("xgrammar")})
+    finish = dict(subject=generator_name(generator), alpha=alpha, device=device, samples_planned=samples,
+                  environment={"xgrammar": importlib.metadata.version("xgrammar")})
     done, outputs, failures = [], [], []
     try:
         result = run.greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
@@ -109,7 +110,7 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
             outputs.append((i % len(prompt_ids), new.tolist()))
             texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
     except KeyboardInterrupt:
-        return run.finish(GrammarAuditResult, done, samples_drawn=len(outputs), interrupted=True, **finish)
+        return run.finish_with(GrammarAuditResult, done, samples_drawn=len(outputs), interrupted=True, **finish)
     # an output that reached max_new_tokens without a stop token was cut by the length limit (the
     # policy's law includes that); every output that stopped must be JSON of the schema
     stopped = [t for t, done in texts if done]
@@ -150,4 +151,4 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                                     statistic_name=surprisal.statistic_name, pvalue=surprisal.pvalue),
                                 summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base))
     finish["environment"]["outputs"] = [t for t, _ in texts][:12]
-    return run.finish(GrammarAuditResult, verdicts, samples_drawn=len(outputs), **finish)
+    return run.finish_with(GrammarAuditResult, verdicts, samples_drawn=len(outputs), **finish)

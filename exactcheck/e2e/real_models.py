@@ -99,17 +99,17 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     chosen = all_prompts[:prompts]
     lengths = draft_lengths if hasattr(generator, "draft_length") else (None,)
     pairs = default_pairs(prompts, lengths, per_prompt)
-    run = RealModelRun(plan_greedy_audit(model), len(pairs), f"exactcheck: greedy identity on {model}", progress)
     reproduce = greedy_audit_line(subject_name or generator_name(generator), model, prompts, new_tokens,
                                   draft_lengths, per_prompt, seed, device, by_command=subject_name is not None)
-    finish = dict(subject=generator_name(generator), seed=seed, alpha=None, device=target.device,
-                  reproduce=reproduce)
+    run = RealModelRun(plan_greedy_audit(model), len(pairs), f"exactcheck: greedy identity on {model}", seed=seed,
+                       reproduce=reproduce, statistical=False, progress=progress)
+    finish = dict(subject=generator_name(generator), alpha=None, device=target.device)
     caches = _FinalCaches(target, chosen)
     try:
         result = run.greedy_identity(generator, target, draft, chosen, lengths, new_tokens, seed,
                                      target.config.vocab_size, pairs=pairs, on_generation=caches)
     except KeyboardInterrupt:
-        return run.finish(GreedyAuditResult, [], samples_planned=len(pairs), samples_drawn=0, environment={},
+        return run.finish_with(GreedyAuditResult, [], samples_planned=len(pairs), samples_drawn=0, environment={},
                           interrupted=True, **finish)
     used = sorted({k for _, k in pairs if k is not None})
     common = dict(world=model, seed=seed, reproduce=reproduce)
@@ -131,5 +131,5 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     else:
         cache = Verdict(outcome=Outcome.INCONCLUSIVE, summary="the generator returned no final cache",
                         **cache_common)
-    return run.finish(GreedyAuditResult, [identity, cache], samples_planned=result.runs, samples_drawn=result.runs,
+    return run.finish_with(GreedyAuditResult, [identity, cache], samples_planned=result.runs, samples_drawn=result.runs,
                       environment={"divergences": [d.describe() for d in result.divergences]}, **finish)
