@@ -10,6 +10,8 @@ builders, and hands the rest to an ``AuditRun``:
 - the interrupt: Ctrl-C (and SIGTERM, which the command turns into it) inside ``interruptible()``
   ends the drawing; the verdicts so far are kept and every planned check that has none gets a
   "not run" verdict, so the partial result is marked incomplete, never a pass;
+- ``--jobs N`` (``executor``): the kind's independent draws in N worker processes, closed with the
+  run, each draw keeping its seed, so the verdicts are the serial run's;
 - ``finish(ResultType, ...)``: Holm over the plan's statistical checks (``core.apply_holm``), the
   plots kept where needed, the kind's typed result with the run's timing, samples and interrupt.
 """
@@ -21,6 +23,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from exactcheck.core import INTERRUPTED, apply_holm, failure_verdict, keep_plots_where_needed, unreached_verdicts
+from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, Check
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult
@@ -47,6 +50,7 @@ class AuditRun:
         self.planned = self.drawn = 0
         self.interrupted = False
         self._bars: list[Progress] = []
+        self._executors: list = []
 
     def plan(self, checks: Sequence[Check], budget: AlphaBudget) -> None:
         self.checks, self.budget = tuple(checks), budget
@@ -59,6 +63,18 @@ class AuditRun:
         bar = Progress(total, unit=unit, desc=desc, enabled=self.progress, growing=growing)
         self._bars.append(bar)
         return bar
+
+    def executor(self, jobs: int = 1):
+        """Where the kind's independent draws run: this process (``jobs`` 1), or ``jobs`` worker
+        processes (``exactcheck.executors.ProcessExecutor``), shut down when the run finishes."""
+        from exactcheck.executors import LocalExecutor, ProcessExecutor
+        if jobs < 1:
+            raise UsageError(f"--jobs ({jobs}) must be at least 1")
+        if jobs == 1:
+            return LocalExecutor()
+        executor = ProcessExecutor(jobs)
+        self._executors.append(executor)
+        return executor
 
     def add(self, *verdicts: Verdict) -> None:
         self.pending.extend(verdicts)
@@ -84,6 +100,9 @@ class AuditRun:
         for bar in self._bars:
             bar.close()
         self._bars.clear()
+        for executor in self._executors:
+            executor.close()
+        self._executors.clear()
 
     def finish(self, result_type: type[AuditResult], *, decide: Callable[[list[Verdict]], list[Verdict]] | None = None,
                order: Sequence[Check] | None = None, strays_last: bool = False, **fields) -> AuditResult:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
-__all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
+__all__ = ["Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
            "worker_pool", "quiet_worker"]
 
 
@@ -73,6 +73,25 @@ def worker_pool(jobs: int, initializer: Callable | None = None, initargs: tuple 
     import multiprocessing
     return concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                                   initializer=initializer or quiet_worker, initargs=initargs)
+
+
+class ProcessExecutor(Executor):
+    """Every call in one of ``jobs`` worker processes of this machine (``worker_pool``): what
+    ``--jobs N`` gives an audit kind whose draws split into independent calls (each call keeps its
+    seed, so the verdicts are the serial run's). The function and its arguments must pickle."""
+
+    name = "processes"
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.pool = worker_pool(jobs)
+
+    def submit(self, fn, calls):
+        futures = [self.pool.submit(fn, *args) for args in calls]
+        return [future.result for future in futures]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RayExecutor(Executor):

@@ -158,7 +158,8 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
         e2e.e2e_arguments, e2e.e2e_settings, load_generator, e2e.plan_e2e, e2e.run_e2e,
         _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
-        options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout"),
+        options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
+                 "jobs"),
         settings=("policies", "greedy"), gate=True, sharded=True),
     EntryPoint(
         SubjectKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",

@@ -79,6 +79,18 @@ def is_valid(tokens) -> bool:
             and all(tokens[i] in allowed(tokens[:i]) for i in range(len(tokens))))
 
 
+def key_order(output) -> tuple:
+    """The order of an output's four keys (module level: a world pickles into ``--jobs`` workers)."""
+    return tuple(TOKENS[t] for t in output[1:17:4])
+
+
+def key_values(output) -> tuple:
+    """The value of each key, a to d, of a complete object (() for a shorter output)."""
+    if len(output) < 17:
+        return ()
+    return tuple(TOKENS[output[i + 2]] for i in sorted(range(1, 17, 4), key=lambda i: output[i]))
+
+
 @functools.lru_cache(maxsize=1)
 def grammar_world() -> ModelWorld:
     """The JSON world: target and draft toy LMs over the 13 tokens, the grammar as the policy's
@@ -88,11 +100,8 @@ def grammar_world() -> ModelWorld:
                                agreement=0.3, seed=41, concentration=1.0)
     prompt, state = prompt_for_state(world, 4, seed=41)
     policy = DecodingPolicy(temperature=1.0, stop_tokens=(EOS,), mask=allowed, name="json_grammar")
-    marginals = (
-        ("key_order", "order of the four keys", lambda o: tuple(TOKENS[t] for t in o[1:17:4])),
-        ("values", "value of each key, a to d", lambda o: tuple(
-            TOKENS[o[i + 2]] for i in sorted(range(1, 17, 4), key=lambda i: o[i])) if len(o) >= 17 else ()),
-    )
+    marginals = (("key_order", "order of the four keys", key_order),
+                 ("values", "value of each key, a to d", key_values))
     # room for 4 tokens past the 18 of a complete object: a generator must stop at <eos> anyway
     return ModelWorld("json_v13_k3", dataclasses.replace(world, prompt_state=state), tuple(prompt),
                       policy=policy, validate=is_valid, max_new_tokens=LENGTH + 4, marginals=marginals)

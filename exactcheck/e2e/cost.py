@@ -324,7 +324,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
     from exactcheck.version import __version__
     from exactcheck.e2e.policy import SAMPLING
     from exactcheck.errors import UsageError
-    from exactcheck.progress import Progress
+    from exactcheck.audit_run import AuditRun
     from exactcheck.report.cost_report import COST_SCHEMA
     if (model is None) == (world is None):
         raise UsageError("give exactly one of --model and --world")
@@ -349,7 +349,9 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
         new_tokens = new_tokens or toy.new_tokens
     target, draft = target.to(device).eval(), draft.to(device).eval()
     lengths = tuple(draft_lengths) if hasattr(generator, "draft_length") else (None,)
-    bar = Progress(len(chosen) * len(lengths) * 2, unit="request", desc="exactcheck: cost", enabled=progress)
+    # a measurement, not a test: the run core's bar and clock, no checks, no Holm
+    run = AuditRun((), None, seed, lambda _world: reproduce, progress=progress)
+    bar = run.bar(len(chosen) * len(lengths) * 2, unit="request", desc="exactcheck: cost")
     done = [0]
 
     def step(finished, _total):
@@ -357,7 +359,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
         done[0] = finished
 
     records, peaks = measure_cost(generator, target, draft, chosen, policy, new_tokens, draft_lengths, seed, step)
-    bar.close()
+    run.close_bars()
     overall = summarise(records, peaks, seed)
     by_length = []
     for k in lengths:

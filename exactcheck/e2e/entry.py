@@ -86,6 +86,8 @@ def e2e_arguments(parser) -> None:
     _models_device(parser)
     arguments.sharding(parser, "split each run's generations into N ranges (default 1); generations keep their "
                                "seeds, so the verdicts are the unsharded audit's")
+    arguments.jobs(parser, "draw each run's generations in N worker processes (default 1); generations keep their "
+                           "seeds, so the verdicts are the serial audit's")
     arguments.require(parser)
     arguments.call_timeout(parser)
     arguments.isolate(parser)
@@ -97,7 +99,8 @@ def e2e_settings(args) -> dict:
     policies += tuple(parse_policy(spec) for spec in (args.policy or []))
     return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, policies=policies,
                 generations=args.generations, greedy=args.greedy, progress=not args.quiet, require=args.require,
-                device=args.device, shards=args.shards, call_timeout=args.call_timeout, isolate=args.isolate)
+                device=args.device, shards=args.shards, call_timeout=args.call_timeout, isolate=args.isolate,
+                jobs=args.jobs)
 
 
 def plan_e2e(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:

@@ -96,6 +96,11 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
     run = AuditRun([c for c in plan.checks if c.name not in not_applicable], budget, seed, reproduce_in,
                    progress=progress)
     run.planned = n * sum(len(v) for v in runs.values())
+    shards = options.shards
+    if options.jobs > 1:  # --jobs N: each run's generations in N worker processes, every one with its seed
+        if executor is not None:
+            raise UsageError("--jobs runs the generations in worker processes; give --jobs or an executor, not both")
+        executor, shards = run.executor(options.jobs), max(shards, options.jobs)
     bar = run.bar(run.planned, unit="generation", desc="exactcheck: generations")
     with run.interruptible():
         for world in chosen:
@@ -106,9 +111,9 @@ def _run_generator_audit(generator, options: AuditOptions, subject_name, policie
                 label = f"{world.name}/sampling{suffix}"
                 try:
                     run_seed = derive_seed(world_seed, "sampling" + suffix)
-                    if options.shards > 1 or executor is not None:
+                    if shards > 1 or executor is not None:
                         samples = drive_generator_sharded(generator, world, n, run_seed, policy,
-                                                          executor or LocalExecutor(), options.shards, options.device,
+                                                          executor or LocalExecutor(), shards, options.device,
                                                           progress=lambda k, label=label: bar.step(label, k))
                     else:
                         samples = drive_generator(generator, world, n, run_seed, policy, device=device,

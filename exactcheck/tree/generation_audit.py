@@ -169,13 +169,15 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
                               alpha: float = DEFAULT_ALPHA, prompt_seed: int = 0, name: str | None = None,
                               reproduce: Callable[[str, int], str] | None = None, level: str | None = None,
                               require: tuple[str, ...] | None = None,
-                              progress: bool = False) -> TreeGenerationAuditResult:
+                              progress: bool = False, jobs: int = 1) -> TreeGenerationAuditResult:
     """Audit a tree generator (``exactcheck.tree.generator``) end to end on ``worlds`` (names or
     ``TreeWorld``s; default ``generation_tree_worlds()``), ``trials`` generations per world (one
     number, or per world name). ``name``: the subject's name in the result; ``reproduce(world,
     trials)``: each world's reproduce line (default: this call); ``level``, ``require``: as the
     result records them (``exactcheck tree-loop``'s entry, ``exactcheck.tree.loop_entry``).
-    Ctrl-C ends it with the generations so far, marked incomplete (``exactcheck.audit_run``)."""
+    Ctrl-C ends it with the generations so far, marked incomplete (``exactcheck.audit_run``).
+    ``jobs`` > 1: the worlds are driven in that many worker processes (each with its seed: the
+    verdicts are the serial run's; the generator must pickle)."""
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
     if not 0 < alpha < 1:
@@ -197,11 +199,15 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
     run.planned = sum(counts.values())
     bar = run.bar(len(chosen), unit="world", desc="exactcheck: tree-loop worlds")
     with run.interruptible():
-        for w in chosen:
+        draws = run.executor(jobs).submit(_drive_world, [(generator, w, counts[w.name], derive_seed(seed, w.name),
+                                                          prompt_seed) for w in chosen])
+        for w, draw in zip(chosen, draws):
             world_seed = derive_seed(seed, w.name)
             base = dict(world=w.name, seed=world_seed, reproduce=line(w.name))
             try:
-                samples = drive_tree_generator(generator, w, counts[w.name], world_seed, prompt_seed)
+                samples = draw()
+                if isinstance(samples, SubjectError):
+                    raise samples
             except SubjectError as exc:
                 run.crashed(exc, world=w.name, seed=world_seed, samples=counts[w.name], condition="every generation")
                 continue
@@ -211,6 +217,14 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
     extra = {} if require is None else {"require": tuple(require)}
     return run.finish(TreeGenerationAuditResult, subject=name, level=level, seed=seed, alpha=alpha, device="cpu",
                       environment=run_environment(), **extra)
+
+
+def _drive_world(generator, world: TreeWorld, trials: int, seed: int, prompt_seed: int):
+    """One world's draws (in a worker process with ``--jobs``): the samples, or the subject's error."""
+    try:
+        return drive_tree_generator(generator, world, trials, seed, prompt_seed)
+    except SubjectError as exc:
+        return exc
 
 
 def _worlds(worlds) -> list[TreeWorld]:

@@ -15,7 +15,7 @@ __all__ = ["loop_arguments", "loop_settings", "load", "plan", "run", "builtin_tr
            "OPTIONS", "GENERATIONS", "REFERENCE", "MUTANT_PREFIX"]
 
 # the ``AuditOptions`` fields a tree generation audit reads
-OPTIONS = ("level", "seed", "alpha", "worlds", "generations", "require")
+OPTIONS = ("level", "seed", "alpha", "worlds", "generations", "require", "jobs")
 # generations per world at each level (``--generations`` replaces it)
 GENERATIONS = {"quick": 1_000, "standard": 4_000, "release": 20_000}
 REFERENCE = "tree-loop-reference"
@@ -35,13 +35,15 @@ def loop_arguments(parser) -> None:
                         help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
     parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    arguments.jobs(parser, "drive the worlds in N worker processes (default 1); each world keeps its seed, so the "
+                           "verdicts are the serial audit's")
     arguments.require(parser)
     arguments.isolate(parser)
 
 
 def loop_settings(args) -> dict:
     return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, generations=args.generations,
-                require=args.require, progress=not args.quiet, isolate=args.isolate)
+                require=args.require, progress=not args.quiet, isolate=args.isolate, jobs=args.jobs)
 
 
 def builtin_tree_generators() -> dict:
@@ -102,4 +104,4 @@ def run(subject, options: AuditOptions, *, subject_name: str | None = None, prog
 
     return run_tree_generation_audit(subject, worlds=worlds, trials=generations(options), seed=options.seed,
                                      alpha=options.alpha, name=name, reproduce=line, level=options.level.value,
-                                     require=options.require, progress=progress)
+                                     require=options.require, progress=progress, jobs=options.jobs)
