@@ -5,7 +5,7 @@ The pipeline, one subpackage a stage: worlds (``toy_models``) -> ``step.drive`` 
 -> ``report`` (JSON, Markdown, HTML). ``exactcheck.options`` holds what every layer reads (options,
 levels, the alpha split, check kinds); ``exactcheck.step.plan`` / ``exactcheck.e2e.plan`` decide
 what an audit runs; ``run_audit`` executes a step-level verifier audit, ``run_generator_audit`` an
-end-to-end one (needs transformers); ``audit_subject`` either, by ``SubjectKind``.
+end-to-end one (needs transformers); ``audit_subject`` either, by ``AuditKind``.
 
 The names below are imported on first use, so ``import exactcheck`` (and the pytest plugin, and
 ``exactcheck --help``) costs no torch import.
@@ -19,9 +19,9 @@ from exactcheck.version import __version__  # noqa: E402  (a leaf)
 _PUBLIC = {
     "run_audit": "exactcheck.step.runner", "AuditResult": "exactcheck.report.result",
     "DEFAULT_ALPHA": "exactcheck.options", "Level": "exactcheck.options", "AuditOptions": "exactcheck.options",
-    "AuditPlan": "exactcheck.options", "CheckKind": "exactcheck.options", "SubjectKind": "exactcheck.options",
+    "AuditPlan": "exactcheck.options", "CheckKind": "exactcheck.options", "AuditKind": "exactcheck.options", "SubjectKind": "exactcheck.options",
     "plan_step_audit": "exactcheck.step.plan", "plan_generator_audit": "exactcheck.e2e.plan",
-    "audit_subject": "exactcheck.subjects", "plan_subject": "exactcheck.subjects",
+    "audit_subject": "exactcheck.audit_kinds", "plan_subject": "exactcheck.audit_kinds",
     "PADDING": "exactcheck.step.contract", "Verifier": "exactcheck.step.contract",
     "from_logits": "exactcheck.step.contract", "validate_output": "exactcheck.step.contract",
     "ContractViolation": "exactcheck.errors", "ExactcheckError": "exactcheck.errors",

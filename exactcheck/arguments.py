@@ -1,5 +1,5 @@
 """The command-line argument groups several audit kinds share. Each kind's row in
-``exactcheck.subjects.ENTRY_POINTS`` adds its sub-command's arguments with its own function, which
+``exactcheck.audit_kinds.AUDIT_KINDS`` adds its sub-command's arguments with its own function, which
 calls these for what it has in common with the others; the CLI builds its sub-commands from the
 rows. Light: argparse and ``exactcheck.options`` only (``exactcheck --help`` imports no torch)."""
 from __future__ import annotations

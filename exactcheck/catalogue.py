@@ -1,5 +1,6 @@
 """What ``exactcheck list`` prints: every built-in world, property, model world, generator, loop
-mutant, real model and verifier mutant, with one line each.
+mutant, real model and verifier mutant, with one line each: each audit kind's part comes from its
+registry row (``EntryPoint.catalogue``, written in the kind's ``entry`` module).
 
 ``build_listing`` builds it from the code (it imports torch and the worlds); ``exactcheck list``
 prints the copy stored in ``exactcheck.catalogue_listing`` so that it starts without torch.
@@ -16,60 +17,9 @@ STORED = pathlib.Path(__file__).with_name("catalogue_listing.py")
 
 
 def build_listing() -> str:
-    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
-    from exactcheck.step.properties import PROPERTIES
-    from exactcheck.options import REAL_MODELS
-    from exactcheck.subjects import builtin_generators
-    from exactcheck.suite import default_worlds, large_worlds
-    lines = ["worlds:"]
-    lines += [f"  {w.name:<26} {w.description}" for w in default_worlds()]
-    lines.append("large worlds (audited when named with --world; chain-rule tests):")
-    lines += [f"  {w.name:<26} {w.description}" for w in large_worlds()]
-    lines.append("properties (deterministic, forced random numbers):")
-    lines += [f"  properties/{name}" for name in PROPERTIES]
-    try:
-        from exactcheck.e2e.plan import all_model_worlds as model_worlds
-    except ImportError:  # transformers is not installed: no end-to-end worlds
-        model_worlds = tuple
-    lines.append("model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):")
-    lines += [f"  {w.name:<26} {w.description}" for w in model_worlds()]
-    if model_worlds is not tuple:
-        lines.append("tokenizer worlds (a generator declaring different_tokenizers; two vocabularies, need tokenizers):")
-        lines += [f"  {w.name:<26} {w.description}" for w in model_worlds(different_tokenizers=True)]
-    lines.append("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
-    lines += [f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else "")
-              for name, g in builtin_generators().items()]
-    from exactcheck.loading import loop_mutants
-    for m in loop_mutants():
-        doc = " ".join(type(m).__doc__.split())
-        lines.append(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
-    from exactcheck.tree.rules import TREE_RULES
-    from exactcheck.tree.subjects import builtin_tree_verifiers
-    from toy_models.tree_worlds import tree_worlds
-    lines.append("tree worlds (`exactcheck tree`; siblings drawn as the subject declares):")
-    lines += [f"  {w.name:<26} {w.siblings} siblings, {w.shape_name}, "
-              f"V={w.vocab_size}, {w.length} tokens" + (", greedy target" if w.greedy else "") for w in tree_worlds()]
-    lines.append(f"tree rules (`exactcheck tree --rule`): {', '.join(TREE_RULES)}")
-    lines.append("tree verifiers (`exactcheck tree NAME`):")
-    lines += [f"  {name}" for name in builtin_tree_verifiers()]
-    from exactcheck.tree.loop_entry import builtin_tree_generators
-    lines.append("tree generators (`exactcheck tree-loop NAME`; whole tree loops through cached toy models, "
-                 "dynamic EAGLE-2 trees included):")
-    lines += [f"  {name:<26} {g.name}" for name, g in builtin_tree_generators().items()]
-    from exactcheck.serve.mutants import PROXY_MUTANTS
-    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS
-    lines.append("served systems (`exactcheck serve URL [--reference URL2]`; llama.cpp's /completion or OpenAI's "
-                 "/v1/completions): one world per prompt and sampling")
-    lines.append(f"  prompts (tokenized by the server; --prompt, --prompt-ids): {', '.join(map(repr, DEFAULT_PROMPTS))}")
-    lines.append(f"  samplings (--sampling): {'; '.join(s.describe() for s in DEFAULT_SAMPLINGS)}")
-    lines.append("served-system mutants (HTTP proxies in front of a correct server: exactcheck.serve.mutants):")
-    lines += [f"  {m.name:<26} {m.defect}" for m in PROXY_MUTANTS.values()]
-    lines.append(f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}")
-    lines.append("mutants:")
-    lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]
-    lines.append("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
-    lines += [f"  {m.name:<26} {m.defect} (exactcheck.step.mutants:{importable_name(m.name)})"
-              for m in SMALL_BIAS_MUTANTS.values()]
+    """Every kind's part, in the registry's order (a row's ``catalogue``)."""
+    from exactcheck.audit_kinds import AUDIT_KINDS
+    lines = [line for entry in AUDIT_KINDS.values() if entry.catalogue is not None for line in entry.catalogue()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """The ``exactcheck`` command.
 
-Its audit sub-commands are the rows of ``exactcheck.subjects.ENTRY_POINTS``: each row adds its
+Its audit sub-commands are the rows of ``exactcheck.audit_kinds.AUDIT_KINDS``: each row adds its
 own arguments, turns the parsed command line into settings and shows its result
 (``exactcheck.console``); this module parses, runs the row's audit through the registry and keeps
 the command's own duties (outputs checked before an audit, SIGTERM, a closed stdout, a lost
@@ -25,7 +25,7 @@ from exactcheck import arguments
 from exactcheck.console import EXIT_DEFECT, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE, LOST, lost_report
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, Level
-from exactcheck.subjects import ENTRY_POINTS, audit_subject, entry_point, load_subject
+from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point, load_subject
 
 __all__ = ["main"]
 
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactcheck", description=(
         "Audit a speculative-decoding verifier for exactness, with a stated false-alarm rate."))
     sub = parser.add_subparsers(dest="command", required=True)
-    for entry in ENTRY_POINTS.values():  # every audit kind: its row's command and arguments
+    for entry in AUDIT_KINDS.values():  # every audit kind: its row's command and arguments
         entry.arguments(sub.add_parser(entry.command, help=entry.help))
     sub.add_parser("rules", help="list the verification rules: exact or lossy, parameters, the engine source")
     lossy = sub.add_parser("lossy", help="the exact TV a rule's output law is from the target's, per world "
@@ -321,7 +321,7 @@ def _check_outputs(args) -> None:
             check_writable(target.parent if str(target.parent) else ".", f"--{flag.replace('_', '-')} {path}:")
 
 
-# the commands that are not audit kinds (those are the rows of ``exactcheck.subjects.ENTRY_POINTS``)
+# the commands that are not audit kinds (those are the rows of ``exactcheck.audit_kinds.AUDIT_KINDS``)
 _COMMANDS = {"list": _list, "render": _render, "rules": _rules, "lossy": _lossy, "replay": _replay, "plan": _plan,
              "gate": _gate}
 

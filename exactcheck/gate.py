@@ -20,7 +20,7 @@
     [[tool.exactcheck.subject]]
     tree = "my_pkg.eagle:verify_tree"        # a tree verifier (a built-in name or MODULE:CALLABLE)
 
-A subject's key is its audit kind: every row of ``exactcheck.subjects.ENTRY_POINTS`` that says
+A subject's key is its audit kind: every row of ``exactcheck.audit_kinds.AUDIT_KINDS`` that says
 ``gate=True`` (``gate_kinds()``), audited through that row.
 
 ``exactcheck gate`` exits 1 when any subject has a failed check that is not exempt, and writes
@@ -37,7 +37,7 @@ from pathlib import Path
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, Category, Level
 from exactcheck.report.result import AuditResult, GateResult, GateSubject
-from exactcheck.subjects import audit_subject, entry_point, gate_kinds, plan_subject
+from exactcheck.audit_kinds import audit_subject, entry_point, gate_kinds, plan_subject
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,7 +176,7 @@ def _validated(settings: dict, where: str, takes=None, own_fields=None) -> dict:
 
 def check_exempt(subject: GateSubject, plan) -> None:
     """Refuse an ``exempt`` entry that names no check and no world of ``plan`` (the subject's
-    ``AuditPlan``, from ``exactcheck.subjects.plan_subject``): a misspelt exemption would
+    ``AuditPlan``, from ``exactcheck.audit_kinds.plan_subject``): a misspelt exemption would
     otherwise exempt nothing, silently. A world's contract verdict (``WORLD/contract``, standing
     for its checks when the subject breaks its contract there) may be named too."""
     if not subject.exempt:

@@ -5,7 +5,7 @@ hangs in Python code into findings. What they cannot survive, ``os._exit``, a se
 in native code, or a hang inside a C call that never returns to the interpreter, ends or freezes
 the process. ``run_isolated`` runs the whole audit (loading the subject included: its import-time
 code runs there too) in a fresh worker (``python -m exactcheck.isolation``: a new interpreter, so
-nothing of the caller's state, threads or CUDA context is shared, and no ``__main__`` is re-run) and watches it (``exactcheck.subjects.audit_subject``
+nothing of the caller's state, threads or CUDA context is shared, and no ``__main__`` is re-run) and watches it (``exactcheck.audit_kinds.audit_subject``
 with ``isolate=True``; the default of ``exactcheck gate``):
 
 - the worker publishes each subject call as it starts (``subject_call.WATCH``: the time and what

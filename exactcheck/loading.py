@@ -1,6 +1,6 @@
 """Subjects by name: ``MODULE:CALLABLE`` (the current directory importable, a class instantiated
 with no arguments), the built-in generators (``exactcheck.options.BUILTIN_GENERATORS``) and the
-loop mutants (``loop-mutant:NAME``). Below the registry (``exactcheck.subjects``, which offers them
+loop mutants (``loop-mutant:NAME``). Below the registry (``exactcheck.audit_kinds``, which offers them
 to the front ends): a kind's own loader (the tree verifiers by name) may use them."""
 from __future__ import annotations
 

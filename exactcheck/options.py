@@ -19,13 +19,13 @@ from exactcheck.errors import UsageError
 __all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
            "derive_seed",
            "REAL_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
-           "SubjectKind"]
+           "AuditKind", "SubjectKind"]
 
 DEFAULT_ALPHA = 1e-3
 DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
 DEFAULT_REQUIRE = ("exactness", "conformance")  # always gating; --require adds the others
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
-# the generators ``exactcheck e2e`` (and every generator audit) takes by name (``exactcheck.subjects``)
+# the generators ``exactcheck e2e`` (and every generator audit) takes by name (``exactcheck.audit_kinds``)
 BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "reference-tli", "reference-slem", "transformers-assisted",
                       "transformers-prompt-lookup", "transformers-ensemble-0.9", "transformers-assisted-universal",
                       "transformers-assisted-different-tokenizers")
@@ -129,23 +129,25 @@ class PseudoWorld(str, enum.Enum):
     PROCESS = "process"
 
 
-class SubjectKind(str):
-    """The name of an audit kind: the key of its row in ``exactcheck.subjects.ENTRY_POINTS``, the
+class AuditKind(str):
+    """The name of an audit kind: the key of its row in ``exactcheck.audit_kinds.AUDIT_KINDS``, the
     key naming a subject of that kind in the gate's ``[[tool.exactcheck.subject]]`` tables and the
     ``kind`` the pytest plugin takes (``verifier``: a step-level verifier, vLLM's rejection-sampler
     layout; ``generator``: an end-to-end generator, ``exactcheck.e2e.generator``; ``tree``: a tree
-    verifier, ``exactcheck.tree.contract``; ``greedy``, ``grammar``, ``cost``, ``selftest``).
+    verifier, ``exactcheck.tree.contract``; ``tree-loop``, ``greedy``, ``grammar``, ``serve``, ``cost``,
+    ``selftest``). One type for the concept: an audit's result carries its kind (``AuditResult.kind``)
+    and, for the JSON schema, the word its reports have always written (``AuditResult.label``).
 
     The registry, not this class, says which kinds exist: a new audit kind is its package and one
-    row there, and its name needs no member here. A kind is a string (``SubjectKind.TREE ==
-    "tree"``), one object per name (``SubjectKind("tree") is SubjectKind.TREE``), with ``value``
+    row there, and its name needs no member here. A kind is a string (``AuditKind.TREE ==
+    "tree"``), one object per name (``AuditKind("tree") is AuditKind.TREE``), with ``value``
     as an enum member has."""
 
     __slots__ = ()
     _names: dict = {}
 
-    def __new__(cls, name: str) -> "SubjectKind":
-        if isinstance(name, SubjectKind):
+    def __new__(cls, name: str) -> "AuditKind":
+        if isinstance(name, AuditKind):
             return name
         if not isinstance(name, str) or not name:
             raise ValueError(f"an audit kind is a non-empty name, not {name!r}")
@@ -159,15 +161,16 @@ class SubjectKind(str):
         return str.__str__(self)
 
     def __repr__(self) -> str:
-        return f"SubjectKind({self.value!r})"
+        return f"AuditKind({self.value!r})"
 
     def __reduce__(self):
-        return SubjectKind, (self.value,)
+        return AuditKind, (self.value,)
 
 
-SubjectKind.VERIFIER = SubjectKind("verifier")
-SubjectKind.GENERATOR = SubjectKind("generator")
-SubjectKind.TREE = SubjectKind("tree")
+AuditKind.VERIFIER = AuditKind("verifier")
+AuditKind.GENERATOR = AuditKind("generator")
+AuditKind.TREE = AuditKind("tree")
+SubjectKind = AuditKind  # its name before the result types' enum was folded into it (kept for callers)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 In a test module of your own project, one line adds the whole exactness suite for a subject of
 any audit kind that plans its checks (a verifier, a generator, a tree verifier, ...: the rows of
-``exactcheck.subjects.ENTRY_POINTS``), one reported test per check::
+``exactcheck.audit_kinds.AUDIT_KINDS``), one reported test per check::
 
     from exactcheck.pytest_plugin import audit_tests, generator_tests, verifier_tests
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from exactcheck.options import SubjectKind
+from exactcheck.options import AuditKind
 
 __all__ = ["audit_tests", "verifier_tests", "generator_tests", "SubjectSpec"]
 
@@ -50,7 +50,7 @@ class SubjectSpec:
     alone takes, such as an end-to-end audit's ``policies``)."""
 
     subject: object
-    kind: SubjectKind
+    kind: AuditKind
     name: str
     worlds: tuple[str, ...] | None = None
     level: str | None = None  # overrides --exactcheck-level for this subject
@@ -61,7 +61,7 @@ class SubjectSpec:
         return (self.kind, ident, self.worlds, level, seed, alpha)
 
 
-def _spec(subject, kind: SubjectKind, name: str | None, worlds, level, options) -> SubjectSpec:
+def _spec(subject, kind: AuditKind, name: str | None, worlds, level, options) -> SubjectSpec:
     label = name or (subject if isinstance(subject, str) else
                      getattr(subject, "name", None) or getattr(subject, "__name__", None) or type(subject).__name__)
     return SubjectSpec(subject, kind, str(label), tuple(worlds) if worlds else None, level, dict(options))
@@ -80,23 +80,23 @@ def _test_function(spec: SubjectSpec):
 def audit_tests(kind, subject, *, name: str | None = None, worlds=None, level: str | None = None, **settings):
     """A test function that pytest expands into one test per check of ``subject``'s audit of
     ``kind`` (an audit kind with a plan: ``"verifier"``, ``"generator"``, ``"tree"``, ...; see
-    ``exactcheck.subjects.ENTRY_POINTS``); ``settings`` go to the audit (``AuditOptions`` fields,
+    ``exactcheck.audit_kinds.AUDIT_KINDS``); ``settings`` go to the audit (``AuditOptions`` fields,
     or what the kind alone takes, such as an end-to-end audit's ``policies``). An unknown kind is
     a ``UsageError`` here, when the test module is collected."""
-    from exactcheck.subjects import entry_point
+    from exactcheck.audit_kinds import entry_point
     return _test_function(_spec(subject, entry_point(kind).kind, name, worlds, level, settings))
 
 
 def verifier_tests(subject, *, name: str | None = None, worlds=None, level: str | None = None, **options):
     """A test function that pytest expands into one test per check of a step-level verifier's
     audit (``exactcheck.run_audit``; ``options`` go to it, e.g. ``properties=False``)."""
-    return audit_tests(SubjectKind.VERIFIER, subject, name=name, worlds=worlds, level=level, **options)
+    return audit_tests(AuditKind.VERIFIER, subject, name=name, worlds=worlds, level=level, **options)
 
 
 def generator_tests(subject, *, name: str | None = None, worlds=None, level: str | None = None, **options):
     """A test function that pytest expands into one test per check of an end-to-end generator's
     audit (``exactcheck.run_generator_audit``; needs transformers)."""
-    return audit_tests(SubjectKind.GENERATOR, subject, name=name, worlds=worlds, level=level, **options)
+    return audit_tests(AuditKind.GENERATOR, subject, name=name, worlds=worlds, level=level, **options)
 
 
 # -- the plugin hooks ---------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def pytest_generate_tests(metafunc):
     if spec is None or _CHECK not in metafunc.fixturenames:
         return
     from exactcheck.errors import UsageError
-    from exactcheck.subjects import plan_subject
+    from exactcheck.audit_kinds import plan_subject
     try:
         names = plan_subject(spec.kind, spec.subject, **_settings(metafunc.config, spec)).names
     except UsageError:  # reported by the test itself, with the reason
@@ -159,7 +159,7 @@ class ExactcheckSession:
         return self.audits[key]
 
     def _run(self, spec: SubjectSpec, settings: dict):
-        from exactcheck.subjects import audit_subject, entry_point
+        from exactcheck.audit_kinds import audit_subject, entry_point
         # a step audit's reproduce lines name the subject as the author does; the others' are
         # commands only when that name is MODULE:CALLABLE
         named = entry_point(spec.kind).names_any_subject or ":" in spec.name
@@ -206,6 +206,6 @@ def exactcheck_audit(exactcheck_session):
     """``exactcheck_audit(subject, kind="verifier"|"generator"|"tree"|..., worlds=None, **options)``:
     the session's cached ``AuditResult`` for ``subject`` at the command line's level, seed and alpha."""
     def audit(subject, kind: str = "verifier", worlds=None, **options):
-        from exactcheck.subjects import entry_point
+        from exactcheck.audit_kinds import entry_point
         return exactcheck_session.audit(_spec(subject, entry_point(kind).kind, None, worlds, None, options))
     return audit

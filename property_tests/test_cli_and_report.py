@@ -174,7 +174,7 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
     from exactcheck.e2e.generator import DecodingPolicy
     from exactcheck.report.json_md import audit_from_json
     from exactcheck.step.reference import reference_verifier
-    from exactcheck.subjects import load_generator
+    from exactcheck.audit_kinds import load_generator
 
     def rerun(line: str, python: dict):
         if line.startswith("exactcheck "):
@@ -233,7 +233,7 @@ def test_the_greedy_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_p
 
     pytest.importorskip("transformers")
     from exactcheck.e2e.real_models import run_greedy_audit
-    from exactcheck.subjects import load_generator
+    from exactcheck.audit_kinds import load_generator
     report = tmp_path / "first"
     assert main(["greedy", "transformers-assisted", "--model", "tiny-gpt2", "--prompts", "2", "--new-tokens", "4",
                  "--per-prompt", "2", "--seed", "3", "--quiet", "--report", str(report)]) == 0

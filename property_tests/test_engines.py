@@ -154,9 +154,9 @@ def test_the_sglang_adapter_through_the_full_quick_audit():
     accepted = {v.check: v for v in result.verdicts}["three_token/accepted_length"]
     assert "rule target-only" in accepted.condition and accepted.category.value == "conformance"
     # what the pytest plugin lists for this subject is what the audit reports
-    from exactcheck.subjects import SubjectKind, plan_subject
+    from exactcheck.audit_kinds import AuditKind, plan_subject
     subject = SglangChainVerifier(sglang_kernel.tree_speculative_sampling_target_only)
-    assert plan_subject(SubjectKind.VERIFIER, subject, level="quick").names == [v.check for v in result.verdicts]
+    assert plan_subject(AuditKind.VERIFIER, subject, level="quick").names == [v.check for v in result.verdicts]
     assert [v.check for v in result.failed] == ["properties/no_forbidden_token"]
     reach = result.failed[0].reachability
     assert reach.dtype == "float32" and reach.value == 0.0 and math.isclose(reach.per_draw_probability, 2.0 ** -24)

@@ -7,8 +7,8 @@ import pytest
 from exactcheck.cli import main
 from exactcheck.errors import UsageError
 from exactcheck.gate import check_exempt, read_config
-from exactcheck.options import SubjectKind
-from exactcheck.subjects import plan_subject
+from exactcheck.options import AuditKind
+from exactcheck.audit_kinds import plan_subject
 
 REFERENCE = "exactcheck.step.reference:reference_verifier"
 
@@ -79,7 +79,7 @@ def test_a_valid_config_still_reads(tmp_path):
                              'trials = {three_token = 6000}\nmax_seconds = 30\ncall_elements = "auto"',
                    section_lines='level = "quick"\nseed = 3')
     [subject] = read_config(path)
-    assert subject.name == "sampler" and subject.kind is SubjectKind.VERIFIER and subject.target == REFERENCE
+    assert subject.name == "sampler" and subject.kind is AuditKind.VERIFIER and subject.target == REFERENCE
     assert subject.options.seed == 7 and subject.options.alpha == 0.01 and subject.level == "quick"
     assert subject.options.worlds == ("three_token", "properties/seeded_rows")
     assert subject.options.trials == (("three_token", 6000),) and "reproducibility" in subject.options.require
@@ -122,7 +122,7 @@ def test_a_tree_verifier_is_a_gate_subject(tmp_path):
                     'exempt = ["tree_iid_v3_3x1/first_token"]\n\n[[tool.exactcheck.subject]]\n'
                     'tree = "tree-mutant:tree_read_as_chain"\nworlds = ["tree_iid_v3_3x1"]\n')
     ref, mutant = read_config(path)
-    assert ref.kind is SubjectKind.TREE and ref.kind.value == "tree" and ref.options.worlds == ("tree_iid_v3_3x1",)
+    assert ref.kind is AuditKind.TREE and ref.kind.value == "tree" and ref.options.worlds == ("tree_iid_v3_3x1",)
     results = run_gate([ref, mutant], progress=False, isolate=False)
     assert [r.passed for r in results] == [True, False]
     assert {v.check for v in results[0].audit.verdicts} >= {"tree_iid_v3_3x1/sequence", "tree_iid_v3_3x1/first_token"}

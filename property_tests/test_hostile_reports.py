@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from exactcheck import run_audit
 from exactcheck.gate import GateResult, GateSubject
-from exactcheck.options import AuditOptions, Category, CheckKind, SubjectKind
+from exactcheck.options import AuditOptions, Category, CheckKind, AuditKind
 from exactcheck.reachability import Reachability
 from exactcheck.report.cost_report import COST_SCHEMA, cost_headline
 from exactcheck.report.escaping import fence, inline_code, md_cell, md_text, terminal_text, visible, xml_text
@@ -123,8 +123,8 @@ def reports(poisoned, audit) -> dict:
 def gate(audit) -> list:
     options = AuditOptions.build(level="quick")
     exempt = next(v.check for v in audit.failed if v.kind is CheckKind.PROPERTY)
-    return [GateResult(GateSubject(name=NAME, kind=SubjectKind.VERIFIER, target="m:f", options=options), audit),
-            GateResult(GateSubject(name=LINE, kind=SubjectKind.VERIFIER, target="m:f", options=options,
+    return [GateResult(GateSubject(name=NAME, kind=AuditKind.VERIFIER, target="m:f", options=options), audit),
+            GateResult(GateSubject(name=LINE, kind=AuditKind.VERIFIER, target="m:f", options=options,
                                    exempt=(exempt,)), audit)]
 
 

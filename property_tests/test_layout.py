@@ -67,7 +67,7 @@ LAYERS = (
     ("audit kinds: drives, runners, adapters", ("exactcheck.step", "exactcheck.e2e", "exactcheck.tree",
                                                 "exactcheck.serve", "exactcheck.adapters", "exactcheck.corpus",
                                                 "exactcheck.loading")),
-    ("the kinds' registry", ("exactcheck.subjects", "exactcheck.catalogue")),
+    ("the kinds' registry", ("exactcheck.audit_kinds", "exactcheck.catalogue")),
     ("front ends", ("exactcheck.cli", "exactcheck.__main__", "exactcheck.gate", "exactcheck.pytest_plugin",
                     "exactcheck")),
 )
@@ -172,8 +172,8 @@ def test_the_library_never_imports_its_cli():
 
 
 def test_front_ends_do_not_branch_on_the_kind_of_subject():
-    """The CLI, the gate and the plugin hand a ``SubjectKind`` to one entry point
-    (``exactcheck.subjects``); none compares a kind with a string or names a runner."""
+    """The CLI, the gate and the plugin hand a ``AuditKind`` to one entry point
+    (``exactcheck.audit_kinds``); none compares a kind with a string or names a runner."""
     for front in ("cli.py", "gate.py", "pytest_plugin.py"):
         text = (PACKAGE / front).read_text()
         for needle in ('== "verifier"', '== "generator"', "step.runner", "e2e.runner", "run_audit(",
@@ -260,15 +260,15 @@ def test_options_refuse_bad_values_with_the_rule():
 
 def test_an_entry_point_refuses_a_setting_its_kind_does_not_take():
     from exactcheck.errors import UsageError
-    from exactcheck.subjects import SubjectKind, entry_point
+    from exactcheck.audit_kinds import AuditKind, entry_point
     with pytest.raises(UsageError, match="a generator audit takes no call_elements"):
-        entry_point(SubjectKind.GENERATOR).split({"call_elements": 100})
-    options, own = entry_point(SubjectKind.GENERATOR).split({"level": "standard", "greedy": False})
+        entry_point(AuditKind.GENERATOR).split({"call_elements": 100})
+    options, own = entry_point(AuditKind.GENERATOR).split({"level": "standard", "greedy": False})
     assert options.level.value == "standard" and own == {"greedy": False}
 
 
 def test_front_ends_name_no_audit_kind_and_no_runner():
-    """The audit kinds are the rows of ``exactcheck.subjects.ENTRY_POINTS``: the CLI, the gate and
+    """The audit kinds are the rows of ``exactcheck.audit_kinds.AUDIT_KINDS``: the CLI, the gate and
     the plugin import no kind's runner or entry module (imports inside functions counted), compare
     no kind or command with a string and keep no table of the audits' commands."""
     kinds = ("audit", "e2e", "tree", "greedy", "grammar", "cost", "selftest", "verifier", "generator")
@@ -287,15 +287,20 @@ def test_front_ends_name_no_audit_kind_and_no_runner():
 
 def test_every_audit_kind_is_a_row_its_command_is_built_from(capsys):
     """Each row's command is a sub-command offering the row's arguments, its reproduce-line
-    builder lives in ``exactcheck.reproduce``, its result type resolves, and the gate takes the
-    kinds that say so (with a plan to match exemptions against)."""
+    builder is callable, its result type resolves (and reads back from a report by the label it
+    registered), its catalogue part is in ``exactcheck list``, and the gate takes the kinds that
+    say so (with a plan to match exemptions against). A new kind needs no edit here."""
     import argparse
 
+    from exactcheck.catalogue_listing import LISTING
     from exactcheck.cli import main
-    from exactcheck.subjects import ENTRY_POINTS, entry_point, gate_kinds
-    assert [e.command for e in ENTRY_POINTS.values()] == ["audit", "selftest", "tree", "tree-loop", "e2e", "greedy",
-                                                          "grammar", "serve", "cost"]
-    for kind, entry in ENTRY_POINTS.items():
+    from exactcheck.report.result import AuditResult, result_type
+    from exactcheck.audit_kinds import AUDIT_KINDS, entry_point, gate_kinds
+    commands = [e.command for e in AUDIT_KINDS.values()]
+    assert len(set(commands)) == len(commands)
+    assert {"audit", "selftest", "tree", "tree-loop", "e2e", "greedy", "grammar", "serve", "cost"} <= set(commands)
+    assert all(line in LISTING.splitlines() for e in AUDIT_KINDS.values() if e.catalogue for line in e.catalogue()[:1])
+    for kind, entry in AUDIT_KINDS.items():
         assert entry.kind is kind and entry_point(kind.value) is entry and entry_point(entry.command) is entry
         own = argparse.ArgumentParser(add_help=False)
         entry.arguments(own)
@@ -304,19 +309,22 @@ def test_every_audit_kind_is_a_row_its_command_is_built_from(capsys):
         shown = capsys.readouterr().out
         assert shown.startswith(f"usage: exactcheck {entry.command} ")
         assert all(option in shown for action in own._actions for option in action.option_strings)
-        assert entry.reproduce.__module__ == "exactcheck.reproduce"
+        assert callable(entry.reproduce)  # a builder in exactcheck.reproduce, or the kind's own
         assert isinstance(entry.result_type(), type)
+        if issubclass(entry.result_type(), AuditResult):  # a result type reads back by the label it registered
+            assert entry.result_type().kind is entry.kind
+            assert result_type({"kind": entry.result_type().label}) is entry.result_type()
     assert set(gate_kinds()) == {"verifier", "generator", "tree", "serve"}
-    assert all(ENTRY_POINTS[kind].plan is not None for kind in gate_kinds())
+    assert all(AUDIT_KINDS[kind].plan is not None for kind in gate_kinds())
 
 
 def _toy_row(calls: list):
     """An audit kind no front end has heard of, as one registry row."""
     from exactcheck import arguments
-    from exactcheck.options import AlphaBudget, AuditPlan, Check, CheckKind, SubjectKind
+    from exactcheck.options import AlphaBudget, AuditPlan, Check, CheckKind, AuditKind
     from exactcheck.report.result import TreeAuditResult
     from exactcheck.reproduce import tree_audit_line
-    from exactcheck.subjects import EntryPoint
+    from exactcheck.audit_kinds import EntryPoint
 
     def add(parser):
         parser.add_argument("subject")
@@ -332,7 +340,7 @@ def _toy_row(calls: list):
                                alpha=options.alpha, device=options.device, verdicts=(), started="", duration_s=0.0,
                                environment={})
 
-    return EntryPoint(SubjectKind("toy"), "toy", "a toy audit kind", add,
+    return EntryPoint(AuditKind("toy"), "toy", "a toy audit kind", add,
                       lambda args: dict(level=args.level, seed=args.seed, colour=args.colour, progress=not args.quiet),
                       lambda name: ("loaded", name), plan, run, "exactcheck.report.result:TreeAuditResult",
                       tree_audit_line, "toy-", options=("level", "seed", "alpha", "worlds"),
@@ -347,22 +355,22 @@ def test_a_new_audit_kind_is_one_registry_row(tmp_path, monkeypatch, capsys):
     from exactcheck.cli import main
     from exactcheck.errors import UsageError
     from exactcheck.gate import read_config, run_gate
-    from exactcheck.options import SubjectKind
+    from exactcheck.options import AuditKind
     from exactcheck.pytest_plugin import audit_tests
-    from exactcheck.subjects import ENTRY_POINTS, plan_subject
+    from exactcheck.audit_kinds import AUDIT_KINDS, plan_subject
     calls = []
-    monkeypatch.setitem(ENTRY_POINTS, SubjectKind("toy"), _toy_row(calls))
+    monkeypatch.setitem(AUDIT_KINDS, AuditKind("toy"), _toy_row(calls))
     assert main(["toy", "thing", "--colour", "red", "--quiet"]) == 0
     assert calls == [(("loaded", "thing"), "thing", "quick", "red")]
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.exactcheck]\ndevice = "cpu"\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "red"\n')
     (subject,) = read_config(config, device="cpu")  # the shared settings go where the kind takes them
-    assert subject.kind is SubjectKind("toy") and subject.settings == {"colour": "red"}
+    assert subject.kind is AuditKind("toy") and subject.settings == {"colour": "red"}
     assert run_gate([subject], progress=False)[0].passed and calls[-1] == (("loaded", "thing"), "thing", "quick", "red")
     config.write_text('[tool.exactcheck]\n[[tool.exactcheck.subject]]\ntoy = "thing"\ncolour = "green"\n')
     with pytest.raises(UsageError, match=r"colour \('green'\) must be red or blue"):
         read_config(config)
     test = audit_tests("toy", "thing", colour="red")
-    assert test.__exactcheck_spec__.kind is SubjectKind("toy")
+    assert test.__exactcheck_spec__.kind is AuditKind("toy")
     assert plan_subject("toy", "thing", level="quick", colour="red").names == ["red/law"]
     capsys.readouterr()

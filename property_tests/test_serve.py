@@ -273,7 +273,7 @@ def test_every_serve_setting_is_declared_once_and_read_by_each_front_end(capsys)
 
     from exactcheck.cli import main
     from exactcheck.serve import entry, settings
-    from exactcheck.subjects import entry_point
+    from exactcheck.audit_kinds import entry_point
     names = [s.name for s in settings.SETTINGS]
     assert [f.name for f in dataclasses.fields(settings.ServeSettings)] == names
     assert settings.ServeSettings().n_probs == 256 and settings.ServeSettings().samplings == settings.DEFAULT_SAMPLINGS

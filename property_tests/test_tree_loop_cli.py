@@ -1,4 +1,4 @@
-"""``exactcheck tree-loop``: the tree generation audit as one row of ``ENTRY_POINTS`` (its command, exit
+"""``exactcheck tree-loop``: the tree generation audit as one row of ``AUDIT_KINDS`` (its command, exit
 codes, reports, reproduce lines, the listing and the plugin's plan), on the dynamic EAGLE-2 world."""
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from exactcheck.cli import main
 from exactcheck.report.result import TreeLoopAuditResult, result_type
-from exactcheck.subjects import ENTRY_POINTS, audit_subject, entry_point, plan_subject
+from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point, plan_subject
 
 DYNAMIC = "tree_topk_dynamic_v5_eagle2"
 
@@ -53,7 +53,7 @@ def test_a_usage_error_exits_2_with_one_line(capsys, argv, said):
 
 def test_the_kind_is_one_registry_row_the_plugin_plans_by_and_the_listing_names():
     entry = entry_point("tree-loop")
-    assert entry in ENTRY_POINTS.values() and entry.result_type() is TreeLoopAuditResult
+    assert entry in AUDIT_KINDS.values() and entry.result_type() is TreeLoopAuditResult
     plan = plan_subject("tree-loop", "tree-loop-reference", level="quick", worlds=[DYNAMIC], require=[])
     result = audit_subject("tree-loop", "tree-loop-reference", level="quick", worlds=[DYNAMIC], generations=10,
                            progress=False)

@@ -411,6 +411,6 @@ def _exactness(generator, model, toy, target, draft, all_prompts, prompts, new_t
         result = run_generator_audit(generator, level="quick", seed=seed, worlds=[toy.name], device=str(device),
                                      progress=progress)
     tvs = [v.tv_estimate for v in result.verdicts if v.tv_estimate is not None and v.outcome.failed]
-    return {"kind": result.kind.value, "passed": result.passed, "checks": len(result.verdicts),
+    return {"kind": result.label, "passed": result.passed, "checks": len(result.verdicts),
             "failed": [v.check for v in result.failed], "tv": max(tvs) if tvs else None,
             "summary": {v.check: v.outcome.value for v in result.verdicts}}

@@ -1,4 +1,4 @@
-"""The generator audits' rows of ``exactcheck.subjects.ENTRY_POINTS``: ``exactcheck e2e`` (the toy
+"""The generator audits' rows of ``exactcheck.audit_kinds.AUDIT_KINDS``: ``exactcheck e2e`` (the toy
 model worlds), ``greedy`` (greedy identity on real models), ``grammar`` (SmolLM2 under an xgrammar
 mask) and ``cost`` (the speed claim next to the exactness verdict): their command-line arguments,
 their settings from the parsed command line, how they plan, run and show their results. Light:
@@ -250,3 +250,29 @@ def show_cost(data: dict, args, stem: str) -> int:
     if args.report:
         write_and_list(data, args.report, stem)
     return EXIT_PASS
+
+
+def catalogue() -> list[str]:
+    """The e2e kind's part of ``exactcheck list``: model and tokenizer worlds, generators, loop mutants."""
+    try:
+        from exactcheck.e2e.plan import all_model_worlds as model_worlds
+    except ImportError:  # transformers is not installed: no end-to-end worlds
+        model_worlds = tuple
+    lines = ["model worlds (`exactcheck e2e`; toy LMs as transformers models; need transformers):"]
+    lines += [f"  {w.name:<26} {w.description}" for w in model_worlds()]
+    if model_worlds is not tuple:
+        lines.append("tokenizer worlds (a generator declaring different_tokenizers; two vocabularies, need tokenizers):")
+        lines += [f"  {w.name:<26} {w.description}" for w in model_worlds(different_tokenizers=True)]
+    from exactcheck.loading import builtin_generators, loop_mutants
+    lines.append("generators (`exactcheck e2e NAME`, `exactcheck greedy NAME`):")
+    lines += [f"  {name:<26} {g.name}" + (" [lossy by design]" if getattr(g, "lossy", False) else "")
+              for name, g in builtin_generators().items()]
+    for m in loop_mutants():
+        doc = " ".join(type(m).__doc__.split())
+        lines.append(f"  loop-mutant:{m.name.split(': ')[1]:<22} {doc[:110] + ('...' if len(doc) > 110 else '')}")
+    return lines
+
+
+def greedy_catalogue() -> list[str]:
+    """The greedy kind's part of ``exactcheck list``: the real model pairs."""
+    return [f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}"]

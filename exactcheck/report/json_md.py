@@ -26,7 +26,7 @@ GATE_SCHEMA = "exactcheck.gate/1"
 def audit_to_json(result: AuditResult) -> dict:
     return {
         "schema": AUDIT_SCHEMA,
-        "kind": result.kind.value,
+        "kind": result.label,
         "subject": result.subject,
         "level": result.level,
         "seed": result.seed,

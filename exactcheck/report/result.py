@@ -15,27 +15,19 @@ kind from which fields are empty. ``result_type`` picks the type when a report i
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from exactcheck.options import DEFAULT_REQUIRE, AuditOptions, CheckKind, PseudoWorld, SubjectKind
+from exactcheck.options import DEFAULT_REQUIRE, AuditOptions, CheckKind, PseudoWorld, AuditKind
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["AuditKind", "AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
+__all__ = ["AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
            "TreeLoopAuditResult", "GrammarAuditResult", "ServeAuditResult", "result_type", "GateSubject", "GateResult",
            "SelftestResult"]
 
 
-class AuditKind(enum.Enum):
-    STEP = "step"
-    END_TO_END = "end-to-end"
-    GREEDY = "greedy"
-    GRAMMAR = "grammar"
-    TREE = "tree"
-    TREE_LOOP = "tree-loop"
-    SERVE = "serve"
+_REGISTERED: dict[str, type] = {}  # label -> result type (``AuditResult.__init_subclass__``)
 
 
 @dataclass(frozen=True)
@@ -44,7 +36,8 @@ class AuditResult:
     which finding categories gate pass/fail. ``alpha`` is None for an audit of deterministic
     checks only; ``level`` is None where an audit has no levels."""
 
-    kind: ClassVar[AuditKind]
+    kind: ClassVar[AuditKind]  # the audit kind: its row in ``exactcheck.audit_kinds.AUDIT_KINDS``
+    label: ClassVar[str]  # the kind as a JSON report names it ("kind": the schema's word, kept stable)
     unit: ClassVar[str]  # what a sample is: trials, generations, runs, outputs
     command: ClassVar[str]  # the ``exactcheck`` command that runs this kind: what titles name
 
@@ -62,6 +55,17 @@ class AuditResult:
     # the finding categories that decide pass/fail (Category values); others are shown only
     require: tuple[str, ...] = DEFAULT_REQUIRE
     interrupted: bool = False  # Ctrl-C ended the audit: a partial report, marked incomplete, never a pass
+
+    def __init_subclass__(cls, **keywords):
+        """A result type registers itself by its label, so that a JSON report of its kind reads back
+        (``result_type``) wherever the class is defined: a new kind's result type is its own."""
+        super().__init_subclass__(**keywords)
+        label = cls.__dict__.get("label")
+        if label is not None:
+            known = _REGISTERED.setdefault(label, cls)
+            if known is not cls and known.__qualname__ != cls.__qualname__:
+                raise TypeError(f"two result types are labelled {label!r}: {known.__qualname__}, {cls.__qualname__}")
+            _REGISTERED[label] = cls
 
     def gates(self, verdict: Verdict) -> bool:
         """Whether ``verdict`` fails this audit: a failed outcome in a required category."""
@@ -148,7 +152,8 @@ class AuditResult:
 
 @dataclass(frozen=True)
 class StepAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.STEP
+    kind: ClassVar[AuditKind] = AuditKind.VERIFIER
+    label: ClassVar[str] = "step"
     unit: ClassVar[str] = "trials"
     command: ClassVar[str] = "audit"
 
@@ -193,7 +198,8 @@ class StepAuditResult(AuditResult):
 
 @dataclass(frozen=True)
 class GeneratorAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.END_TO_END
+    kind: ClassVar[AuditKind] = AuditKind.GENERATOR
+    label: ClassVar[str] = "end-to-end"
     unit: ClassVar[str] = "generations"
     command: ClassVar[str] = "e2e"
 
@@ -203,7 +209,8 @@ class GeneratorAuditResult(AuditResult):
 
 @dataclass(frozen=True)
 class GreedyAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.GREEDY
+    kind: ClassVar[AuditKind] = AuditKind("greedy")
+    label: ClassVar[str] = "greedy"
     unit: ClassVar[str] = "greedy runs"
     command: ClassVar[str] = "greedy"
 
@@ -213,7 +220,8 @@ class GreedyAuditResult(AuditResult):
 
 @dataclass(frozen=True)
 class GrammarAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.GRAMMAR
+    kind: ClassVar[AuditKind] = AuditKind("grammar")
+    label: ClassVar[str] = "grammar"
     unit: ClassVar[str] = "sampled outputs"
     command: ClassVar[str] = "grammar"
 
@@ -225,6 +233,7 @@ class GrammarAuditResult(AuditResult):
 @dataclass(frozen=True)
 class TreeAuditResult(AuditResult):
     kind: ClassVar[AuditKind] = AuditKind.TREE
+    label: ClassVar[str] = "tree"
     unit: ClassVar[str] = "trials"
     command: ClassVar[str] = "tree"
 
@@ -238,7 +247,8 @@ class TreeLoopAuditResult(AuditResult):
     """A tree generator audited end to end through cached tree models (``exactcheck tree-loop``,
     ``exactcheck.tree.generation_audit``)."""
 
-    kind: ClassVar[AuditKind] = AuditKind.TREE_LOOP
+    kind: ClassVar[AuditKind] = AuditKind("tree-loop")
+    label: ClassVar[str] = "tree-loop"
     unit: ClassVar[str] = "generations"
     command: ClassVar[str] = "tree-loop"
 
@@ -251,7 +261,8 @@ class TreeLoopAuditResult(AuditResult):
 class ServeAuditResult(AuditResult):
     """A served system audited over HTTP against a reference (``exactcheck.serve``)."""
 
-    kind: ClassVar[AuditKind] = AuditKind.SERVE
+    kind: ClassVar[AuditKind] = AuditKind("serve")
+    label: ClassVar[str] = "serve"
     unit: ClassVar[str] = "requests"
     command: ClassVar[str] = "serve"
     reference: str = ""  # the reference endpoint the laws came from
@@ -265,17 +276,18 @@ class ServeAuditResult(AuditResult):
         return {**super().budget_fields(), "reference": self.reference, "traffic": self.traffic}
 
 
-_TYPES = {t.kind: t for t in (StepAuditResult, GeneratorAuditResult, GreedyAuditResult, GrammarAuditResult,
-                              TreeAuditResult, TreeLoopAuditResult, ServeAuditResult)}
-
-
 def result_type(data: dict) -> type[AuditResult]:
-    """The result type of a JSON report; reports written before ``kind`` existed are told apart
-    by the fields they had (level "greedy"/"grammar", a planned detectable TV)."""
-    if "kind" in data:
-        return _TYPES[AuditKind(data["kind"])]
-    if data.get("level") in ("greedy", "grammar"):
-        return _TYPES[AuditKind(data["level"])]
+    """The result type of a JSON report, by the label its class registered (``AuditResult``
+    subclasses register themselves); reports written before ``kind`` existed are told apart by the
+    fields they had (level "greedy"/"grammar", a planned detectable TV)."""
+    label = data.get("kind")
+    if label is None and data.get("level") in ("greedy", "grammar"):
+        label = data["level"]
+    if label is not None:
+        if label not in _REGISTERED:
+            raise ValueError(f"a report of an audit kind this exactcheck does not know ({label!r}); known: "
+                             f"{', '.join(_REGISTERED)}")
+        return _REGISTERED[label]
     return StepAuditResult if data.get("budget", {}).get("detect_tv") else GeneratorAuditResult
 
 
@@ -284,7 +296,7 @@ def result_type(data: dict) -> type[AuditResult]:
 @dataclass(frozen=True)
 class GateSubject:
     name: str
-    kind: SubjectKind
+    kind: AuditKind
     target: str  # MODULE:CALLABLE or a built-in generator name
     options: AuditOptions
     settings: dict = field(default_factory=dict, hash=False)  # what only this kind takes (e.g. policies)

@@ -1,4 +1,4 @@
-"""The serve audit's row of ``exactcheck.subjects.ENTRY_POINTS`` (``exactcheck serve URL``): its
+"""The serve audit's row of ``exactcheck.audit_kinds.AUDIT_KINDS`` (``exactcheck serve URL``): its
 command-line arguments, its settings from the parsed command line, the subject (a URL, checked to
 be one), its plan and its run. Light: the runner is imported when an audit runs."""
 from __future__ import annotations
@@ -92,3 +92,16 @@ def run(subject, options: AuditOptions, *, subject_name=None, progress: bool = T
     from exactcheck.serve.runner import run_serve_audit
     return run_serve_audit(subject, options=options, settings=settings.ServeSettings(**own), progress=progress,
                            subject_name=subject_name)
+
+
+def catalogue() -> list[str]:
+    """This kind's part of ``exactcheck list``: the default prompts and samplings, the proxy mutants."""
+    from exactcheck.serve.mutants import PROXY_MUTANTS
+    from exactcheck.serve.runner import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS
+    lines = ["served systems (`exactcheck serve URL [--reference URL2]`; llama.cpp's /completion or OpenAI's "
+             "/v1/completions): one world per prompt and sampling"]
+    lines.append(f"  prompts (tokenized by the server; --prompt, --prompt-ids): {', '.join(map(repr, DEFAULT_PROMPTS))}")
+    lines.append(f"  samplings (--sampling): {'; '.join(s.describe() for s in DEFAULT_SAMPLINGS)}")
+    lines.append("served-system mutants (HTTP proxies in front of a correct server: exactcheck.serve.mutants):")
+    lines += [f"  {m.name:<26} {m.defect}" for m in PROXY_MUTANTS.values()]
+    return lines

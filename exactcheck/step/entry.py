@@ -1,4 +1,4 @@
-"""The step audits' rows of ``exactcheck.subjects.ENTRY_POINTS``: ``exactcheck audit`` (a
+"""The step audits' rows of ``exactcheck.audit_kinds.AUDIT_KINDS``: ``exactcheck audit`` (a
 step-level verifier) and ``exactcheck selftest`` (the reference and every mutant): their
 command-line arguments, their settings from the parsed command line, how they plan and run, and
 the selftest's own presentation. Light: the runners are imported when an audit runs."""
@@ -108,3 +108,22 @@ def selftest_main(args, stem: str, audit) -> int:
         print(f"exactcheck: selftest interrupted ({done}){where}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_PASS if result.passed else EXIT_DEFECT
+
+
+def catalogue() -> list[str]:
+    """This kind's part of ``exactcheck list``: the step worlds, properties and verifier mutants."""
+    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
+    from exactcheck.step.properties import PROPERTIES
+    from exactcheck.suite import default_worlds, large_worlds
+    lines = ["worlds:"]
+    lines += [f"  {w.name:<26} {w.description}" for w in default_worlds()]
+    lines.append("large worlds (audited when named with --world; chain-rule tests):")
+    lines += [f"  {w.name:<26} {w.description}" for w in large_worlds()]
+    lines.append("properties (deterministic, forced random numbers):")
+    lines += [f"  properties/{name}" for name in PROPERTIES]
+    lines.append("mutants:")
+    lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]
+    lines.append("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
+    lines += [f"  {m.name:<26} {m.defect} (exactcheck.step.mutants:{importable_name(m.name)})"
+              for m in SMALL_BIAS_MUTANTS.values()]
+    return lines

@@ -1,4 +1,4 @@
-"""The tree audit's row of ``exactcheck.subjects.ENTRY_POINTS`` (``exactcheck tree``, the gate's
+"""The tree audit's row of ``exactcheck.audit_kinds.AUDIT_KINDS`` (``exactcheck tree``, the gate's
 ``tree = "..."``): its command-line arguments, its settings from the parsed command line, how a
 tree verifier is loaded by name, planned and audited. Light: the runner is imported when an audit
 runs (it resolves the device once, ``exactcheck.tree.runner.run_tree_audit``)."""
@@ -45,3 +45,17 @@ def plan(subject, options: AuditOptions) -> AuditPlan:
 def run(subject, options: AuditOptions, *, executor=None, **keywords):
     from exactcheck.tree.runner import run_tree_audit
     return run_tree_audit(subject, options=options, **keywords)
+
+
+def catalogue() -> list[str]:
+    """This kind's part of ``exactcheck list``: tree worlds, tree rules, tree verifiers."""
+    from exactcheck.tree.rules import TREE_RULES
+    from exactcheck.tree.subjects import builtin_tree_verifiers
+    from toy_models.tree_worlds import tree_worlds
+    lines = ["tree worlds (`exactcheck tree`; siblings drawn as the subject declares):"]
+    lines += [f"  {w.name:<26} {w.siblings} siblings, {w.shape_name}, "
+              f"V={w.vocab_size}, {w.length} tokens" + (", greedy target" if w.greedy else "") for w in tree_worlds()]
+    lines.append(f"tree rules (`exactcheck tree --rule`): {', '.join(TREE_RULES)}")
+    lines.append("tree verifiers (`exactcheck tree NAME`):")
+    lines += [f"  {name}" for name in builtin_tree_verifiers()]
+    return lines

