@@ -237,7 +237,10 @@ def _replay(args) -> int:
 
 
 def _render(args) -> int:
+    from exactcheck.audit_kinds import AUDIT_KINDS
     from exactcheck.report.formats import renderer
+    for entry in AUDIT_KINDS.values():  # every kind's result type registered, wherever it lives
+        entry.result_type()
     data = _read_json(args.report)
     try:
         render = renderer(data.get("schema"), args.format)
