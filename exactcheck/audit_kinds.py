@@ -34,6 +34,7 @@ from exactcheck.step import entry as step
 from exactcheck.tree import entry as tree
 from exactcheck.tree import loop_entry as tree_loop
 from exactcheck.serve import entry as serve
+from exactcheck.recurrent import entry as recurrent
 
 __all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "AuditKind",
            "EntryPoint", "AUDIT_KINDS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
@@ -180,6 +181,13 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
         options=("seed", "device"), settings=("prompts", "samples")),
+    EntryPoint(
+        AuditKind("recurrent"), "recurrent", "audit a generator over hybrid models with a recurrent state (conv "
+                                             "windows, gated recurrences): laws, the state's rollback at every "
+                                             "forward call, greedy identity",
+        recurrent.recurrent_arguments, recurrent.recurrent_settings, recurrent.load, recurrent.plan, recurrent.run,
+        "exactcheck.recurrent.result:RecurrentAuditResult", recurrent.reproduce_line, "recurrent-",
+        options=recurrent.OPTIONS, settings=("greedy",), gate=True, catalogue=recurrent.catalogue),
     EntryPoint(
         AuditKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
                                        "with speculation off: continuation laws, greedy identity, logprobs",
