@@ -20,6 +20,7 @@ import concurrent.futures as futures
 import hashlib
 import json
 import os
+import shlex
 import threading
 import time
 import urllib.error
@@ -30,14 +31,37 @@ from typing import Iterable
 
 from exactcheck.errors import ExactcheckError
 
-__all__ = ["EndpointError", "Client", "Exchange", "ClientStats"]
+__all__ = ["EndpointError", "Client", "Exchange", "ClientStats", "curl_line", "MAX_ANSWER_BYTES"]
 
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
 class EndpointError(ExactcheckError):
     """An endpoint that could not be used: down, the wrong model, an answer that is not the API's
-    (one line for the user, exit 2), or a request that failed after every retry."""
+    (one line for the user, exit 2), or a request that failed after every retry.
+
+    ``server_fault``: the server failed a request it had to answer (5xx or a dropped or refused
+    connection after every retry, a time-out, an answer that is not JSON, too large, or that never
+    ends): once the audit is under way this is a finding of the server, not the user's mistake.
+    ``requests``: the requests in flight when it failed, (url, body) each, the failing one first."""
+
+    def __init__(self, message: str, *, server_fault: bool = False, requests: tuple = ()):
+        super().__init__(message)
+        self.server_fault, self.requests = server_fault, tuple(requests)
+
+    def with_requests(self, requests) -> "EndpointError":
+        return EndpointError(str(self), server_fault=self.server_fault, requests=tuple(requests))
+
+
+MAX_ANSWER_BYTES = 64 << 20  # an answer larger than this is the server's fault, never read whole
+
+
+def curl_line(url: str, body: dict | None) -> str:
+    """The request as a ``curl`` command that sends it again."""
+    if body is None:
+        return f"curl -s {shlex.quote(url)}"
+    text = json.dumps({k: v for k, v in body.items() if not k.startswith("exactcheck_")}, separators=(",", ":"))
+    return f"curl -s {shlex.quote(url)} -H 'Content-Type: application/json' -d {shlex.quote(text)}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +114,7 @@ class Client:
         self.journal_path = Path(journal) if journal is not None else None
         self._held: dict[str, dict] = {}
         self._write_lock = threading.Lock()
+        self._in_flight: dict[int, tuple[str, dict]] = {}  # the requests sent and not yet answered
         self._journal = None
         if self.journal_path is not None:
             self.journal_path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,6 +188,10 @@ class Client:
                         results[running.pop(f)] = f.result()
             for f in futures.as_completed(list(running)):
                 results[running.pop(f)] = f.result()
+        except EndpointError as exc:  # name the requests that were in flight with the failing one
+            with self.stats.lock:
+                others = [r for r in self._in_flight.values() if r not in exc.requests]
+            raise exc.with_requests(list(exc.requests) + others) from None
         except KeyboardInterrupt:
             for f in running:  # the requests already sent: wait for their answers and journal them
                 try:
@@ -180,7 +209,16 @@ class Client:
 
     def _exchange(self, base: str, path: str, body: dict) -> Exchange:
         begun = time.monotonic()
-        answer = self._send(base, path, body)
+        token = object()
+        with self.stats.lock:
+            self._in_flight[id(token)] = (base.rstrip("/") + path, body)
+        try:
+            answer = self._send(base, path, body)
+        except EndpointError as exc:
+            raise exc.with_requests([(base.rstrip("/") + path, body)]) from None
+        finally:
+            with self.stats.lock:
+                self._in_flight.pop(id(token), None)
         seconds = time.monotonic() - begun
         exchange = Exchange(base, path, body, answer, seconds)
         with self.stats.lock:
@@ -216,13 +254,13 @@ class Client:
                                              headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    text = response.read().decode("utf-8", "replace")
+                    text = self._read_bounded(response, url).decode("utf-8", "replace")
             except urllib.error.HTTPError as exc:
-                detail = exc.read().decode("utf-8", "replace")[:200] if exc.fp is not None else ""
+                detail = exc.read(4096).decode("utf-8", "replace")[:200] if exc.fp is not None else ""
                 last = f"HTTP {exc.code} from {url}: {detail.strip()}"
                 if exc.code in _RETRY_STATUS:
                     continue
-                raise EndpointError(last) from None
+                raise EndpointError(last) from None  # a 4xx: the request refused (the user's settings)
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
                 last = f"{url}: {reason}"
@@ -233,11 +271,28 @@ class Client:
                 answer = json.loads(text)
             except ValueError:
                 raise EndpointError(f"{url} did not answer JSON (got {text[:80]!r}): is it an OpenAI-compatible "
-                                    f"or llama.cpp server?") from None
+                                    f"or llama.cpp server?", server_fault=True) from None
             if not isinstance(answer, dict) and not (listing and isinstance(answer, list)):
-                raise EndpointError(f"{url} answered a JSON {type(answer).__name__}, not an object")
+                raise EndpointError(f"{url} answered a JSON {type(answer).__name__}, not an object", server_fault=True)
             return answer
-        raise EndpointError(f"no answer after {self.retries + 1} tries: {last}")
+        raise EndpointError(f"no answer after {self.retries + 1} tries: {last}", server_fault=True)
+
+    def _read_bounded(self, response, url: str) -> bytes:
+        """The body, read within the request's time-out and at most ``MAX_ANSWER_BYTES`` (a body that
+        never ends, or of gigabytes, is the server's fault: an ``EndpointError``, never a hang)."""
+        deadline = time.monotonic() + self.timeout
+        chunks, size = [], 0
+        while True:
+            chunk = response.read1(1 << 16) if hasattr(response, "read1") else response.read(1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise EndpointError(f"{url} answered more than {MAX_ANSWER_BYTES >> 20} MiB", server_fault=True)
+            if time.monotonic() > deadline:
+                raise EndpointError(f"{url} was still sending its answer after {self.timeout:g} s (a body that "
+                                    "never ends)", server_fault=True)
+            chunks.append(chunk)
 
 
 def _completion_tokens(answer: dict) -> int:

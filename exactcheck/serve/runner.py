@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from exactcheck.audit_run import AuditRun
-from exactcheck.core import not_run_verdict, run_environment
+from exactcheck.core import not_run_verdict, run_environment, unreached_verdicts
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, CheckKind, derive_seed
 from exactcheck.reproduce import serve_audit_line
@@ -30,7 +30,8 @@ from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion
 from exactcheck.serve.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
-                                       logprob_verdict, seed_verdict, settings_verdict, speculation_verdict)
+                                       logprob_verdict, seed_verdict, server_failed_verdict, settings_verdict,
+                                       speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "serve_checks", "serve_budget",
@@ -174,8 +175,18 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 run.add(settings_verdict(audited.speculation_settings(), dict(
                     world="server", seed=options.seed, reproduce=reproduce("server"))))
     except EndpointError as exc:  # the server went away, or answered what the audit cannot use
-        kept = f"; the answers so far are in {settings.journal}: rerun with --resume" if settings.journal else ""
-        raise UsageError(f"{url}: {exc}{kept}") from None
+        if not (exc.server_fault and audited is not None):  # a refused request: the user's settings
+            kept = f"; the answers so far are in {settings.journal}: rerun with --resume" if settings.journal else ""
+            raise UsageError(f"{url}: {exc}{kept}") from None
+        # a server that stops answering valid requests mid-audit: its finding, with what was drawn so far
+        failing = exc.requests[0][0] if exc.requests else url
+        role, server = ("reference", reference_url) if reference_url != url and failing.startswith(
+            reference_url.rstrip("/")) else ("audited", url)
+        run.close_bars()
+        run.add(server_failed_verdict(exc, server, role, client.stats.sent + client.stats.from_journal, options.seed,
+                                      settings.journal))
+        run.extend(unreached_verdicts(run.checks, run.pending, options.seed, reproduce, (
+            f"not run: the {role} server stopped answering before this check")))
     finally:
         run.close_bars()
         client.close()

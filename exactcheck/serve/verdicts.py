@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from exactcheck.core import sample_law_verdict
-from exactcheck.options import Category, CheckKind
+from exactcheck.options import Category, CheckKind, PseudoWorld
 from exactcheck.reachability import observed_in
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
 from exactcheck.serve.continuation_law import ContinuationLaw
@@ -241,3 +241,21 @@ def seed_verdict(pairs: list[tuple[int, tuple[int, ...], tuple[int, ...]]], base
         f"{len(differ)} of {len(pairs)} requests gave other tokens the second time with the same seed (seed {seed}: "
         f"{list(a)} then {list(b)})"), **common, evidence=FindingEvidence(
             pvalue=0.0, reachability=observed_in(len(differ), len(pairs), "repeats that differ:")))
+
+
+def server_failed_verdict(error, server: str, role: str, sent: int, seed: int, journal: str | None) -> Verdict:
+    """The audited (or reference) server stopped answering a valid request mid-audit: 5xx or refused
+    connections after every retry, a time-out storm, an answer that is not JSON, too large or never
+    ending. The most severe finding a server can have: a crash verdict (exit 1), never a usage
+    error; the requests in flight are named as ``curl`` lines that send them again."""
+    from exactcheck.serve.client import curl_line
+    lines = [curl_line(url, body) for url, body in error.requests[:4]]
+    resume = f"; the answers so far are in {journal}: rerun with --resume against a restarted server" if journal \
+        else "; give --journal (or --report) to resume against a restarted server"
+    return Verdict(check=f"{PseudoWorld.PROCESS.value}/server_answers", law="server_answers",
+                   world=PseudoWorld.PROCESS.value, seed=seed, samples=sent, kind=CheckKind.CONTRACT,
+                   condition=f"every request the audit sends to the {role} server ({server})",
+                   outcome=Outcome.CRASHED, evidence=FindingEvidence(pvalue=0.0),
+                   summary=(f"the {role} server stopped answering valid requests after {sent:,} answers: {error}"
+                            f"{resume}. Requests in flight: " + " ; ".join(lines or ["(none recorded)"])),
+                   reproduce=lines[0] if lines else "")
