@@ -86,13 +86,14 @@ def server_args(model, *, draft=None, spec_type=None, draft_sampling=None, draft
 
 @contextlib.contextmanager
 def llama_server(model, *, draft=None, spec_type=None, draft_sampling=None, draft_max=None,
-                 extra_args=(), port=None, health_timeout: float = HEALTH_TIMEOUT_S):
+                 extra_args=(), port=None, health_timeout: float = HEALTH_TIMEOUT_S, started=None):
     """Run llama-server on 127.0.0.1; yield its base URL (``http://127.0.0.1:PORT``); always stop it.
 
     ``draft``: a draft GGUF (``--spec-draft-model``; ``spec_type`` then defaults to ``draft-simple``).
     ``spec_type``: ``--spec-type`` (``ngram-simple``, ``ngram-map-k``, ``ngram-mod``, ...).
     ``draft_sampling``: ``greedy`` or ``probabilistic`` (``--spec-draft-sampling``).
-    ``draft_max``: ``--spec-draft-n-max``. ``extra_args``: appended verbatim.
+    ``draft_max``: ``--spec-draft-n-max``. ``extra_args``: appended verbatim. ``started(process)``:
+    called with the server's ``Popen`` once it is healthy (a test that kills it by its PID).
     Waits for ``GET /health`` to answer 200 for at most ``health_timeout`` seconds; if the server
     exits or never becomes healthy, raises RuntimeError with the tail of its log.
     """
@@ -121,6 +122,8 @@ def llama_server(model, *, draft=None, spec_type=None, draft_sampling=None, draf
             if time.monotonic() > deadline:
                 raise RuntimeError(f"llama-server not healthy after {health_timeout:.0f} s:\n{tail()}")
             time.sleep(0.05)
+        if started is not None:
+            started(proc)
         yield base
     finally:
         if proc.poll() is None:

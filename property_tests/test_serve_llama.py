@@ -99,3 +99,39 @@ def test_proxy_mutants_in_front_of_the_real_server_are_found(pair, target, name)
                                                                       samplings=SAMPLINGS[:1]))
     assert not result.passed
     assert PROXY_MUTANTS[name].caught_by in {v.law for v in result.failed}
+
+
+@pytest.mark.long
+def test_a_real_server_killed_by_its_pid_mid_audit_is_its_finding_and_resume_completes(pair, target, tmp_path):
+    """llama-server killed (SIGKILL) after 200 answers: the audit stops with a crashed
+    ``process/server_answers`` verdict naming the requests in flight, keeps what it drew, and
+    ``--resume`` against the server restarted on the same port completes it to a pass."""
+    import threading
+
+    from serve_fixtures import free_port
+
+    from exactcheck.report.verdict import Outcome
+
+    port, processes = free_port(), []
+    journal = tmp_path / "journal.jsonl"
+    audit = dict(AUDIT, samplings=SAMPLINGS[:1], max_samples=1000, journal=str(journal), timeout=5.0)
+
+    def kill_after(answers: int) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if processes and journal.exists() and journal.read_text().count("\n") >= answers:
+                processes[0].kill()
+                return
+            time.sleep(0.02)
+
+    with llama_server(pair[0], port=port, started=processes.append) as audited:
+        killer = threading.Thread(target=kill_after, args=(200,), daemon=True)
+        killer.start()
+        broken = run_serve_audit(audited, reference=target, **audit)
+        killer.join(timeout=5)
+    crash = next(v for v in broken.verdicts if v.check == "process/server_answers")
+    assert crash.outcome is Outcome.CRASHED and not broken.passed and not broken.undrivable
+    assert f"curl -s http://127.0.0.1:{port}/completion" in crash.summary
+    with llama_server(pair[0], port=port) as restarted:
+        resumed = run_serve_audit(restarted, reference=target, **audit, resume=True)
+    assert resumed.passed, [v.describe() for v in resumed.failed]
