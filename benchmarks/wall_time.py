@@ -5,7 +5,8 @@ Commands (each a fresh process, as a user or CI runs it; the short ones repeated
 - ``python -c pass`` (the floor: an interpreter starting);
 - ``exactcheck --help``;
 - ``exactcheck audit exactcheck.step.reference:reference_verifier --level quick``;
-- ``exactcheck e2e reference-loop --level quick``;
+- ``exactcheck e2e reference-loop --level quick`` (and ``--jobs 2``), ``exactcheck tree-loop
+  tree-loop-reference --level quick`` (and ``--jobs 2``), ``exactcheck recurrent recurrent-snapshot``;
 - ``exactcheck selftest --level standard`` (the README's main job), and with ``--jobs 2``.
 
 The breakdown runs the selftest once more in this process with the runner's phases timed (the
@@ -33,6 +34,14 @@ COMMANDS = {
     "audit reference, quick": [sys.executable, "-m", "exactcheck", "audit", "exactcheck.step.reference:reference_verifier",
                                "--level", "quick"],
     "e2e reference-loop, quick": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level", "quick"],
+    "e2e reference-loop, quick, --jobs 2": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level",
+                                            "quick", "--jobs", "2"],
+    "tree-loop reference, quick": [sys.executable, "-m", "exactcheck", "tree-loop", "tree-loop-reference", "--level",
+                                   "quick"],
+    "tree-loop reference, quick, --jobs 2": [sys.executable, "-m", "exactcheck", "tree-loop", "tree-loop-reference",
+                                             "--level", "quick", "--jobs", "2"],
+    "recurrent snapshot loop, quick": [sys.executable, "-m", "exactcheck", "recurrent", "recurrent-snapshot", "--level",
+                                       "quick"],
     "selftest, standard (README main job)": [sys.executable, "-m", "exactcheck", "selftest", "--level", "standard"],
     "selftest, standard, --jobs 2": [sys.executable, "-m", "exactcheck", "selftest", "--level", "standard", "--jobs",
                                      "2"],

@@ -56,7 +56,20 @@ def run_recurrent_audit(generator, *, subject_name: str | None = None, options: 
         return _run(generator, options, subject_name, greedy, progress, reproduce)
 
 
+def _require_hybrid_caches() -> None:
+    """The worlds' models keep their states in transformers' hybrid cache (``LinearAttentionLayer``,
+    transformers 5.x); an older transformers is the user's setup: one line, exit 2."""
+    try:
+        from transformers import __version__ as version, cache_utils
+    except ImportError as exc:
+        raise UsageError(f"exactcheck recurrent needs transformers ({exc}): pip install 'transformers>=5'") from None
+    if not hasattr(cache_utils, "LinearAttentionLayer"):
+        raise UsageError(f"exactcheck recurrent needs transformers with hybrid caches (cache_utils.LinearAttentionLayer, "
+                         f"transformers 5.x); this one is {version}")
+
+
 def _run(generator, options: AuditOptions, subject_name, greedy, progress, reproduce) -> RecurrentAuditResult:
+    _require_hybrid_caches()
     from toy_models.recurrent_lm import recurrent_worlds
     device = resolve_device(options.device)
     plan = plan_recurrent_audit(options, greedy)
