@@ -67,6 +67,8 @@ def policy_kwargs(policy: DecodingPolicy, prompt_length: int) -> dict:
                       top_p=1.0 if policy.top_p is None else policy.top_p)
         if policy.min_p is not None:
             kwargs["min_p"] = policy.min_p
+    if policy.penalized:  # transformers' RepetitionPenaltyLogitsProcessor reads every input id: prompt and output
+        kwargs["repetition_penalty"] = policy.repetition_penalty
     if policy.logit_bias:
         kwargs["sequence_bias"] = {(token,): bias for token, bias in policy.logit_bias}
     if policy.banned_tokens:
@@ -107,6 +109,9 @@ class AssistedGeneration:
     @property
     def lossy(self) -> bool:
         return self.ensemble_weight is not None and 0 < self.ensemble_weight < 1
+
+    # transformers' own penalty convention (the repetition penalty over prompt and output), nothing else
+    capabilities = Capabilities(penalty_conventions=("transformers",))
 
     def __call__(self, target, draft, input_ids, policy, max_new_tokens, seed):
         with _drafting(draft, self.draft_length):
@@ -174,6 +179,8 @@ class PromptLookup:
 
     draft_length: int = 3
     max_matching_ngram: int = 2
+
+    capabilities = Capabilities(penalty_conventions=("transformers",))
 
     @property
     def name(self) -> str:

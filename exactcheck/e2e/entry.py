@@ -22,7 +22,8 @@ __all__ = ["parse_policy", "named", "show_generator_audit",
 def parse_policy(spec: str):
     """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2)."""
     from exactcheck.e2e.policy import DecodingPolicy
-    kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
+    kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
+             "presence_penalty": float, "frequency_penalty": float, "penalty_convention": str, "penalty_last_n": int}
     settings = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, sep, value = part.partition("=")

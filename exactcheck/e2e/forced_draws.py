@@ -78,9 +78,11 @@ class ForcedRun:
 
 def forced_policies(world: ModelWorld, policies, capabilities: Capabilities | None) -> tuple[DecodingPolicy, ...]:
     """The sampled policies a world's forced generations run under: its own (a grammar world), or
-    the audit's with the truncating ones added; minus any the generator declares it cannot take."""
+    the audit's with the truncating ones added (not those with penalties: the forced prompts are not
+    the world's, whose history a penalty reads; the laws judge them); minus any the generator
+    declares it cannot take."""
     chosen = (world.policy,) if world.policy is not None else tuple(dict.fromkeys(
-        [p for p in policies if not p.greedy] + list(TRUNCATING_POLICIES)))
+        [p for p in policies if not p.greedy and not p.penalized] + list(TRUNCATING_POLICIES)))
     return tuple(p for p in chosen if capabilities is None or capabilities.missing_for(p) is None)
 
 

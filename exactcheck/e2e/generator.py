@@ -103,6 +103,8 @@ class Capabilities:
     reports_draft_q: bool = False
     greedy_only: bool = False
     text_law_only: bool = False
+    # the penalty conventions it applies (``DecodingPolicy.penalty_convention``; None: any)
+    penalty_conventions: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, declared) -> "Capabilities":
@@ -113,7 +115,7 @@ class Capabilities:
             raise TypeError(f"capabilities must be a Capabilities or a collection of its field names, "
                             f"got {declared!r}")
         names = set(declared)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.type in ("bool", "bool | None")}
         if names - known:
             raise TypeError(f"unknown capabilities {sorted(names - known)}; known: {sorted(known)}")
         return cls(**{name: name in names for name in known})
@@ -127,7 +129,11 @@ class Capabilities:
         if policy.stop_tokens and not self.stop_tokens:
             return "stop tokens"
         if policy.transformed and not self.sampling_transforms:
-            return "sampling transforms (top-k, top-p, min-p, logit bias, bans)"
+            return "sampling transforms (top-k, top-p, min-p, logit bias, bans, penalties)"
+        if policy.penalized and self.penalty_conventions is not None \
+                and policy.penalty_convention not in self.penalty_conventions:
+            return (f"the {policy.penalty_convention} penalty convention (it applies "
+                    f"{' or '.join(self.penalty_conventions)}'s)")
         return None
 
 

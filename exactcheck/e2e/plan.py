@@ -41,8 +41,9 @@ def policy_suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> st
 
 
 def world_policies(world: ModelWorld, policies) -> tuple[DecodingPolicy, ...]:
-    """The policies ``world`` is generated under: its own, or the audit's."""
-    return (world.policy,) if world.policy is not None else tuple(policies)
+    """The policies ``world`` is generated under: its own, or the audit's (with penalties, bound to
+    the world's prompt, which their history reads)."""
+    return (world.policy,) if world.policy is not None else tuple(p.for_prompt(world.prompt) for p in policies)
 
 
 def plan_generator_audit(options: AuditOptions, policies=None, greedy: bool = True,

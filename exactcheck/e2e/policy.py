@@ -6,6 +6,21 @@ bool tensor over the vocabulary, the prefix being the tokens generated so far). 
 into the policy's law, in this order (transformers 5.x applies its processors in the same
 order: processors, then your logits processors, then the sampling warpers):
 
+0. penalties, on the model's logits, each reading the history its engine's convention reads
+   (``penalty_convention``; the prompt comes from ``prompt``, which an audit binds per world with
+   ``for_prompt``): the repetition penalty r divides a positive logit by r and multiplies a negative
+   one by r for every token in its history (transformers' ``RepetitionPenaltyLogitsProcessor``,
+   vLLM, llama.cpp); the presence and frequency penalties subtract ``presence * (count > 0) +
+   frequency * count`` (OpenAI's definition, vLLM, llama.cpp). Histories:
+
+   ============== ===================== ============================== ==========================
+   convention     repetition reads      presence and frequency read    the engine
+   ============== ===================== ============================== ==========================
+   transformers   prompt and output     (none: transformers has none)  ``generate``
+   vllm           prompt and output     output only                    vLLM's sampler
+   llama.cpp      the last N tokens     the last N tokens              ``penalty_last_n`` = N
+   ============== ===================== ============================== ==========================
+
 1. logit bias added; banned tokens and tokens outside the mask set to -inf;
 2. divided by the temperature;
 3. top-k: tokens whose logit is below the k-th largest are removed (ties at the boundary are
@@ -27,7 +42,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["greedy_variant", "DecodingPolicy", "GREEDY", "SAMPLING"]
+__all__ = ["greedy_variant", "DecodingPolicy", "GREEDY", "SAMPLING", "PENALTY_CONVENTIONS"]
+
+PENALTY_CONVENTIONS = ("transformers", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,12 @@ class DecodingPolicy:
     stop_tokens: tuple[int, ...] = ()
     mask: Callable[[tuple[int, ...]], Sequence[int]] | None = None
     name: str | None = None  # how checks are named (default: from the settings)
+    repetition_penalty: float | None = None  # None or 1: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_convention: str = "transformers"  # which history each penalty reads: PENALTY_CONVENTIONS
+    penalty_last_n: int = 64  # llama.cpp's window
+    prompt: tuple[int, ...] = ()  # the prompt the penalties read (``for_prompt``)
 
     def __post_init__(self):
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -51,6 +74,35 @@ class DecodingPolicy:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty is not None and not (self.repetition_penalty > 0
+                                                        and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.penalty_convention not in PENALTY_CONVENTIONS:
+            raise ValueError(f"penalty_convention {self.penalty_convention!r}: expected one of "
+                             f"{', '.join(PENALTY_CONVENTIONS)}")
+        if self.penalty_convention == "transformers" and (self.presence_penalty or self.frequency_penalty):
+            raise ValueError("transformers has no presence or frequency penalty: give penalty_convention "
+                             "'vllm' or 'llama.cpp'")
+        if self.penalty_last_n < 1:
+            raise ValueError(f"penalty_last_n must be >= 1, got {self.penalty_last_n}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty is on (the law then reads each prefix's history)."""
+        return (self.repetition_penalty not in (None, 1.0)) or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
+    def for_prompt(self, prompt) -> "DecodingPolicy":
+        """This policy with the prompt its penalties read (unchanged without penalties)."""
+        return dataclasses.replace(self, prompt=tuple(int(x) for x in prompt)) if self.penalized else self
+
+    def histories(self, prefix: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the tokens the repetition penalty reads, those presence and frequency read) after the
+        generated ``prefix``, by the convention."""
+        whole = tuple(self.prompt) + tuple(prefix)
+        if self.penalty_convention == "llama.cpp":
+            window = whole[-self.penalty_last_n:]
+            return window, window
+        return whole, tuple(prefix)  # transformers, vllm: repetition over prompt and output; the others output
 
     @property
     def greedy(self) -> bool:
@@ -64,9 +116,9 @@ class DecodingPolicy:
     @property
     def transformed(self) -> bool:
         """Whether it truncates or reshapes the model's law beyond temperature: top-k, top-p,
-        min-p, a logit bias or banned tokens (a mask and stop tokens are stated apart)."""
+        min-p, a logit bias, banned tokens or a penalty (a mask and stop tokens are stated apart)."""
         return (self.top_k is not None or self.top_p is not None or bool(self.min_p) or bool(self.logit_bias)
-                or bool(self.banned_tokens))
+                or bool(self.banned_tokens) or self.penalized)
 
     def label(self) -> str:
         """A short name for check names (``sequence@<label>``)."""
@@ -84,6 +136,13 @@ class DecodingPolicy:
             parts.append("stop")
         if self.mask is not None:
             parts.append("mask")
+        for key, value in (("rep", self.repetition_penalty), ("pres", self.presence_penalty),
+                           ("freq", self.frequency_penalty)):
+            if value not in (None, 0.0, 1.0):
+                parts.append(f"{key}{value:g}")
+        if self.penalized and self.penalty_convention != "transformers":
+            parts.append(self.penalty_convention.replace(".", "") + (f"{self.penalty_last_n}" if
+                                                                       self.penalty_convention == "llama.cpp" else ""))
         return "_".join(parts)
 
     def spec(self) -> str | None:
@@ -95,6 +154,13 @@ class DecodingPolicy:
         parts = [f"temperature={self.temperature!r}"]
         parts += [f"{key}={value!r}" for key, value in (("top_k", self.top_k), ("top_p", self.top_p),
                                                       ("min_p", self.min_p)) if value is not None]
+        if self.penalized:
+            parts += [f"{key}={value!r}" for key, value in (
+                ("repetition_penalty", self.repetition_penalty), ("presence_penalty", self.presence_penalty),
+                ("frequency_penalty", self.frequency_penalty)) if value not in (None, 0.0, 1.0)]
+            parts.append(f"penalty_convention={self.penalty_convention}")
+            if self.penalty_convention == "llama.cpp":
+                parts.append(f"penalty_last_n={self.penalty_last_n}")
         return ",".join(parts)
 
     def code(self) -> str:
@@ -108,6 +174,13 @@ class DecodingPolicy:
                 fields.append(f"{key}={getattr(self, key)!r}")
         if self.mask is not None:
             fields.append(f"mask={getattr(self.mask, '__qualname__', type(self.mask).__name__)}")
+        if self.penalized:
+            for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+                if getattr(self, key) not in (None, 0.0, 1.0):
+                    fields.append(f"{key}={getattr(self, key)!r}")
+            fields.append(f"penalty_convention={self.penalty_convention!r}")
+            if self.penalty_convention == "llama.cpp":
+                fields.append(f"penalty_last_n={self.penalty_last_n!r}")
         return f"DecodingPolicy({', '.join(fields)})"
 
     def describe(self) -> str:
@@ -141,10 +214,28 @@ class DecodingPolicy:
             x = x.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), -math.inf)
         return torch.softmax(x, -1)
 
+    def penalize(self, x: torch.Tensor, prefixes: Sequence[tuple[int, ...]] | None) -> torch.Tensor:
+        """Step 0: the penalties, per row by that row's history (float64 logits, in place)."""
+        if prefixes is None:
+            raise ValueError("a policy with penalties needs the prefix of every row")
+        r = self.repetition_penalty
+        for i, prefix in enumerate(prefixes):
+            repeated, counted = self.histories(tuple(prefix))
+            if r not in (None, 1.0) and repeated:
+                ids = torch.tensor(sorted(set(repeated)), device=x.device)
+                row = x[i, ids]
+                x[i, ids] = torch.where(row > 0, row / r, row * r)
+            if (self.presence_penalty or self.frequency_penalty) and counted:
+                ids, counts = torch.unique(torch.tensor(counted, device=x.device), return_counts=True)
+                x[i, ids] -= self.presence_penalty + self.frequency_penalty * counts.to(x.dtype)
+        return x
+
     def scores(self, logits: torch.Tensor, prefixes: Sequence[tuple[int, ...]] | None = None) -> torch.Tensor:
-        """Step 1 alone: the float64 logits with the bias added and banned or masked tokens at
-        -inf (what greedy decoding takes the argmax of)."""
+        """Steps 0 and 1: the float64 logits penalised, the bias added and banned or masked tokens
+        at -inf (what greedy decoding takes the argmax of)."""
         x = logits.to(torch.float64).clone()
+        if self.penalized:
+            x = self.penalize(x.reshape(-1, x.shape[-1]), prefixes).reshape(x.shape)
         for token, bias in self.logit_bias:
             x[..., token] += bias
         if self.banned_tokens:
