@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from exactcheck.errors import UsageError
 
-__all__ = ["Level", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
+__all__ = ["Level", "chosen_worlds", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
            "derive_seed",
            "REAL_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
            "AuditKind", "SubjectKind"]
@@ -79,6 +79,18 @@ class Level(enum.Enum):
     def generations(self) -> int:
         """Sampled generations per model world in an end-to-end audit."""
         return {Level.QUICK: 2_000, Level.STANDARD: 8_000, Level.RELEASE: 40_000}[self]
+
+
+def chosen_worlds(asked, known, what: str) -> list[str]:
+    """The worlds an audit runs: those ``asked`` (``AuditOptions.worlds``), each one of ``known``
+    (else a ``UsageError`` naming the unknown ones and the known), or every known one."""
+    known = list(known)
+    if not asked:
+        return known
+    unknown = [w for w in asked if w not in known]
+    if unknown:
+        raise UsageError(f"unknown {what}(s) {unknown}; known: {', '.join(known)}")
+    return list(asked)
 
 
 def derive_seed(root: int, name: str) -> int:

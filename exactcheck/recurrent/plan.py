@@ -3,8 +3,7 @@ alpha over the two laws of every world), the KV record's rollback, the recurrent
 (``exactcheck.recurrent.invariants``), and greedy identity."""
 from __future__ import annotations
 
-from exactcheck.errors import UsageError
-from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
+from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind, chosen_worlds
 
 __all__ = ["CHECKS", "plan_recurrent_audit", "world_names"]
 
@@ -15,13 +14,7 @@ CHECKS = (("sequence", CheckKind.GENERATOR_LAW), ("first_token", CheckKind.GENER
 
 def world_names(options: AuditOptions) -> list[str]:
     from toy_models.recurrent_lm import recurrent_worlds
-    known = [w.name for w in recurrent_worlds()]
-    if not options.worlds:
-        return known
-    unknown = [w for w in options.worlds if w not in known]
-    if unknown:
-        raise UsageError(f"unknown recurrent world(s) {unknown}; known: {', '.join(known)}")
-    return list(options.worlds)
+    return chosen_worlds(options.worlds, (w.name for w in recurrent_worlds()), "recurrent world")
 
 
 def plan_recurrent_audit(options: AuditOptions, greedy: bool = True) -> AuditPlan:

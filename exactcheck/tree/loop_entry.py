@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from exactcheck import arguments, reproduce
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan, chosen_worlds
 
 __all__ = ["loop_arguments", "loop_settings", "load", "plan", "run", "builtin_tree_generators", "generations",
            "OPTIONS", "GENERATIONS", "REFERENCE", "MUTANT_PREFIX"]
@@ -72,13 +72,7 @@ def generations(options: AuditOptions) -> int:
 
 def _world_names(options: AuditOptions) -> list[str]:
     from toy_models.tree_worlds import tree_worlds
-    known = [w.name for w in tree_worlds()]
-    if not options.worlds:
-        return known
-    unknown = [w for w in options.worlds if w not in known]
-    if unknown:
-        raise UsageError(f"unknown tree world(s) {unknown}; known: {', '.join(known)}")
-    return list(options.worlds)
+    return chosen_worlds(options.worlds, (w.name for w in tree_worlds()), "tree world")
 
 
 def plan(subject, options: AuditOptions) -> AuditPlan:
