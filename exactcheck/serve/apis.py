@@ -1,27 +1,77 @@
-"""The APIs a serve audit speaks, and the one a URL gets: ``open_endpoint``."""
+"""The APIs a serve audit speaks (a registry of dialects), and the one a URL gets: ``open_endpoint``.
+
+A dialect is one module with an ``Endpoint`` class and a ``detect(client, base)``; ``DIALECTS``
+declares, per dialect, what it gives the audit (prompts as token ids or text, how ids come back,
+the probabilities' format and kind, speculation counters, settings); what one lacks, the audit
+reports as "not judged" with the reason. ``--api auto`` asks each dialect's ``detect`` in the
+registry's order (llama.cpp, mlx-lm), the OpenAI API being what is left.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
 
 from exactcheck.serve.client import Client, EndpointError
 from exactcheck.serve.endpoint import Endpoint
+from exactcheck.serve import mlx_lm_api
 from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp
 from exactcheck.serve.openai_api import OpenAICompletionsEndpoint
 
-__all__ = ["APIS", "open_endpoint"]
+__all__ = ["APIS", "DIALECTS", "Dialect", "open_endpoint", "detect_api"]
 
-APIS = ("auto", "llama.cpp", "openai")
+
+@dataclass(frozen=True)
+class Dialect:
+    """One API a serve audit speaks: its module, its endpoint class, how a server is recognised as
+    speaking it (``detect``: None for the fallback), and what it gives (``gives``: field -> words)."""
+
+    name: str
+    module: str
+    endpoint: Callable[..., Endpoint]  # (base, client, *, model, reference_kind) -> Endpoint
+    detect: Callable[[Client, str], bool] | None
+    gives: dict = field(default_factory=dict)
+
+
+def _llama_cpp(base: str, client: Client, *, model: str | None = None, reference_kind: str | None = None) -> Endpoint:
+    return LlamaCppEndpoint(base, client, model=model)
+
+
+# in the order ``auto`` asks them; the one without ``detect`` is what is left
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+    Dialect("llama.cpp", "exactcheck.serve.llama_cpp_api", _llama_cpp, is_llama_cpp, dict(
+        prompts="token ids", ids="tokens (return_tokens)", probabilities="post-sampling (n_probs, post_sampling_probs)",
+        counters="per request (timings.draft_n)", settings="/slots", cache_switch="cache_prompt")),
+    Dialect("mlx-lm", "exactcheck.serve.mlx_lm_api", mlx_lm_api.MlxLmEndpoint, mlx_lm_api.detect, mlx_lm_api.GIVES),
+    Dialect("openai", "exactcheck.serve.openai_api", OpenAICompletionsEndpoint, None, dict(
+        prompts="token ids", ids="choices[0].token_ids (vLLM return_token_ids), else logprobs (llama.cpp)",
+        probabilities="raw (vLLM) or post-sampling (llama.cpp, --reference-probabilities); logprobs=N top lists",
+        counters="server-wide /metrics (vLLM), per request timings (llama.cpp)",
+        settings="/get_server_info (SGLang), /slots (llama.cpp)", cache_switch="cache_prompt (llama.cpp)")),
+)}
+
+APIS = ("auto", "llama.cpp", "openai", "mlx-lm")
+assert set(APIS) == {"auto", *DIALECTS}
+
+
+def detect_api(client: Client, base: str) -> str:
+    """The dialect ``auto`` picks for ``base``: the first whose ``detect`` recognises it, else the fallback."""
+    for dialect in DIALECTS.values():
+        if dialect.detect is not None and dialect.detect(client, base):
+            return dialect.name
+    return next(d.name for d in DIALECTS.values() if d.detect is None)
 
 
 def open_endpoint(api: str, base: str, client: Client, *, model: str | None = None,
                   reference_probabilities: str | None = None) -> Endpoint:
     """The endpoint of ``api`` (``APIS``) at ``base``, checked (``Endpoint.check``: the server is up
     and answers that API); "auto": llama.cpp's native API where the server answers llama.cpp's
-    ``/props``, else OpenAI's. ``reference_probabilities``: what an OpenAI endpoint's logprobs are
-    ("raw" or "post-sampling"; default: raw, post-sampling on llama.cpp)."""
+    ``/props``, mlx-lm's where it is mlx-lm's server (``mlx_lm_api.detect``), else OpenAI's.
+    ``reference_probabilities``: what an OpenAI endpoint's logprobs are ("raw" or "post-sampling";
+    default: raw, post-sampling on llama.cpp)."""
     if api not in APIS:
         raise EndpointError(f"api {api!r}: expected one of {', '.join(APIS)}")
     if api == "auto":
-        api = "llama.cpp" if is_llama_cpp(client, base) else "openai"
-    endpoint = LlamaCppEndpoint(base, client, model=model) if api == "llama.cpp" else \
-        OpenAICompletionsEndpoint(base, client, model=model, reference_kind=reference_probabilities)
+        api = detect_api(client, base)
+    endpoint = DIALECTS[api].endpoint(base, client, model=model, reference_kind=reference_probabilities)
     endpoint.check()
     return endpoint

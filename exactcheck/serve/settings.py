@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+from exactcheck.serve.apis import APIS
 from exactcheck.serve.endpoint import Sampling
 
 __all__ = ["Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
@@ -50,10 +51,11 @@ SETTINGS = (
             "through one-token requests, which llama.cpp serves from the target alone)",
             lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "a URL http://HOST:PORT",
             metavar="URL"),
-    Setting("api", "auto", "llama.cpp's /completion or OpenAI's /v1/completions (default auto: llama.cpp where the "
-            "server answers its /props)", lambda v: v in ("auto", "llama.cpp", "openai"), "auto, llama.cpp or openai",
-            choices=("auto", "llama.cpp", "openai")),
-    Setting("model", None, "the model asked of an OpenAI endpoint (default: the one /v1/models lists)",
+    Setting("api", "auto", "llama.cpp's /completion, OpenAI's /v1/completions or mlx-lm's (text prompts) (default "
+            "auto: llama.cpp where the server answers its /props, mlx-lm where it is mlx_lm.server, else OpenAI's)",
+            lambda v: v in APIS, ", ".join(APIS[:-1]) + " or " + APIS[-1], choices=APIS),
+    Setting("model", None, "the model asked of an OpenAI endpoint (default: the one /v1/models lists); for mlx-lm, "
+            "the model directory the server loaded, whose tokenizer writes the prompts as text",
             lambda v: isinstance(v, str) and v != "", "a model name the server serves"),
     Setting("reference_probabilities", None, "what an OpenAI reference's logprobs are: raw (vLLM's default) or "
             "post-sampling (vLLM --logprobs-mode processed_logprobs; llama.cpp); default: raw, llama.cpp post-sampling",
