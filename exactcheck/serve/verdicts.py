@@ -130,7 +130,10 @@ def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float,
                  "right: the probabilities of tokens a verification step emitted are not filled in (llama.cpp "
                  "#27972, PR #27196)")
     elif later:
-        cause = "only tokens after the first are off (llama.cpp PR #27196: logprobs right for the first token only)"
+        cause = ("only tokens after the first are off: the first (read after the prefill) is right, the decoded ones "
+                 "are not: the probabilities reported for later tokens (llama.cpp PR #27196), or the model's own "
+                 "decode path (a state or kernel that differs from the prefill's, as vLLM-CPU's recurrent kernels "
+                 "under speculation: docs/serving.md)")
     else:
         cause = "the reported probabilities are not the target's"
     return Verdict(outcome=Outcome.DEFECT, summary=(
