@@ -146,7 +146,7 @@ def test_transformers_assisted_generation_restores_one_state_from_anothers_histo
 @pytest.mark.parametrize("name", list(REFERENCE_LOOPS))
 def test_each_reference_loop_passes_the_quick_audit(name):
     from exactcheck.audit_kinds import audit_subject
-    result = audit_subject("recurrent", f"recurrent-{name}", level="quick", seed=11, progress=False)
+    result = audit_subject("recurrent", f"recurrent-{name}", level="quick", seed=0, progress=False)
     assert result.passed, [v.summary for v in result.failed]
 
 
