@@ -102,7 +102,7 @@ def main() -> None:
                   [f["check"] for f in row["failed"]])
     if args.false_alarms:
         out = false_alarms(args.false_alarms, args.level, args.jobs)
-        print(f"{out['false_alarms']} false alarms in {out['audits']} audits ({out['wall_s']} s)")
+        print(f"{out['false_alarms']} false alarms in {out['audits']} audits ({out['wall_s_this_run']} s this run)")
 
 
 if __name__ == "__main__":
