@@ -300,3 +300,16 @@ def test_ctrl_c_during_e2e_or_greedy_keeps_a_partial_report(tmp_path, capsys, mo
     assert all(v["reproduce"].startswith(f"exactcheck {command[0]} {name}:InterruptedGenerator ")
                and " ".join(command[1:]).split(" --")[-1] in v["reproduce"] for v in data["verdicts"])
     assert "INCOMPLETE" in next((tmp_path / "r").glob("*.md")).read_text()
+
+
+def test_prompt_lookup_runs_on_a_model_without_a_pad_token():
+    """4.x's prompt lookup needs an EOS list (``transformers_compat.prompt_lookup_kwargs`` hands it an
+    empty one) and then takes the pad token from it when the model has none, and crashed; the adapter
+    now also hands such a model pad token 0. Greedy, so the output is the target's own greedy decode."""
+    from toy_models.real_models import tiny_llama_pair
+    target, _ = tiny_llama_pair(seed=0)
+    assert target.generation_config.pad_token_id is None
+    prompt = torch.tensor([5, 6, 7, 5, 6, 7, 5])
+    out, _ = call_generator(PromptLookup(2), target, None, prompt[None], GREEDY, 8, seed=0,
+                            vocab_size=target.config.vocab_size)
+    assert out.tolist() == target_greedy(target, prompt, 8)

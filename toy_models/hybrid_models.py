@@ -164,6 +164,10 @@ def _spec(name: str) -> HybridSpec:
 def _config(spec: HybridSpec, **overrides):
     from transformers import AutoConfig
     kwargs = {**_COMMON, **spec.config, **overrides}
+    if spec.model_type == "granitemoehybrid" and _transformers_major() < 5:
+        # 4.x names granite's layer kinds "mamba" / "attention"
+        kinds = {"linear_attention": "mamba", "full_attention": "attention"}
+        kwargs["layer_types"] = [kinds.get(kind, kind) for kind in kwargs["layer_types"]]
     return AutoConfig.for_model(spec.model_type, **kwargs)
 
 
@@ -189,6 +193,11 @@ def slow_decay(model, mixer: str, a_log: float = A_LOG) -> int:
     return changed
 
 
+def _transformers_major() -> int:
+    import transformers
+    return int(transformers.__version__.split(".")[0])
+
+
 def build_target(name: str, seed: int = 0, state_matters: bool = True, **overrides):
     """The target model of architecture ``name`` (float32, eval mode, greedy generation config)."""
     from transformers import AutoModelForCausalLM
@@ -198,8 +207,9 @@ def build_target(name: str, seed: int = 0, state_matters: bool = True, **overrid
     torch.manual_seed(seed)
     # eager experts: the grouped-matmul kernel takes no float64, and greedy identity classifies a
     # divergence with a float64 copy of the target
-    model = AutoModelForCausalLM.from_config(_config(spec, **overrides), dtype=torch.float32,
-                                             experts_implementation="eager").eval()
+    # (4.x has no experts_implementation: its experts are eager loops)
+    extra = {"experts_implementation": "eager"} if _transformers_major() >= 5 else {}
+    model = AutoModelForCausalLM.from_config(_config(spec, **overrides), dtype=torch.float32, **extra).eval()
     if state_matters:
         slow_decay(model, spec.mixer)
     model.register_forward_pre_hook(_hybrid_layout, with_kwargs=True)

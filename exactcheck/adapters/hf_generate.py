@@ -191,7 +191,7 @@ class PromptLookup:
         return _generate(target, input_ids, policy, max_new_tokens, seed,
                          prompt_lookup_num_tokens=self.draft_length,
                          max_matching_ngram_size=self.max_matching_ngram,
-                         **prompt_lookup_kwargs(bool(policy.stop_tokens)))
+                         **prompt_lookup_kwargs(bool(policy.stop_tokens), target))
 
 
 @dataclass(frozen=True)

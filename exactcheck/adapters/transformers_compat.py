@@ -90,10 +90,17 @@ def require_ensemble_weight() -> None:
                           "(it arrived with the 5.x releases)")
 
 
-def prompt_lookup_kwargs(has_stop_tokens: bool) -> dict:
+def prompt_lookup_kwargs(has_stop_tokens: bool, model=None) -> dict:
     """Extra ``generate`` arguments prompt-lookup decoding needs on this release: 4.x's
     candidate generator calls ``isin(ids, eos_token_id)`` and crashes when there is no EOS, so
-    it is handed an empty EOS list (no token stops generation; the law is unchanged)."""
+    it is handed an empty EOS list (no token stops generation; the law is unchanged). With an
+    empty EOS list, 4.x's ``_prepare_special_tokens`` takes the pad token from ``eos[0]`` when
+    the model has none (generation/utils.py in 4.57.6) and crashes, so such a model is also
+    handed pad token 0: a single row without EOS is never padded, so no token changes."""
     if has_stop_tokens or _version() >= (5, 0):
         return {}
-    return {"eos_token_id": []}
+    extra: dict = {"eos_token_id": []}
+    config = getattr(model, "generation_config", None)
+    if getattr(config, "pad_token_id", None) is None:
+        extra["pad_token_id"] = 0
+    return extra
