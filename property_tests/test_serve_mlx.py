@@ -27,14 +27,13 @@ import math
 import os
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from serve_fixtures import HOST, cache_root, free_port
+from serve_fixtures import HOST, cache_root, free_port, started_server
 
 from exactcheck.serve.apis import detect_api, open_endpoint
 from exactcheck.serve.client import Client, EndpointError
@@ -77,38 +76,9 @@ def mlx_server(python: str, model: Path, *, draft: Path | None = None, cache: bo
         args += ["--prompt-cache-size", "0"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=hf_cache or os.path.join(tempfile.gettempdir(),
                                                                                       "exactcheck-no-hf-cache"))
-    base = f"http://{HOST}:{port}"
-    log = tempfile.TemporaryFile(mode="w+b")
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def tail() -> str:
-        log.seek(0)
-        return log.read()[-3000:].decode(errors="replace")
-
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlx_lm server exited with {proc.returncode} before /health:\n{tail()}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2.0) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlx_lm server not healthy after {START_TIMEOUT_S:.0f} s:\n{tail()}")
-            time.sleep(0.1)
+    with started_server(args, "mlx_lm server", ready_path="/health", port=port, timeout=START_TIMEOUT_S,
+                        env=env, poll_s=0.1) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
-        log.close()
 
 
 def post(base: str, body: dict, timeout: float = 60.0) -> dict:

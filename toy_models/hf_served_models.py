@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["write_llama", "write_nemotron_h", "VOCAB"]
+__all__ = ["write_llama", "write_llama_draft", "write_nemotron_h", "VOCAB"]
 
 VOCAB = 64  # ids 0-2 special (<unk>, <s>, </s>), then w3 ... w63
 
@@ -54,6 +54,30 @@ def write_llama(directory: str | os.PathLike | None = None, seed: int = 0, *, la
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
     (path / ".complete").write_text(json.dumps({"seed": seed, "layers": layers, "hidden": hidden, "scale": scale}))
+    return path
+
+
+def write_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: int = 1) -> Path:
+    """A draft for the model directory ``target`` (``write_llama``): the same architecture and
+    tokenizer, every weight moved by relative Gaussian noise ``noise`` (as ``toy_models.real_models``
+    makes its drafts), so drafts are accepted often but not always. Written beside ``target``
+    once per settings."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = Path(target)
+    path = target.with_name(f"{target.name}-draft-noise{noise:g}-seed{seed}")
+    if (path / ".complete").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
+    model.save_pretrained(path, safe_serialization=True)
+    _write_word_tokenizer(path)
+    (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
     return path
 
 

