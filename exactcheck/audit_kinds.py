@@ -196,11 +196,13 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         options=serve.OPTIONS, settings=serve.SETTINGS, fields=serve.FIELDS, gate=True, catalogue=serve.catalogue),
     EntryPoint(
         AuditKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
-                                     "target alone on the same prompts and policy, per draft length",
-        e2e.cost_arguments, e2e.cost_settings, load_generator, None, e2e.run_cost,
+                                     "target alone on the same prompts and policy, per draft length; or a served "
+                                     "system (a URL) against --reference, speculation off",
+        e2e.cost_arguments, e2e.cost_settings, e2e.load_cost_subject, None, e2e.run_cost,
         "builtins:dict", reproduce.cost_line, e2e.cost_stem, show=e2e.show_cost, levels=False,
         options=("seed", "device"),
-        settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce")),
+        settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce",
+                  "reference", "api", "served_prompts", "samplings", "timeout")),
 )
 
 

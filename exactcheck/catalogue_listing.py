@@ -185,12 +185,14 @@ LINES = (
     "served systems (`exactcheck serve URL [--reference URL2]`; llama.cpp's /completion or OpenAI's /v1/completions): one world per prompt and sampling",
     "  prompts (tokenized by the server; --prompt, --prompt-ids): 'The', 'Once upon a time', '1, 2, 3,'",
     '  samplings (--sampling): temperature 1; temperature 0.7, top-k 8; temperature 1, top-p 0.9, min-p 0.05',
+    "  conversations (--chat, --message ROLE:TEXT; /v1/chat/completions, llama.cpp and vLLM): [user: 'Once upon a time'] by default, worlds c0-...",
     'served-system mutants (HTTP proxies in front of a correct server: exactcheck.serve.mutants):',
     '  hotter                     serves temperature x 1.3 of what the request asks (sampling settings not applied as set: vLLM #9834)',
     "  zero_logprobs              reports every token's logprob as 0.0 (llama.cpp #27972, vLLM #17876)",
     "  draft_logprobs             reports the draft model's probabilities for the tokens (a speculative server returning q instead of p)",
     '  speculation_off_for_logprobs answers every request that asks for probabilities from the target alone, without speculation (vLLM #34497)',
     '  seed_cache                 answers a request from a cache keyed without its seed: every seed gets the first answer',
+    "  chat_hotter                serves the chat endpoint's answers at temperature x 1.3 of what the request asks, the completions endpoints as asked (a chat handler that maps the sampling fields its own way)",
 )
 
 LISTING = "\n".join(LINES) + "\n"

@@ -9,14 +9,15 @@ which re-runs the saved reproducer instead.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQUIRE, AuditOptions, Category
 
 __all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "tree_audit_line",
-           "tree_loop_line", "greedy_audit_line", "grammar_audit_line", "cost_line", "isolated_audit_line",
-           "replay_line", "reproducer_path"]
+           "tree_loop_line", "greedy_audit_line", "grammar_audit_line", "cost_line", "served_cost_line",
+           "isolated_audit_line", "replay_line", "reproducer_path"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,22 @@ def cost_line(subject: str, model: str | None, world: str | None, draft_lengths:
                 Setting(f"--seed {seed}", ""), Setting(f"--new-tokens {new_tokens}" if new_tokens else "", ""),
                 Setting(f"--policy '{policy}'" if policy else "", "")]
     return reproduce_line("cost", subject, settings)
+
+
+def served_cost_line(url: str, reference: str, *, api: str = "auto", model: str | None = None, prompts=(),
+                     samplings: Sequence[str] = (), requests: int = 8, new_tokens: int = 32, seed: int = 0,
+                     timeout: float | None = None) -> str:
+    """``exactcheck cost URL --reference URL2``'s line: the served cost (``prompts``: texts or id
+    tuples as given, none for the defaults; ``samplings``: their specs, none for the defaults)."""
+    settings = [Setting(f"--reference {shlex.quote(reference)}", "")]
+    settings += [Setting(f"{flag} {shlex.quote(str(value))}", "") for flag, value in
+                 (("--api", None if api == "auto" else api), ("--model", model)) if value]
+    settings += [Setting(f"--prompt {shlex.quote(p)}" if isinstance(p, str)
+                         else f"--prompt-ids {','.join(str(int(t)) for t in p)}", "") for p in prompts]
+    settings += [Setting(f"--sampling {shlex.quote(s)}", "") for s in samplings]
+    settings += [Setting(f"--prompts {int(requests)}", ""), Setting(f"--new-tokens {int(new_tokens)}", ""),
+                 Setting(f"--seed {int(seed)}", ""), Setting(f"--timeout {timeout:g}" if timeout else "", "")]
+    return reproduce_line("cost", shlex.quote(url), settings)
 
 
 def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> str:

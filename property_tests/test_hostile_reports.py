@@ -27,6 +27,7 @@ from exactcheck.report.escaping import fence, inline_code, md_cell, md_text, ter
 from exactcheck.report.formats import RENDERERS
 from exactcheck.report.json_md import (AUDIT_SCHEMA, SELFTEST_SCHEMA, audit_from_json, audit_to_json,
                                        selftest_to_json)
+from exactcheck.report.served_cost_report import SERVED_COST_SCHEMA, served_cost_headline
 from exactcheck.report.junit import junit_xml
 from exactcheck.report.terminal import (audit_summary, gate_lines, gate_verdict, interrupted_line, selftest_footer,
                                         selftest_row)
@@ -114,9 +115,29 @@ def reports(poisoned, audit) -> dict:
     for key in ("speedup", "fraction_slower", "accepted_per_round_mean"):
         cost["cost"][key]["method"] = EVIL
     cost["exactness"] = {"kind": LINE, "passed": False, "checks": 2, "failed": [CHECK, NAME], "tv": None}
-    reports = {AUDIT_SCHEMA: poisoned, SELFTEST_SCHEMA: selftest, COST_SCHEMA: cost}
+    reports = {AUDIT_SCHEMA: poisoned, SELFTEST_SCHEMA: selftest, COST_SCHEMA: cost,
+               SERVED_COST_SCHEMA: _served_cost()}
     assert set(reports) == set(RENDERERS)
     return reports
+
+
+def _served_cost() -> dict:
+    """The served cost report with what the servers said (URLs, declared settings, an error) hostile."""
+    served = json.loads((ROOT / "reports" / "cost-llama-server-served.json").read_text())
+    for role in ("audited", "reference"):
+        served["servers"][role].update(url=LINE, endpoint=EVIL, declared_settings={NAME: EVIL, "x": LINE})
+    served["settings"]["samplings"] = [EVIL, LINE]
+    for group in [served["summary"]["all"]] + served["summary"]["by_setting"]:
+        group["setting"] = CHECK
+        group["latency_ratio"]["method"] = EVIL
+        group["audited"]["speculation"]["source"] = EVIL
+    served["stopped"] = {"reason": "server", "role": LINE, "server": NAME, "error": EVIL, "answered": 3,
+                         "requests": [f"curl -s {LINE} -d '{EVIL}'"]}
+    served["order"] = EVIL
+    served["denominators"].update(time=EVIL, client=LINE, python=LINE, exactcheck=LINE)
+    served["traffic"] = EVIL
+    served["reproduce"] = f"exactcheck cost {NAME} --reference {LINE}"
+    return served
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +231,7 @@ def assert_markdown_safe(text: str, fences: int) -> list[str]:
 
 
 def _expected_fences(data: dict, form: str) -> int:
-    if data["schema"] == COST_SCHEMA:
+    if data["schema"] in (COST_SCHEMA, SERVED_COST_SCHEMA):
         return 0
     audit = audit_from_json(data if data["schema"] == AUDIT_SCHEMA else data["reference"])
     failed = sum(v.outcome.failed for v in audit.verdicts)
@@ -297,6 +318,7 @@ def test_the_terminal_gets_no_raw_escape(gate, audit, reports):
     texts = [audit_summary(audit, passing=True), selftest_row(NAME, audit, reference=False),
              selftest_row(NAME, audit, reference=True), gate_lines(gate), gate_verdict(gate),
              interrupted_line(audit, f"reports/{NAME}{LINE}.json"), cost_headline(reports[COST_SCHEMA]),
+             served_cost_headline(reports[SERVED_COST_SCHEMA]),
              selftest_footer(types.SimpleNamespace(mutants=[1], undetected=[], reference=audit), 1.0)]
     for text in texts:
         assert not RAW_CONTROL.search(text), repr(text)

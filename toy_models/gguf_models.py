@@ -47,6 +47,10 @@ FIRST_WORD_ID = 5
 # tokenizer turns a character outside the vocabulary into a byte token, and llama.cpp answers an error
 # (HTTP 400 "unordered_map::at") when that byte token is missing too: text must use the vocabulary.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# a template that adds tokens of its own (role names, newlines, the generation prompt), in the same
+# vocabulary: `llama-server --jinja --chat-template-file FILE` with it (the chat audit's tests)
+ROLE_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }} {{ message['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}assistant {% endif %}")
 
 # llama.cpp's token types (llama_token_type / gguf.TokenType)
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6

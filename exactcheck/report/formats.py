@@ -11,6 +11,8 @@ from typing import Callable
 from exactcheck.report.cost_report import COST_SCHEMA, render_cost_html, render_cost_markdown
 from exactcheck.report.html import render_audit_html, render_pr_comment, render_selftest_html
 from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA, render_audit_markdown, render_selftest_markdown
+from exactcheck.report.served_cost_report import (SERVED_COST_SCHEMA, render_served_cost_html,
+                                                  render_served_cost_markdown)
 
 __all__ = ["RENDERERS", "renderer", "SCHEMAS", "FORMS"]
 
@@ -18,6 +20,7 @@ RENDERERS: dict[str, dict[str, Callable[[dict], str]]] = {
     AUDIT_SCHEMA: {"markdown": render_audit_markdown, "html": render_audit_html, "pr": render_pr_comment},
     SELFTEST_SCHEMA: {"markdown": render_selftest_markdown, "html": render_selftest_html},
     COST_SCHEMA: {"markdown": render_cost_markdown, "html": render_cost_html},
+    SERVED_COST_SCHEMA: {"markdown": render_served_cost_markdown, "html": render_served_cost_html},
 }
 SCHEMAS = tuple(RENDERERS)
 FORMS = tuple(dict.fromkeys(form for forms in RENDERERS.values() for form in forms))  # what --format takes

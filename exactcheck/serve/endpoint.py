@@ -22,7 +22,7 @@ from typing import Sequence
 
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.continuation_law import NextTokenLaw
-from exactcheck.serve.sampler_law import sampling_law_from_raw
+from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
 
 __all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING", "POST_SAMPLING", "RAW", "probability_of"]
 
@@ -32,41 +32,85 @@ POST_SAMPLING, RAW = "post-sampling", "raw"
 @dataclass(frozen=True)
 class Sampling:
     """The sampling settings a request carries, as the server's API names them (llama.cpp's
-    sampler chain applies them in its own order: the law is the engine's, read from its reference)."""
+    sampler chain applies them in its own order: the law is the engine's, read from its reference).
+    The penalties (``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, and
+    ``repeat_last_n``: the window of llama.cpp's and mlx-lm's penalties, None for the server's
+    default) go out under each dialect's own field names (``penalty_fields``); which of them the
+    audit can judge, and how, is each dialect's ``Endpoint.penalised`` (docs/serving.md, "Penalties
+    in the serve law")."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int | None = None  # None: the server's default window
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
     def fields(self) -> dict:
+        """The truncation and temperature settings (every dialect's names); penalties: ``penalty_fields``."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+
+    def penalty_fields(self, names: dict[str, str]) -> dict:
+        """The penalties that are set, under a dialect's ``names`` (our name -> its field; a penalty
+        the dialect has no field for is refused: ``EndpointError``)."""
+        values = {"repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1.0 else None,
+                  "presence_penalty": self.presence_penalty or None,
+                  "frequency_penalty": self.frequency_penalty or None,
+                  "repeat_last_n": self.repeat_last_n if self.penalized else None}
+        out = {}
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key not in names:
+                raise EndpointError(f"sampling {self.spec()!r}: this API has no {key} (its penalties: "
+                                    f"{', '.join(sorted(names))})")
+            out[names[key]] = value
+        return out
 
     def describe(self) -> str:
         if self.greedy:
-            return "greedy (temperature 0)"
-        parts = [f"temperature {self.temperature:g}"]
-        if self.top_k:
-            parts.append(f"top-k {self.top_k}")
-        if self.top_p < 1:
-            parts.append(f"top-p {self.top_p:g}")
-        if self.min_p > 0:
-            parts.append(f"min-p {self.min_p:g}")
-        return ", ".join(parts)
+            words = "greedy (temperature 0)"
+        else:
+            parts = [f"temperature {self.temperature:g}"]
+            if self.top_k:
+                parts.append(f"top-k {self.top_k}")
+            if self.top_p < 1:
+                parts.append(f"top-p {self.top_p:g}")
+            if self.min_p > 0:
+                parts.append(f"min-p {self.min_p:g}")
+            words = ", ".join(parts)
+        for key, value in (("repetition penalty", self.repetition_penalty if self.repetition_penalty != 1 else 0),
+                           ("presence penalty", self.presence_penalty), ("frequency penalty", self.frequency_penalty)):
+            if value:
+                words += f", {key} {value:g}"
+        if self.penalized and self.repeat_last_n is not None:
+            words += f" over the last {self.repeat_last_n} tokens"
+        return words
 
     def spec(self) -> str:
-        return ",".join(f"{k}={v:g}" for k, v in self.fields().items() if v != getattr(Sampling(), k))
+        values = {**self.fields(), "repetition_penalty": self.repetition_penalty,
+                  "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                  "repeat_last_n": self.repeat_last_n}
+        return ",".join(f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k))
 
     @classmethod
     def parse(cls, spec: str) -> "Sampling":
-        """'temperature=0.7,top_k=2' -> Sampling(0.7, 2); 'greedy' -> temperature 0."""
+        """'temperature=0.7,top_k=2' -> Sampling(0.7, 2); 'greedy' -> temperature 0; penalties:
+        'repetition_penalty=1.3', 'presence_penalty=0.5', 'frequency_penalty=0.5', 'repeat_last_n=64'."""
         if spec.strip() == "greedy":
             return GREEDY_SAMPLING
-        kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float}
+        kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
+                 "presence_penalty": float, "frequency_penalty": float, "repeat_last_n": int}
         values = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
@@ -77,6 +121,11 @@ class Sampling:
         if not (sampling.temperature >= 0 and sampling.top_k >= 0 and 0 < sampling.top_p <= 1
                 and 0 <= sampling.min_p < 1):
             raise ValueError(f"sampling {spec!r}: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1)")
+        if not (sampling.repetition_penalty > 0 and math.isfinite(sampling.repetition_penalty)
+                and math.isfinite(sampling.presence_penalty) and math.isfinite(sampling.frequency_penalty)
+                and (sampling.repeat_last_n is None or sampling.repeat_last_n >= -1)):
+            raise ValueError(f"sampling {spec!r}: repetition_penalty > 0, presence and frequency penalties finite, "
+                             f"repeat_last_n >= -1 (-1: the whole context, llama.cpp)")
         return sampling
 
 
@@ -107,6 +156,7 @@ class Endpoint:
     kind = POST_SAMPLING  # the kind of the probabilities this endpoint lists
     cache_switch = False  # whether a request can turn the server's prompt (prefix) cache off
     path = "/completion"
+    chat_dialect: str | None = None  # its chat endpoint's dialect (``serve.chat.CHAT_DIALECTS``); None: not audited
 
     def __init__(self, base: str, client: Client, *, model: str | None = None):
         self.base, self.client, self.model = base, client, model
@@ -133,6 +183,15 @@ class Endpoint:
         the prompt already ends the text)."""
         raise NotImplementedError
 
+    def penalised(self, law: NextTokenLaw, sampling: Sampling, prefix: tuple[int, ...]) -> NextTokenLaw:
+        """The law a one-token request listed (``self.kind``), turned into the one the audited request
+        has after the continuation ``prefix`` under ``sampling``'s penalties: a one-token request reads
+        ``prefix`` as prompt, the audited request as output, and a penalty's history may tell them
+        apart. Each dialect says what it can derive; here, none (``NotDeterminable`` where a penalty is on)."""
+        if sampling.penalized:
+            raise NotDeterminable(f"{self.api}: how its penalties read prompt and output is not known to the audit")
+        return law
+
     def speculation_totals(self) -> tuple[int, int] | None:
         """(tokens drafted, drafts accepted) counted by the server since it started, where it counts
         them server-wide (vLLM's ``/metrics``); None where it reports them per request or not at all."""
@@ -155,13 +214,15 @@ class Endpoint:
         asked = sampling if kind == self.kind or self.kind == RAW else Sampling()
         bodies = [self.body(list(prompt) + list(prefix), 1, asked, seed=0, n_probs=n_probs) for prefix in prefixes]
         laws = []
-        for exchange in self.client.post_many(self.base, self.path, bodies):
+        for prefix, exchange in zip(prefixes, self.client.post_many(self.base, self.path, bodies)):
             listed = self.listed_next_token(exchange)
             if listed is None:
                 laws.append(NextTokenLaw({}, 0.0))  # the prompt already ends the text
                 continue
             complete = self.vocab_size is not None and n_probs >= self.vocab_size
             law = NextTokenLaw.normalised(listed, listed_all=complete or sum(listed.values()) >= 1 - 1e-6)
+            if kind == POST_SAMPLING:
+                law = self.penalised(law, sampling, tuple(prefix))  # NotDeterminable says why not
             if kind == POST_SAMPLING and self.kind == RAW:
                 law = sampling_law_from_raw(law, sampling)  # NotDeterminable says why not
             laws.append(law)

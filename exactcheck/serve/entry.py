@@ -29,9 +29,17 @@ def serve_arguments(parser) -> None:
     parser.add_argument("--world", action="append", metavar="NAME", help="only this world, e.g. p0-t1 (repeatable)")
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt, tokenized by the server (repeatable)")
     parser.add_argument("--prompt-ids", action="append", metavar="ID,ID,...", help="a prompt as token ids (repeatable)")
+    parser.add_argument("--chat", action="store_true",
+                        help="audit the chat endpoint (/v1/chat/completions): its answers to a conversation, "
+                             "against the law of the tokens its chat template made (default conversation "
+                             f"{settings.DEFAULT_CHAT.specs()[0]!r} unless --message)")
+    parser.add_argument("--message", action="append", metavar="ROLE:TEXT",
+                        help="one message of the audited conversation, e.g. 'system:be brief' then 'user:abc' "
+                             "(repeatable, in order; implies --chat)")
     parser.add_argument("--sampling", action="append", metavar="SPEC",
-                        help="sampling settings of a world, e.g. 'temperature=0.7,top_k=8', 'top_p=0.9,min_p=0.05' "
-                             "(repeatable; default three settings)")
+                        help="sampling settings of a world, e.g. 'temperature=0.7,top_k=8', 'top_p=0.9,min_p=0.05', "
+                             "penalties 'repetition_penalty=1.3,presence_penalty=0.5,frequency_penalty=0.5,"
+                             "repeat_last_n=64' (repeatable; default three settings)")
     settings.add_arguments(parser)
     parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports (and the journal) here")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -46,6 +54,15 @@ def serve_settings(args) -> dict:
             prompts.append(tuple(int(t) for t in spec.split(",") if t.strip()))
         except ValueError:
             raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
+    if args.message:
+        try:
+            prompts.append(settings.ChatPrompt.parse(args.message))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif args.chat:
+        prompts.append(settings.DEFAULT_CHAT)
+    if args.chat_template_tokenizer is not None and not (args.chat or args.message):
+        raise UsageError("--chat-template-tokenizer makes the chat worlds' prompt tokens: give --chat or --message")
     samplings = []
     for spec in args.sampling or []:
         try:
@@ -80,8 +97,8 @@ def plan(subject, options: AuditOptions, **own) -> AuditPlan:
     """The checks by name (the worlds are the prompts x the samplings; nothing is asked of the server)."""
     from exactcheck.serve.runner import serve_budget, serve_checks, serve_worlds
     prompts = own.get("prompts") or settings.DEFAULT_PROMPTS
-    worlds = serve_worlds([() for _ in prompts], own.get("samplings") or settings.DEFAULT_SAMPLINGS,
-                          own.get("length", 3))
+    worlds = serve_worlds([p if isinstance(p, settings.ChatPrompt) else () for p in prompts],
+                          own.get("samplings") or settings.DEFAULT_SAMPLINGS, own.get("length", 3))
     if options.worlds:
         worlds = [w for w in worlds if w.name in options.worlds]
     checks = serve_checks(worlds)
@@ -102,6 +119,8 @@ def catalogue() -> list[str]:
              "/v1/completions): one world per prompt and sampling"]
     lines.append(f"  prompts (tokenized by the server; --prompt, --prompt-ids): {', '.join(map(repr, DEFAULT_PROMPTS))}")
     lines.append(f"  samplings (--sampling): {'; '.join(s.describe() for s in DEFAULT_SAMPLINGS)}")
+    lines.append(f"  conversations (--chat, --message ROLE:TEXT; /v1/chat/completions, llama.cpp and vLLM): "
+                 f"{settings.DEFAULT_CHAT.describe()} by default, worlds c0-...")
     lines.append("served-system mutants (HTTP proxies in front of a correct server: exactcheck.serve.mutants):")
     lines += [f"  {m.name:<26} {m.defect}" for m in PROXY_MUTANTS.values()]
     return lines

@@ -13,7 +13,12 @@ from typing import Sequence
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
 
-__all__ = ["LlamaCppEndpoint", "is_llama_cpp"]
+__all__ = ["LlamaCppEndpoint", "is_llama_cpp", "PENALTY_FIELDS"]
+
+# our penalty names -> llama.cpp's request fields (server-schema.cpp: repeat_last_n, repeat_penalty,
+# frequency_penalty, presence_penalty)
+PENALTY_FIELDS = {"repetition_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty", "repeat_last_n": "repeat_last_n"}
 
 
 def is_llama_cpp(client: Client, base: str) -> bool:
@@ -30,6 +35,7 @@ class LlamaCppEndpoint(Endpoint):
     kind = POST_SAMPLING
     cache_switch = True
     path = "/completion"
+    chat_dialect = "llama.cpp"
 
     def check(self) -> dict:
         """The server's facts (``/props``), or an ``EndpointError`` saying it is down or not llama.cpp."""
@@ -52,11 +58,21 @@ class LlamaCppEndpoint(Endpoint):
         # not audited here
         body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
                 "cache_prompt": bool(cache), "stream": False, "ignore_eos": True, **sampling.fields()}
+        body.update(sampling.penalty_fields(PENALTY_FIELDS))
         if n_probs:
             body.update(n_probs=n_probs, post_sampling_probs=True)
         if tag is not None:
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
+
+    def penalised(self, law, sampling: Sampling, prefix: tuple[int, ...]):
+        """As listed: llama.cpp's probabilities are post-sampling (its penalties included), and its
+        penalties read the same history in a one-token request as at the audited position: the
+        sampler takes every prompt token before the first sample (server-context.cpp
+        ``init_sampler``: ``common_sampler_accept(smpl, id, false)`` for each prompt token, which
+        feeds the penalties' window: sampling.cpp ``llama_sampler_accept(gsmpl->chain, token)``), so
+        the window is the last ``repeat_last_n`` tokens of prompt + continuation either way."""
+        return law
 
     def read(self, exchange: Exchange) -> Completion:
         answer = exchange.answer

@@ -50,13 +50,22 @@ from exactcheck.serve.continuation_law import NextTokenLaw
 from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling
 from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
 
-__all__ = ["MlxLmEndpoint", "detect", "MAX_TOP_LOGPROBS", "GIVES"]
+__all__ = ["MlxLmEndpoint", "detect", "load_tokenizer", "MAX_TOP_LOGPROBS", "GIVES"]
 
 MAX_TOP_LOGPROBS = 11  # server.py validate_model_parameters: top_logprobs in [0, 11] (or -1)
 # a token the audited server reports above 1/(n+1) + this is one the reference's top n must list,
 # or the gap is beyond the default logprob tolerance (0.02) anyway
 LISTED_MARGIN = 0.02
 # what the dialect gives (apis.DIALECTS shows it; docs/serving.md)
+# our penalty names -> mlx_lm.server's fields (server.py: repetition_penalty, presence_penalty,
+# frequency_penalty; repeat_last_n goes out as each one's *_context_size)
+PENALTY_FIELDS = {"repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty", "repeat_last_n": "repetition_context_size"}
+PENALTIES_NOT_JUDGED = (
+    "mlx-lm's penalties read the tokens generate_step was handed (generate.py _step: the processors see "
+    "`tokens`, the prompt it was given plus the output), and the server hands it only the part of the prompt "
+    "its prompt cache did not hold (server.py: fetch_nearest_cache, then stream_generate(prompt=rest)): the "
+    "history depends on what earlier requests left in the cache, which no request can turn off")
 GIVES = dict(prompts="text (ids written through the model directory's tokenizer, checked to round-trip)",
              ids="logprobs.content[*].id with logprobs: true (no top_logprobs)",
              probabilities="raw, top 11 (top_logprobs <= 11)", counters="none (speculation_ran not judged)",
@@ -83,12 +92,12 @@ def detect(client: Client, base: str) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(directory: str):
+def load_tokenizer(directory: str):
+    """The tokenizer of a model directory, as transformers loads it (cached; one line if it cannot)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise EndpointError("mlx-lm's dialect reads the model directory's tokenizer with transformers "
-                            "(pip install transformers)") from None
+        raise EndpointError("reading a model directory's tokenizer needs transformers (pip install transformers)") from None
     try:
         return AutoTokenizer.from_pretrained(directory)
     except Exception as exc:  # noqa: BLE001 - any failure to load is the user's directory
@@ -143,7 +152,7 @@ class MlxLmEndpoint(Endpoint):
         if not isinstance(health, dict) or health.get("status") != "ok":
             raise EndpointError(f"{self.base}/health says {str(health)[:80]}")
         self.directory = self._model_directory()
-        tokenizer = _tokenizer(str(self.directory))
+        tokenizer = load_tokenizer(str(self.directory))
         self.eos_ids = _eos_ids(self.directory, tokenizer)
         self.vocab_size = len(tokenizer)
         special = set(tokenizer.all_special_ids)
@@ -192,14 +201,14 @@ class MlxLmEndpoint(Endpoint):
         """The text the tokenizer decodes ``ids`` to, None where it does not encode back to them."""
         key = tuple(int(i) for i in ids)
         if key not in self._texts:
-            tokenizer = _tokenizer(str(self.directory))
+            tokenizer = load_tokenizer(str(self.directory))
             text = tokenizer.decode(list(key), skip_special_tokens=False, clean_up_tokenization_spaces=False)
             back = tokenizer.encode(text, add_special_tokens=False)
             self._texts[key] = text if tuple(back) == key else None
         return self._texts[key]
 
     def tokenize(self, text: str) -> list[int]:
-        ids = _tokenizer(str(self.directory)).encode(text, add_special_tokens=False)
+        ids = load_tokenizer(str(self.directory)).encode(text, add_special_tokens=False)
         if self._text(ids) is None:
             raise EndpointError(f"the text {text[:40]!r} tokenizes to {ids[:8]} whose text does not read back as the "
                                 f"same ids: give prompts as token ids (--prompt-ids)")
@@ -216,7 +225,9 @@ class MlxLmEndpoint(Endpoint):
         # logprobs: the only way ids come back; no "model" (the server would load that path), no
         # ignore_eos (not an mlx-lm field: an answer may end on an end-of-text token)
         body = {"prompt": text, "max_tokens": n_predict, "stream": False, "seed": int(seed), "logprobs": True,
-                **sampling.fields(), "exactcheck_prompt_length": len(prompt)}
+                **sampling.fields(), **sampling.penalty_fields(PENALTY_FIELDS), "exactcheck_prompt_length": len(prompt)}
+        if sampling.penalized and sampling.repeat_last_n is not None:  # one window for every penalty
+            body.update({f"{k}_context_size": sampling.repeat_last_n for k in ("repetition", "presence", "frequency")})
         if top_logprobs:
             body["top_logprobs"] = min(int(top_logprobs), MAX_TOP_LOGPROBS)
         if n_probs:
@@ -293,6 +304,8 @@ class MlxLmEndpoint(Endpoint):
                         n_probs: int, kind: str = POST_SAMPLING) -> list[NextTokenLaw]:
         """As ``Endpoint.next_token_laws``, from the raw top ``min(n_probs, 11)``; a prefix holding an
         end-of-text token ends the text (no request: the server would go on past it)."""
+        if kind == POST_SAMPLING and sampling.penalized:
+            raise NotDeterminable(PENALTIES_NOT_JUDGED)
         if kind == POST_SAMPLING and sampling.top_k and sampling.top_p < 1 and not sampling.greedy:
             raise NotDeterminable("top-k with top-p: mlx-lm applies top-p before top-k (sample_utils.make_sampler), "
                                   "vLLM and llama.cpp after, so its law is not the one a raw top list gives by the "

@@ -41,7 +41,12 @@ PROXY_MUTANTS = {m.name: m for m in (
                 needs="plain", caught_by="speculation_ran"),
     ProxyMutant("seed_cache", "answers a request from a cache keyed without its seed: every seed gets the first "
                               "answer", caught_by="continuation"),
+    ProxyMutant("chat_hotter", "serves the chat endpoint's answers at temperature x 1.3 of what the request asks, "
+                               "the completions endpoints as asked (a chat handler that maps the sampling fields "
+                               "its own way)", caught_by="continuation"),
 )}
+_COMPLETIONS = ("/completion", "/v1/completions")
+_CHAT = "/v1/chat/completions"
 
 
 class _Server(ThreadingHTTPServer):
@@ -149,10 +154,10 @@ class _Handler(BaseHTTPRequestHandler):
         server.requests[self.path] += 1
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         name = server.mutant.name
-        if self.path not in ("/completion", "/v1/completions"):
+        if self.path not in (*_COMPLETIONS, _CHAT) or (self.path == _CHAT) != name.startswith("chat_"):
             return self._reply(*_forward(server.upstream, self.path, body))
         upstream = server.upstream
-        if name == "hotter" and float(body.get("temperature", 1.0)) > 0:
+        if name in ("hotter", "chat_hotter") and float(body.get("temperature", 1.0)) > 0:
             body = dict(body, temperature=float(body["temperature"]) * 1.3)
         if name == "speculation_off_for_logprobs" and (body.get("n_probs") or body.get("logprobs")):
             upstream = server.plain

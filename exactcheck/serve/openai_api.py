@@ -23,11 +23,15 @@ from typing import Sequence
 
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
 from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top
+from exactcheck.serve.sampler_law import NotDeterminable, with_output_penalties
 
 __all__ = ["OpenAICompletionsEndpoint", "parse_metrics"]
 
 _TOKEN_ID = "token_id:"
+# vLLM's SamplingParams fields (sampling_params.py); it has no window: repeat_last_n is refused
+VLLM_PENALTY_FIELDS = {k: k for k in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
 DRAFTED_METRIC, ACCEPTED_METRIC = "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"
 
 
@@ -41,6 +45,11 @@ class OpenAICompletionsEndpoint(Endpoint):
         self.ids_through_logprobs = False
         self.kind = reference_kind or RAW
         self._declared_kind = reference_kind
+
+    @property
+    def chat_dialect(self) -> str:
+        """Its /v1/chat/completions: llama.cpp's where the server is llama.cpp, else vLLM's."""
+        return "llama.cpp" if self.llama_cpp else "vllm"
 
     def describe(self) -> str:
         how = "token ids read from logprobs (every request asks logprobs=1)" if self.ids_through_logprobs else \
@@ -74,6 +83,26 @@ class OpenAICompletionsEndpoint(Endpoint):
                                     f"0.10.2; llama.cpp's /completion with --api llama.cpp)")
         return models
 
+    def penalised(self, law, sampling: Sampling, prefix: tuple[int, ...]):
+        """llama.cpp: as listed (``LlamaCppEndpoint.penalised``). vLLM (v1/sample/ops/penalties.py,
+        model_executor/layers/utils.py ``apply_penalties``): its repetition penalty reads prompt and
+        output as one set (a one-token request's prompt + continuation is the same set), its presence
+        and frequency penalties the output only (the continuation, which a one-token request sends as
+        prompt). Raw log-probabilities (the default ``raw_logprobs``: before every penalty): presence
+        and frequency applied here over the continuation (``with_output_penalties``); the repetition
+        penalty is not derivable. Post-sampling (``processed_logprobs``): the repetition penalty is
+        in them with the same set; presence and frequency are missing and cannot be added back to a
+        law already tempered and truncated."""
+        if self.llama_cpp or not sampling.penalized:
+            return law
+        if self.kind == RAW:
+            return with_output_penalties(law, sampling, prefix)
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            raise NotDeterminable("presence/frequency penalty with a reference reporting processed log-probabilities: "
+                                  "vLLM counts them over the output only, which a one-token request's continuation "
+                                  "is not (it is sent as prompt), and a tempered, truncated law cannot take them back")
+        return law
+
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's ``/tokenize`` (``content``) or vLLM's (``model``, ``prompt``; no special tokens added)."""
         body = {"content": text} if self.llama_cpp else {"model": self.model, "prompt": text, "add_special_tokens": False}
@@ -93,6 +122,7 @@ class OpenAICompletionsEndpoint(Endpoint):
             body["top_k"] = sampling.top_k
         if sampling.min_p:
             body["min_p"] = sampling.min_p
+        body.update(sampling.penalty_fields(LLAMA_PENALTY_FIELDS if self.llama_cpp else VLLM_PENALTY_FIELDS))
         logprobs = max(n_probs, 1 if self.ids_through_logprobs else 0)
         if logprobs:
             body.update(logprobs=logprobs, return_tokens_as_token_ids=True)

@@ -22,6 +22,7 @@ from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, Check
 from exactcheck.reproduce import serve_audit_line
 from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
+from exactcheck.serve.chat import ChatPrompt, ChatRequests, reproduce_flags, template_tokens
 from exactcheck.serve.client import Client, EndpointError
 from exactcheck.serve.continuation_law import ContinuationLaw, expand
 from exactcheck.serve.draft_counts import probes_needed, send_counted
@@ -45,18 +46,34 @@ EXPANSION = {"quick": (1e-2, 200), "standard": (1e-3, 1_000), "release": (2e-4, 
 
 @dataclass(frozen=True)
 class ServeWorld:
+    """A prompt (token ids) and the sampling settings users set; ``chat``: the conversation whose
+    template made the prompt, for a world audited through the chat endpoint (``serve.chat``)."""
+
     name: str
     prompt: tuple[int, ...]
     sampling: Sampling
     length: int
+    chat: ChatPrompt | None = None
 
     def describe(self) -> str:
+        if self.chat is not None:
+            return (f"the first {self.length} tokens of the chat answer to {self.chat.describe()} (prompt: the "
+                    f"{len(self.prompt)} tokens of {self.chat.source or 'its chat template'}), "
+                    f"{self.sampling.describe()}")
         return f"the first {self.length} tokens after prompt {list(self.prompt)}, {self.sampling.describe()}"
 
 
-def serve_worlds(prompts: list[tuple[int, ...]], samplings, length: int) -> list[ServeWorld]:
-    return [ServeWorld(f"p{i}-{_sampling_name(s)}", tuple(p), s, length)
-            for i, p in enumerate(prompts) for s in samplings]
+def serve_worlds(prompts: list, samplings, length: int) -> list[ServeWorld]:
+    """One world per prompt and sampling: ``p{i}-...`` for a prompt of token ids, ``c{i}-...`` for a
+    conversation (a ``ChatPrompt``, its ids those its template made: empty before they are known)."""
+    worlds, counts = [], {"p": 0, "c": 0}
+    for p in prompts:
+        chat = p if isinstance(p, ChatPrompt) else None
+        letter = "c" if chat is not None else "p"
+        worlds += [ServeWorld(f"{letter}{counts[letter]}-{_sampling_name(s)}", tuple(chat.ids if chat else p), s,
+                              length, chat) for s in samplings]
+        counts[letter] += 1
+    return worlds
 
 
 def _sampling_name(s: Sampling) -> str:
@@ -96,8 +113,13 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
     worlds: list[ServeWorld] = []
 
     def reproduce(world: str) -> str:
-        return serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
+        line = serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
                                 reference_probabilities=settings.reference_probabilities)
+        conversations = [p for p in settings.prompts if isinstance(p, ChatPrompt)]
+        index = world[1:].partition("-")[0]
+        if world.startswith("c") and index.isdigit() and int(index) < len(conversations):
+            line += reproduce_flags(conversations[int(index)], settings.chat_template_tokenizer)
+        return line
 
     run = AuditRun((), None, options.seed, reproduce, progress=progress, unreached=(
         "not run: the audit was interrupted before this check (its answers so far are in the journal: --resume)"))
@@ -113,7 +135,7 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                                       reference_probabilities=settings.reference_probabilities) if reference_url != url else audited
         except EndpointError as exc:
             raise UsageError(f"cannot be audited: {exc}") from None
-        prompts = [tuple(p) if not isinstance(p, str) else tuple(audited.tokenize(p)) for p in settings.prompts]
+        prompts = [_prompt_ids(audited, p, settings) for p in settings.prompts]
         worlds = serve_worlds(prompts, settings.samplings, settings.length)
         if options.worlds:
             unknown = sorted(set(options.worlds) - {w.name for w in worlds})
@@ -125,35 +147,51 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
         min_mass, max_calls = EXPANSION[options.level.value]
         noise = 0.0  # the reference's own largest decode-vs-prefill gap over the worlds
+        chats: dict[ChatPrompt, tuple[ChatRequests, str | None]] = {}  # each conversation: its requests, why not judged
         with run.interruptible():
             for world in worlds:
                 seed = derive_seed(options.seed, world.name)
                 base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
+                requests: Endpoint = audited
+                if world.chat is not None:
+                    if world.chat not in chats:
+                        chat = ChatRequests(audited, world.chat)
+                        chats[world.chat] = (chat, chat.probe(world.length))
+                    requests, why_not = chats[world.chat]
+                    if why_not is not None:
+                        run.extend(_chat_not_judged(world, why_not, seed, base["reproduce"]))
+                        continue
                 try:
                     law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
                 except NotDeterminable as exc:
-                    law, why = None, str(exc)
+                    law, why = None, f"the reference's probabilities do not determine the law of these settings " \
+                                     f"({exc})"
                 n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
                     else max(settings.probed, settings.seeds)
                 run.planned += n
                 bar.grow(n + settings.probed + 2 * settings.seeds)
                 seeds = [_request_seed(seed, i) for i in range(n)]
-                bodies = [audited.body(world.prompt, world.length, world.sampling, s) for s in seeds]
-                runs, law_tally = send_counted(audited, bodies, settings.concurrency)
+                bodies = [requests.body(world.prompt, world.length, world.sampling, s) for s in seeds]
+                runs, law_tally = send_counted(requests, bodies, settings.concurrency)
                 run.drawn += len(runs)
+                stopped = sum(len(r.tokens) < world.length for r in runs) if world.chat is not None else 0
+                if stopped:
+                    why = (f"{stopped} of {len(runs)} chat answers ended before {world.length} tokens (finish_reason "
+                           f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
+                           f"only), and the completions endpoint's law knows no such stop")
+                    law = None
                 if law is not None:
                     run.add(continuation_law_verdict(law, runs, world.describe(), budget.first_share, budget.alpha,
                                                      base))
                 else:
                     run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                                   "continuation"), seed, base["reproduce"],
-                                            f"not judged: the reference's probabilities do not determine the law of "
-                                            f"these settings ({why})"))
+                                            f"not judged: {why}"))
                 probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
                 bar.grow(probe_count - settings.probed)
-                probes, probe_tally = send_counted(audited, [
-                    audited.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"), n_probs=1)
-                    for i in range(probe_count)], settings.concurrency)
+                probes, probe_tally = send_counted(requests, [
+                    requests.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"),
+                                  n_probs=1) for i in range(probe_count)], settings.concurrency)
                 world_noise = None
                 if reference_url != url:
                     bar.grow(settings.probed)
@@ -164,14 +202,21 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 # carries speculated tokens whose reported probabilities can be checked)
                 run.add(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
                                         settings.logprob_tolerance, len(probes), base, noise=world_noise))
-                repeats = audited.complete_many([audited.body(world.prompt, world.length, world.sampling, s,
-                                                              tag="repeat") for s in seeds[:settings.seeds]])
+                repeats = requests.complete_many([requests.body(world.prompt, world.length, world.sampling, s,
+                                                                tag="repeat") for s in seeds[:settings.seeds]])
                 run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
                 run.add(speculation_verdict(law_tally, probe_tally, budget.first_share, base))
             if worlds:
                 greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
-                run.extend(_greedy(audited, reference, prompts, settings, reference_url != url, greedy_base,
-                                   near_tie=max(NEAR_TIE, NOISE_MARGIN * noise)))
+                senders = [(p.ids, chats[p][0]) if isinstance(p, ChatPrompt) else (p, audited) for p in prompts
+                           if not isinstance(p, ChatPrompt) or (p in chats and chats[p][1] is None)]
+                if senders:
+                    run.extend(_greedy(reference, senders, settings, reference_url != url, greedy_base,
+                                       near_tie=max(NEAR_TIE, NOISE_MARGIN * noise)))
+                else:
+                    run.extend(not_run_verdict(c, options.seed, greedy_base["reproduce"], "not judged: no prompt "
+                                               "whose answers' tokens are known (every conversation: not judged)")
+                               for c in serve_checks([]) if c.world == "greedy")
                 run.add(settings_verdict(audited.speculation_settings(), dict(
                     world="server", seed=options.seed, reproduce=reproduce("server"))))
     except EndpointError as exc:  # the server went away, or answered what the audit cannot use
@@ -196,6 +241,21 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
         reference=(reference.describe() if reference is not None else reference_url)
         + ("" if settings.reference else " (the audited server, one-token requests)"),
         traffic=client.stats.line())
+
+
+def _prompt_ids(audited: Endpoint, prompt, settings: ServeSettings):
+    """A prompt as the audit uses it: a text tokenized by the server, token ids as given, a
+    conversation with the ids its chat template makes (``serve.chat.template_tokens``)."""
+    if isinstance(prompt, ChatPrompt):
+        return template_tokens(audited, prompt, settings.chat_template_tokenizer)
+    return tuple(audited.tokenize(prompt)) if isinstance(prompt, str) else tuple(prompt)
+
+
+def _chat_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> list[Verdict]:
+    """A chat world whose answers cannot be known to continue its template's tokens: each of its
+    checks not judged, with the reason (never a guess at the tokens)."""
+    return [not_run_verdict(c, seed, reproduce, f"not judged: {why}", condition=world.describe())
+            for c in serve_checks([world]) if c.world == world.name]
 
 
 def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:
@@ -247,14 +307,17 @@ def _probability_rows(reference: Endpoint, world: ServeWorld, law: ContinuationL
     return sorted(rows)
 
 
-def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSettings, separate: bool,
-            base: dict, near_tie: float) -> list[Verdict]:
+def _greedy(reference: Endpoint, senders: list[tuple[tuple[int, ...], Endpoint]], settings: ServeSettings,
+            separate: bool, base: dict, near_tie: float) -> list[Verdict]:
     """Greedy output speculation on vs off per prompt (each prompt sent alone), and on alone vs on
     under load (each prompt ``settings.load`` times at once; with the prompt cache on and, where the
     API has the switch, off): with the reference being the audited server, "off" is built token by
-    token from one-token requests."""
+    token from one-token requests. ``senders``: each prompt's ids and the endpoint its audited
+    requests go to (the audited server's completions, or its chat endpoint for a conversation)."""
     tokens = settings.greedy_tokens
-    alone = [audited.complete_many([audited.body(p, tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens] for p in prompts]
+    prompts = [p for p, _ in senders]
+    alone = [sender.complete_many([sender.body(p, tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens]
+             for p, sender in senders]
     if separate:
         off = [c.tokens[:tokens] for c in reference.complete_many([reference.body(p, tokens, GREEDY_SAMPLING, 0)
                                                                    for p in prompts])]
@@ -270,14 +333,21 @@ def _greedy(audited: Endpoint, reference: Endpoint, prompts, settings: ServeSett
                 if c.stopped_on_eog:
                     break
             off.append(tuple(path))
-    caches = (True, False) if audited.cache_switch else (True,)
+    switch = all(sender.cache_switch for _, sender in senders)
+    caches = (True, False) if switch else (True,)
     copies = [(cache, j) for cache in caches for j in range(settings.load)]
-    loaded = audited.complete_many([audited.body(p, tokens, GREEDY_SAMPLING, 0, cache=cache, tag=f"load/{j}")
-                                    for p in prompts for cache, j in copies])
+    groups: dict[int, tuple[Endpoint, list[int]]] = {}  # the prompts one endpoint takes, all sent at once
+    for i, (_, sender) in enumerate(senders):
+        groups.setdefault(id(sender), (sender, []))[1].append(i)
+    loaded: list = [None] * len(prompts)
+    for sender, members in groups.values():
+        answers = sender.complete_many([sender.body(prompts[i], tokens, GREEDY_SAMPLING, 0, cache=cache,
+                                                    tag=f"load/{j}") for i in members for cache, j in copies])
+        for k, i in enumerate(members):
+            loaded[i] = answers[k * len(copies):(k + 1) * len(copies)]
     pairs = [(list(p), a, tuple(r)) for p, a, r in zip(prompts, alone, off)]
-    under_load = [(list(p), a, c.tokens[:tokens]) for i, (p, a) in enumerate(zip(prompts, alone))
-                  for c in loaded[i * len(copies):(i + 1) * len(copies)]]
-    cache_words = "the prompt cache on and off" if audited.cache_switch else \
+    under_load = [(list(p), a, c.tokens[:tokens]) for p, a, answers in zip(prompts, alone, loaded) for c in answers]
+    cache_words = "the prompt cache on and off" if switch else \
         "the prompt cache as the server keeps it (no per-request switch in this API)"
     return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base, near_tie=near_tie),
             greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from exactcheck.serve.apis import APIS
+from exactcheck.serve.chat import DEFAULT_CHAT, ChatPrompt
 from exactcheck.serve.endpoint import Sampling
 
 __all__ = ["Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
-           "add_arguments", "from_args"]
+           "DEFAULT_CHAT", "ChatPrompt", "add_arguments", "from_args"]
 
 DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
 DEFAULT_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8), Sampling(top_p=0.9, min_p=0.05))
@@ -60,7 +61,11 @@ SETTINGS = (
     Setting("reference_probabilities", None, "what an OpenAI reference's logprobs are: raw (vLLM's default) or "
             "post-sampling (vLLM --logprobs-mode processed_logprobs; llama.cpp); default: raw, llama.cpp post-sampling",
             lambda v: v in ("raw", "post-sampling"), "raw or post-sampling", choices=("raw", "post-sampling")),
-    Setting("prompts", DEFAULT_PROMPTS, "texts (tokenized by the server) or token-id tuples", flag=False),
+    Setting("prompts", DEFAULT_PROMPTS, "texts (tokenized by the server), token-id tuples, or conversations "
+            "(serve.chat.ChatPrompt: audited through /v1/chat/completions)", flag=False),
+    Setting("chat_template_tokenizer", None, "a model directory whose tokenizer's chat template makes the chat "
+            "worlds' prompt tokens (default: the server's own template: llama.cpp /apply-template, vLLM /tokenize "
+            "with messages)", lambda v: isinstance(v, str) and v != "", "a model directory", metavar="DIR"),
     Setting("samplings", DEFAULT_SAMPLINGS, "the sampling settings of the worlds", flag=False),
     Setting("length", 3, "tokens of each continuation whose law is audited (default 3)", _positive_int,
             "a positive integer", type=int),
