@@ -47,6 +47,7 @@ from typing import Sequence
 
 from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
+from exactcheck.audit_run import AuditRun
 from exactcheck.progress import Progress
 from exactcheck.report.served_cost_report import SERVED_COST_SCHEMA
 from exactcheck.reproduce import served_cost_line
@@ -297,7 +298,9 @@ def run_served_cost(url: str, *, reference: str | None, api: str = "auto", model
         plan = plan_requests(len(ids), len(samplings), requests, seed)
         warm_up(endpoints, ids[0], samplings[0], new_tokens, seed)
         start = {role: _totals(e) for role, e in endpoints.items()}
-        bar = Progress(2 * len(plan), unit="request", desc="exactcheck: cost", enabled=progress)
+        # a measurement, not a test: the run core's bar, no checks, no Holm
+        run = AuditRun((), None, seed, lambda _world: "", progress=progress)
+        bar = run.bar(2 * len(plan), unit="request", desc="exactcheck: cost")
         records, stopped = measure(endpoints, ids, samplings, plan, new_tokens, bar)
         end = {role: _totals(e) if stopped is None else None for role, e in endpoints.items()}
     finally:
