@@ -38,7 +38,7 @@ MODES = {"n-gram": lambda draft: VLLM_NGRAM,
          "draft model, probabilistic drafts": lambda draft: vllm_draft_config(draft, "probabilistic")}
 
 
-def audit_command(url: str, reference: str | None, report: Path, max_samples: int) -> list[str]:
+def audit_command(url: str, reference: str | None, report: Path, journal: Path, max_samples: int) -> list[str]:
     cmd = [sys.executable, "-m", "exactcheck", "serve", url]
     if reference:
         cmd += ["--reference", reference]
@@ -48,7 +48,7 @@ def audit_command(url: str, reference: str | None, report: Path, max_samples: in
         cmd += ["--prompt-ids", p]
     for s in SAMPLINGS:
         cmd += ["--sampling", s]
-    return cmd + ["--report", str(report), "--quiet"]
+    return cmd + ["--report", str(report), "--journal", str(journal), "--quiet"]  # (journals: megabytes, not kept)
 
 
 def _slug(name: str) -> str:
@@ -73,9 +73,9 @@ def main() -> int:
 
     def audit(name: str, url: str, reference: str | None) -> None:
         report = reports / _slug(name)
-        a = run_audit(name, audit_command(url, reference, report.relative_to(ROOT), args.max_samples), report,
-                      args.audit_timeout)
-        a["command"] = a["command"].replace(sys.executable, "python")
+        a = run_audit(name, audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl",
+                                          args.max_samples), report, args.audit_timeout)
+        a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), "/tmp/serve-vllm")
         for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
             if u:
                 a["command"] = a["command"].replace(u, label)
