@@ -135,3 +135,60 @@ def test_a_real_server_killed_by_its_pid_mid_audit_is_its_finding_and_resume_com
     with llama_server(pair[0], port=port) as restarted:
         resumed = run_serve_audit(restarted, reference=target, **audit, resume=True)
     assert resumed.passed, [v.describe() for v in resumed.failed]
+
+
+@pytest.mark.long
+def test_the_target_against_itself_passes_under_penalties(target):
+    """llama.cpp feeds every prompt token to the sampler before the first sample (server-context.cpp
+    ``init_sampler``), so its penalties read the same window in a one-token request (the
+    continuation sent as prompt) as at the audited position: the post-sampling probabilities give
+    the law under a repetition penalty (and presence, frequency) as they are. Were the histories
+    different, the plain server against itself would fail here."""
+    begun = time.monotonic()
+    samplings = (Sampling(repetition_penalty=1.5, repeat_last_n=6),
+                 Sampling(temperature=0.7, top_k=8, repetition_penalty=2.0, presence_penalty=0.5,
+                          frequency_penalty=1.0))
+    result = run_serve_audit(target, **dict(AUDIT, samplings=samplings, max_samples=1500))
+    laws = [v for v in result.verdicts if v.law == "continuation"]
+    for v in laws:
+        print(v.check, v.outcome.value, v.samples, v.summary.splitlines()[0][:150])
+    print(f"penalised worlds against themselves: {time.monotonic() - begun:.1f} s")
+    assert result.passed, [v.describe() for v in result.failed]
+    assert len(laws) == 4 and all(v.outcome.value == "exact" for v in laws)
+    # the penalty reads the prompt: a one-token request's only history is its prompt; its tokens'
+    # probabilities fall under a frequency penalty over the last 8 tokens, and not at all with a
+    # window of 0 (llama.cpp: penalties off)
+    from exactcheck.serve.client import Client
+    from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint
+    client = Client(None, concurrency=1)
+    try:
+        endpoint = LlamaCppEndpoint(target, client)
+        plain, read, off = (endpoint.next_token_laws(list(PROMPTS[1]), [()], s, 64)[0].probabilities for s in (
+            Sampling(), Sampling(frequency_penalty=2.0, repeat_last_n=8), Sampling(frequency_penalty=2.0,
+                                                                                    repeat_last_n=0)))
+    finally:
+        client.close()
+    in_prompt = sorted(set(PROMPTS[1]) & {t for t, p in plain.items() if p > 1e-4})
+    print("prompt tokens' probabilities, plain -> penalised:",
+          {t: (round(plain[t], 4), round(read.get(t, 0.0), 4)) for t in in_prompt})
+    assert in_prompt and all(read.get(t, 0.0) < 0.5 * plain[t] for t in in_prompt)
+    assert all(abs(off.get(t, 0.0) - p) < 1e-6 for t, p in plain.items())
+    assert time.monotonic() - begun < 60
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("mode", ["greedy", "probabilistic"])
+def test_draft_model_speculation_keeps_the_law_under_penalties(pair, target, mode):
+    """Both draft modes accept each verified token into the sampler before the next is sampled
+    (common/sampling.cpp ``common_sampler_sample_and_accept_n``: ``common_sampler_accept(gsmpl, id,
+    true)`` per token), so the penalties read every accepted draft: the laws are exact."""
+    samplings = (Sampling(repetition_penalty=1.5, repeat_last_n=6),
+                 Sampling(temperature=0.7, top_k=8, repetition_penalty=2.0, presence_penalty=0.5,
+                          frequency_penalty=1.0))
+    with llama_server(pair[0], draft=pair[1], draft_sampling=mode, draft_max=3) as audited:
+        result = run_serve_audit(audited, reference=target, **dict(AUDIT, samplings=samplings, max_samples=1500))
+    laws = [v for v in result.verdicts if v.law == "continuation"]
+    for v in laws:
+        print(v.check, v.outcome.value, v.summary.splitlines()[0][:80], f"detectable TV {v.tv.detectable:.3f}")
+    assert len(laws) == 4 and all(v.outcome.value == "exact" for v in laws), [v.describe() for v in laws]
+    assert all("speculation ran" in v.summary for v in result.verdicts if v.law == "speculation_ran")

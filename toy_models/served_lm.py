@@ -17,20 +17,42 @@ It speaks three APIs (``api``): ``"llama.cpp"`` (the native ``/completion`` and 
 ``return_tokens_as_token_ids``, speculation counters server-wide in ``/metrics``, no ``/props``),
 as vLLM documents them; ``server_info`` adds SGLang's ``/get_server_info``.
 
+Both serve ``/v1/chat/completions`` over a toy chat template (``chat_template_ids``: a role token
+per message, the content's characters, then the assistant's role token), as each engine answers it:
+llama.cpp renders through ``POST /apply-template`` and ``/tokenize``, carries ids only in
+``logprobs.content`` (``top_logprobs`` is its ``n_probs``) and the prompt's size in ``usage``; vLLM
+tokenizes ``messages`` on ``/tokenize`` and returns ``prompt_token_ids`` and ``token_ids`` with
+``return_token_ids``. ``chat``: ``"ids"`` (as above), ``"text"`` (answers with text only), ``"none"``
+(no chat template: every chat request and rendering answers 400).
+
+``api="mlx-lm"`` speaks mlx-lm 0.32.2's server (``mlx_lm/server.py``) as far as
+``exactcheck.serve.mlx_lm_api`` reads it: text prompts read into ids by the tokenizer of
+``tokenizer_dir`` (a model directory: ``toy_models.hf_served_models.write_llama``'s word-level
+tokenizer, so ``vocab`` 64), ``logprobs`` a bool (``logprobs: 1`` is a 400 before anything is
+generated), ids back only as ``logprobs.content[*].id``, raw log-probabilities, ``top_logprobs`` <= 11
+whose entries are the first of each unsorted top list (``dict(top[0], top_logprobs=top)``), no
+``ignore_eos`` (an answer stops on the directory's end-of-text ids, included, ``finish_reason:
+"stop"``), no counters, ``GET /v1/models`` listing the directory, and ``Not Found`` as a plain 404
+body for an unknown path. It samples with the order above (mlx-lm applies top-p before top-k: the
+two differ only for top-k with top-p, which the audit does not judge on mlx-lm) and has no prompt
+cache; its chat endpoint is not served (the audit sends mlx-lm no chat request).
+
 For tests and measurements only: it listens on 127.0.0.1, serves until stopped, and each request
 is bounded by its ``n_predict``.
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-__all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond"]
+__all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids"]
 
 
 def sampler_chain(probs: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
@@ -77,6 +99,12 @@ class ToyServedModel:
     # them, as a deterministic proposal: rarely on contexts that do not repeat)
     drafter: str = "model"
     ngram: int = 2
+    chat: str = "ids"  # "ids", "text" (chat answers without token ids) or "none" (no chat template)
+    # a penalty defect: "stale" verifies every draft of a step with the penalty history as it was
+    # when the step began (SGLang PR #33643: penalties fed once per step), accepted drafts unread;
+    # "ignored" verifies drafts with no penalty at all (TRT-LLM PR #17701: one-model speculation)
+    penalty_mutant: str | None = None
+    tokenizer_dir: str | None = None  # api "mlx-lm": the model directory whose tokenizer reads the text prompts
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
 
@@ -97,13 +125,21 @@ class ToyServedModel:
     def as_plain(self) -> "ToyServedModel":
         """The same target without speculation."""
         return ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api,
-                              drafter=self.drafter, ngram=self.ngram)
+                              drafter=self.drafter, ngram=self.ngram, chat=self.chat,
+                              tokenizer_dir=self.tokenizer_dir)
 
     def row(self, table: np.ndarray, context: list[int]) -> np.ndarray:
         return table[context[-1] if context else self.vocab]
 
-    def law(self, context: list[int], sampling: dict) -> np.ndarray:
-        return sampler_chain(self.row(self.target, context), **sampling)
+    def law(self, context: list[int], sampling: dict, history: list[int] | None = None) -> np.ndarray:
+        """The target's law after ``context`` under ``sampling``: its penalties (``Penalties``) read
+        ``history`` (default: the context itself), then the sampler chain."""
+        sampling = dict(sampling)
+        penalties = sampling.pop("penalties", None)
+        row = self.row(self.target, context)
+        if penalties is not None:
+            row = penalties.apply(row, context if history is None else history)
+        return sampler_chain(row, **sampling)
 
     def _propose(self, context: list[int], k: int, sampling: dict, rng) -> tuple[list[int], list[np.ndarray]]:
         """Up to ``k`` draft tokens and the law each was drawn from (one-hot for prompt lookup)."""
@@ -117,7 +153,7 @@ class ToyServedModel:
             return [], []
         proposal, q_rows, draft_context = [], [], list(context)
         for _ in range(k):
-            q = sampler_chain(self.row(self.draft, draft_context), **sampling)
+            q = sampler_chain(self.row(self.draft, draft_context), **_chain(sampling))  # drafts: no penalty
             x = _sample(q, rng)
             proposal.append(x)
             q_rows.append(q)
@@ -143,8 +179,10 @@ class ToyServedModel:
                 context.append(token)
                 continue
             drafted += len(proposal)
+            step_start = list(context)
+            verify = _chain(sampling) if self.penalty_mutant == "ignored" else sampling
             for x, q in zip(proposal, q_rows):
-                p = self.law(context, sampling)
+                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None)
                 if rng.random() < min(1.0, p[x] / q[x]):
                     accepted += 1
                     out.append(x)
@@ -211,7 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict | list | str]:
     """(HTTP status, answer) of the served model to a GET (``body`` None) or a POST: JSON, or text
-    (a ``str``: vLLM's ``/metrics``)."""
+    (a ``str``: vLLM's ``/metrics``, mlx-lm's ``Not Found``)."""
+    if model.api == "mlx-lm":
+        return _mlx_respond(model, path, body)
     if body is None:
         if path == "/health":
             return 200, {"status": "ok"}
@@ -231,6 +271,17 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         return 404, {"error": "not found"}
     if path == "/v1/completions":
         return _openai_completion(model, body)
+    if path == "/v1/chat/completions":
+        return _chat_completion(model, body)
+    if path == "/tokenize" and model.api == "vllm" and "messages" in body:
+        if model.chat == "none":
+            return 400, _NO_TEMPLATE
+        ids = chat_template_ids(model, body["messages"])
+        return 200, {"count": len(ids), "max_model_len": 512, "tokens": ids}
+    if path == "/apply-template" and model.api == "llama.cpp":
+        if model.chat == "none":
+            return 400, _NO_TEMPLATE
+        return 200, {"prompt": _render(model, body.get("messages") or [])}
     if model.api == "vllm":
         return 404, {"error": "not found"}
     if path == "/tokenize":
@@ -248,6 +299,73 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     if n_probs:
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
                                                             bool(body.get("post_sampling_probs")))
+    return 200, answer
+
+
+_NO_TEMPLATE = {"error": {"code": 400, "type": "invalid_request_error",
+                          "message": "As of transformers v4.44, default chat template is no longer allowed, so you "
+                                     "must provide a chat template if the tokenizer does not define one."}}
+_ROLES = {"system": 3, "user": 2, "assistant": 1}  # a role's token: vocab minus this (others: vocab - 4)
+
+
+def _role_token(model: ToyServedModel, role: str) -> int:
+    return model.vocab - _ROLES.get(role, 4)
+
+
+def _render(model: ToyServedModel, messages: list[dict]) -> str:
+    """The toy chat template as text: each message's role marker (a character whose code is its
+    role token modulo the vocabulary, so ``/tokenize`` reads it back) and content, then the
+    assistant's marker (the generation prompt)."""
+    base = model.vocab * (0x2000 // model.vocab + 1)
+    marks = [chr(base + _role_token(model, str(m.get("role")))) + str(m.get("content", "")) for m in messages]
+    return "".join(marks) + chr(base + _role_token(model, "assistant"))
+
+
+def chat_template_ids(model: ToyServedModel, messages: list[dict]) -> list[int]:
+    """The token ids the toy chat template makes of ``messages``."""
+    return [ord(c) % model.vocab for c in _render(model, messages)]
+
+
+def _chat_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
+    """``/v1/chat/completions`` as llama.cpp or vLLM answers it (``chat``: with ids, text only, no template)."""
+    if model.chat == "none":
+        return 400, _NO_TEMPLATE
+    if body.get("model") not in (None, _model_name(model)):
+        return 404, {"error": {"message": f"the model {body.get('model')} does not exist", "code": 404}}
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return 400, {"error": {"message": "'messages' is required", "code": 400}}
+    prompt = chat_template_ids(model, messages)
+    sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
+                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+    n = max(0, min(int(body.get("max_tokens", 16)), 256))
+    tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
+    choice = {"index": 0, "message": {"role": "assistant", "content": "".join(chr(97 + t % 26) for t in tokens)},
+              "finish_reason": "length"}
+    answer = {"object": "chat.completion", "model": _model_name(model), "choices": [choice],
+              "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
+    with_logprobs = bool(body.get("logprobs")) and model.chat == "ids"
+    if model.api == "llama.cpp":
+        answer["timings"] = _timings(tokens, drafted, accepted)
+        n_probs = int(body.get("top_logprobs", 20) or 0)  # llama.cpp: top_logprobs is n_probs, default 20
+        if with_logprobs and n_probs > 0:
+            choice["logprobs"] = {"content": _llama_entries(model, prompt, tokens, sampling, n_probs,
+                                                            bool(body.get("post_sampling_probs")))}
+        return 200, answer
+    if body.get("return_token_ids") and model.chat == "ids":
+        answer["prompt_token_ids"] = prompt
+        choice["token_ids"] = list(tokens)
+    if with_logprobs:
+        name = (lambda i: f"token_id:{i}") if body.get("return_tokens_as_token_ids") else (lambda i: chr(97 + i % 26))
+        entries, context = [], list(prompt)
+        for token in tokens:
+            raw = model.row(model.target, context)  # raw logprobs, as vLLM's default
+            order = np.lexsort((np.arange(raw.size), -raw))[:int(body.get("top_logprobs") or 0)]
+            entries.append({"token": name(token), "logprob": float(np.float32(np.log(raw[token]))),
+                            "top_logprobs": [{"token": name(i), "logprob": float(np.float32(np.log(raw[i])))}
+                                             for i in order if raw[i] > 0]})
+            context.append(token)
+        choice["logprobs"] = {"content": entries}
     return 200, answer
 
 
@@ -278,8 +396,73 @@ def _token_ids(model: ToyServedModel, prompt) -> bool:
 
 
 def _sampling(body: dict) -> dict:
-    return {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40) or 0),
-            "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05))}
+    sampling = {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40) or 0),
+                "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05))}
+    return _with_penalties(sampling, Penalties.llama_cpp(body))
+
+
+def _chain(sampling: dict) -> dict:
+    """The sampler chain's own settings (the penalties left out)."""
+    return {k: v for k, v in sampling.items() if k != "penalties"}
+
+
+def _with_penalties(sampling: dict, penalties: "Penalties | None") -> dict:
+    return {**sampling, "penalties": penalties} if penalties is not None else sampling
+
+
+def _centred_logits(p: np.ndarray) -> np.ndarray:
+    """Logits of ``p`` with both signs (log p minus its mean over the tokens of positive
+    probability), as a model's are: a sign-dependent penalty then acts as it does on an engine's."""
+    with np.errstate(divide="ignore"):
+        logp = np.log(p)
+    return logp - logp[p > 0].mean()
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """A request's penalties by its engine's convention, applied to the target's logits before the
+    sampler chain (float64). ``"llama.cpp"`` (sampling.cpp ``llama_sampler_init_penalties``, fed
+    every prompt token by server-context.cpp ``init_sampler``): all three read the last ``last_n``
+    tokens of prompt + output (-1: all of them, 0: none). ``"vllm"`` (``apply_penalties``): the
+    repetition penalty reads the prompt and output as one set, presence and frequency the output
+    only (the tokens after the first ``n_prompt``)."""
+
+    convention: str
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    last_n: int = 64
+    n_prompt: int = 0
+
+    @classmethod
+    def llama_cpp(cls, body: dict) -> "Penalties | None":
+        p = cls("llama.cpp", float(body.get("repeat_penalty", 1.0)), float(body.get("presence_penalty", 0.0)),
+                float(body.get("frequency_penalty", 0.0)), int(body.get("repeat_last_n", 64)))
+        return p if p.on else None
+
+    @classmethod
+    def vllm(cls, body: dict, n_prompt: int) -> "Penalties | None":
+        p = cls("vllm", float(body.get("repetition_penalty", 1.0)), float(body.get("presence_penalty", 0.0)),
+                float(body.get("frequency_penalty", 0.0)), n_prompt=n_prompt)
+        return p if p.on else None
+
+    @property
+    def on(self) -> bool:
+        return self.repetition != 1.0 or bool(self.presence) or bool(self.frequency)
+
+    def apply(self, p: np.ndarray, context: list[int]) -> np.ndarray:
+        if self.convention == "llama.cpp":
+            window = list(context) if self.last_n < 0 else list(context)[len(context) - self.last_n:] \
+                if self.last_n else []
+            repeated, counted = set(window), Counter(window)
+        else:
+            repeated, counted = set(context), Counter(list(context)[self.n_prompt:])
+        x = _centred_logits(np.asarray(p, dtype=np.float64))
+        for t in repeated:
+            x[t] = x[t] / self.repetition if x[t] > 0 else x[t] * self.repetition
+        for t, c in counted.items():
+            x[t] -= self.presence + self.frequency * c
+        return _softmax(x)
 
 
 def _llama_entries(model, prompt, tokens, sampling, n_probs, post_sampling: bool) -> list[dict]:
@@ -308,6 +491,8 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     # the OpenAI defaults: temperature 1, top_p 1, no top-k or min-p unless asked
     sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
                 "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+    sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
+                               else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
     tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
     choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
@@ -335,6 +520,119 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
         choice["logprobs"] = {"tokens": [name(t) for t, _, _ in rows], "token_logprobs": [lp for _, lp, _ in rows],
                               "top_logprobs": [top for _, _, top in rows], "text_offset": [0] * len(rows)}
     return 200, answer
+
+
+# --- mlx-lm's dialect (mlx_lm/server.py 0.32.2: APIHandler.do_GET / do_POST, validate_model_parameters,
+# handle_completion, generate_response, _format_top_logprobs)
+
+_MLX_POSTS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+# validate_model_parameters, in its order: (field, types, min, max, whitelist); bool is an int, as there
+_MLX_CHECKS = (("stream", (bool,), None, None, ()), ("max_tokens", (int,), 1, None, ()),
+               ("temperature", (float, int), 0, None, ()), ("top_p", (float, int), 0, 1, ()),
+               ("top_k", (int,), 0, None, ()), ("min_p", (float, int), 0, 1, ()),
+               ("logprobs", (bool,), None, None, ()), ("top_logprobs", (int,), 0, 11, (-1,)),
+               ("model", (str,), None, None, ()), ("seed", (int, type(None)), None, None, ()))
+# the server's defaults (its command line's: --temp 0, --top-p 1, --top-k 0, --min-p 0, --max-tokens 512)
+_MLX_DEFAULTS = dict(stream=False, max_tokens=512, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=False,
+                     top_logprobs=-1, model="default_model", seed=None)
+
+
+@functools.lru_cache(maxsize=4)
+def _mlx_tokenizer(directory: str):
+    """The directory's tokenizer as mlx-lm loads it (``AutoTokenizer``) and its end-of-text ids
+    (config.json's ``eos_token_id``, generation_config.json's when set, and the tokenizer's)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    configs = [json.loads(f.read_text()) for f in (Path(directory) / "config.json",
+                                                   Path(directory) / "generation_config.json") if f.is_file()]
+    eos = next((c["eos_token_id"] for c in reversed(configs) if c.get("eos_token_id") is not None), None)
+    ids = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    if isinstance(tokenizer.eos_token_id, int):
+        ids.add(tokenizer.eos_token_id)
+    return tokenizer, frozenset(ids)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mlx_encode(directory: str, text: str) -> tuple[int, ...]:
+    return tuple(_mlx_tokenizer(directory)[0].encode(text))  # handle_text_completions -> tokenizer.encode
+
+
+@functools.lru_cache(maxsize=4096)
+def _mlx_decode(directory: str, ids: tuple[int, ...]) -> str:
+    return _mlx_tokenizer(directory)[0].decode(list(ids))
+
+
+def _mlx_respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict | str]:
+    """A GET or POST as mlx_lm.server answers it."""
+    from pathlib import Path
+
+    if model.tokenizer_dir is None:
+        raise ValueError("api='mlx-lm' needs tokenizer_dir: a model directory whose tokenizer reads the text prompts")
+    directory = str(Path(model.tokenizer_dir).resolve())
+    if body is None:
+        if path.startswith("/v1/models"):
+            return 200, {"object": "list", "data": [{"id": directory, "object": "model", "created": 0}]}
+        if path == "/health":
+            return 200, {"status": "ok"}
+        return 404, "Not Found"
+    if path not in _MLX_POSTS:
+        return 404, "Not Found"
+    args = {name: body.get(name, default) for name, default in _MLX_DEFAULTS.items()}
+    args["max_tokens"] = body.get("max_completion_tokens", args["max_tokens"])
+    for name, types, low, high, allowed in _MLX_CHECKS:
+        value = args[name]
+        if not isinstance(value, types):
+            shown = types[0].__name__ if len(types) == 1 else tuple(t.__name__ for t in types if t is not type(None))
+            return 400, {"error": f"{'requested_model' if name == 'model' else name} must be of type {shown}"}
+        if value is None or value in allowed:
+            continue
+        if low is not None and value < low:
+            return 400, {"error": f"{name} must be at least {low}"}
+        if high is not None and value > high:
+            return 400, {"error": f"{name} must be at most {high}"}
+    if path != "/v1/completions":
+        return 404, {"error": "the toy serves mlx-lm's text completions only"}
+    if "prompt" not in body:
+        return 400, {"error": "Request did not contain a prompt"}
+    tokenizer, eos = _mlx_tokenizer(directory)
+    if len(tokenizer) != model.vocab:
+        raise ValueError(f"the tokenizer of {directory} has {len(tokenizer)} tokens, the toy's vocab is {model.vocab}")
+    if args["model"] not in ("default_model", directory):  # the server would load that path
+        return 404, {"error": f"Repository Not Found for url: {args['model']}"}
+    if not isinstance(body["prompt"], str):  # tokenizer.encode refuses it inside generate: a 404
+        return 404, {"error": "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]"}
+    prompt = list(_mlx_encode(directory, body["prompt"]))
+    if not prompt:
+        return 404, {"error": "[generate_step] the prompt is empty"}
+    top_p = float(args["top_p"]) if 0 < args["top_p"] < 1 else 1.0  # make_sampler: top-p only inside (0, 1)
+    sampling = {"temperature": float(args["temperature"]), "top_k": int(args["top_k"]), "top_p": top_p,
+                "min_p": float(args["min_p"])}
+    seed = args["seed"] if args["seed"] is not None else int(np.random.default_rng().integers(2 ** 31))
+    tokens, _, _ = model.complete(prompt, int(args["max_tokens"]), sampling, int(seed))
+    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
+    if stop is not None:
+        tokens = tokens[:stop + 1]  # the end-of-text token is in the ids, not in the text
+    choice = {"index": 0, "finish_reason": "length" if stop is None else "stop"}
+    top_n, raws, context = int(args["top_logprobs"]), [], list(prompt)
+    for token in tokens:
+        raws.append(np.log(model.row(model.target, context)).astype(np.float32))  # raw: before the sampler
+        context.append(token)
+    if top_n > 0:
+        tops = []
+        for raw in raws:  # _format_top_logprobs: argpartition's top top_n, unsorted
+            ids = [int(i) for i in np.argpartition(-raw, top_n - 1)[:top_n]]
+            names = tokenizer.convert_ids_to_tokens(ids)
+            tops.append([{"id": i, "token": s, "logprob": float(raw[i])} for i, s in zip(ids, names)])
+        choice["logprobs"] = {"content": [dict(top[0], top_logprobs=top) for top in tops]}
+    elif args["logprobs"]:
+        choice["logprobs"] = {"content": [{"id": int(t), "logprob": float(raw[t])} for t, raw in zip(tokens, raws)]}
+    choice["text"] = _mlx_decode(directory, tuple(tokens[:stop] if stop is not None else tokens))
+    return 200, {"id": f"cmpl-{uuid.uuid4()}", "system_fingerprint": "toy", "object": "text_completion",
+                 "model": args["model"], "created": 0, "choices": [choice],
+                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
+                           "total_tokens": len(prompt) + len(tokens), "prompt_tokens_details": {"cached_tokens": 0}}}
 
 
 class served_model:

@@ -211,6 +211,8 @@ class Endpoint:
         reports it, else derived from the raw probabilities where that is determinable:
         ``exactcheck.serve.sampler_law``); ``RAW``, the model's softmax (asked at temperature 1, no
         truncation, where the server reports post-sampling probabilities)."""
+        if kind not in (POST_SAMPLING, RAW):  # another dialect's kind (SGLang's tempered probabilities)
+            raise NotDeterminable(f"{self.api} reports no probabilities of the kind {kind!r}")
         asked = sampling if kind == self.kind or self.kind == RAW else Sampling()
         bodies = [self.body(list(prompt) + list(prefix), 1, asked, seed=0, n_probs=n_probs) for prefix in prefixes]
         laws = []

@@ -304,7 +304,7 @@ class MlxLmEndpoint(Endpoint):
                         n_probs: int, kind: str = POST_SAMPLING) -> list[NextTokenLaw]:
         """As ``Endpoint.next_token_laws``, from the raw top ``min(n_probs, 11)``; a prefix holding an
         end-of-text token ends the text (no request: the server would go on past it)."""
-        if kind == POST_SAMPLING and sampling.penalized:
+        if sampling.penalized:  # its logprobs too are after the penalties: neither kind is known
             raise NotDeterminable(PENALTIES_NOT_JUDGED)
         if kind == POST_SAMPLING and sampling.top_k and sampling.top_p < 1 and not sampling.greedy:
             raise NotDeterminable("top-k with top-p: mlx-lm applies top-p before top-k (sample_utils.make_sampler), "

@@ -19,12 +19,20 @@ unless the reference listed the whole vocabulary, a cut the list does not reach,
 These are engine conventions, not exactness: a reference that reports post-sampling
 probabilities (llama.cpp's ``post_sampling_probs``; vLLM's ``--logprobs-mode processed_logprobs``)
 gives the law for every setting.
+
+Penalties (``with_output_penalties``): vLLM's presence and frequency penalties subtract from the
+logits of the tokens its output holds, so they shift log-probabilities and a raw law with them
+follows from the raw law without them (softmax does not see the logits' offset); its repetition
+penalty divides a positive logit and multiplies a negative one, and log-softmax loses the sign, so
+no raw law determines it.
 """
 from __future__ import annotations
 
+import math
+
 from exactcheck.serve.continuation_law import NextTokenLaw
 
-__all__ = ["NotDeterminable", "sampling_law_from_raw"]
+__all__ = ["NotDeterminable", "sampling_law_from_raw", "with_output_penalties"]
 
 
 class NotDeterminable(ValueError):
@@ -87,3 +95,40 @@ def sampling_law_from_raw(raw: NextTokenLaw, sampling) -> NextTokenLaw:
         weights = dict(order)
     total = sum(weights.values()) + other
     return NextTokenLaw({token: w / total for token, w in weights.items() if w > 0}, other / total)
+
+
+def with_output_penalties(raw: NextTokenLaw, sampling, output: tuple[int, ...]) -> NextTokenLaw:
+    """The raw law ``raw`` after vLLM's presence and frequency penalties over the output tokens
+    ``output`` (``presence * (count > 0) + frequency * count`` off each one's logit, in float64, by
+    ``exactcheck.e2e.policy.DecodingPolicy.penalize``, vLLM's convention), still a raw law for
+    ``sampling_law_from_raw``. ``NotDeterminable``: a repetition penalty (sign-dependent); a
+    penalised token the reference did not list (its mass is inside the unlisted cell); a penalised
+    token pushed below the least listed one while truncation or greedy decoding needs the order of
+    the unlisted tokens."""
+    if sampling.repetition_penalty != 1.0:
+        raise NotDeterminable(f"repetition penalty {sampling.repetition_penalty:g}: it divides a positive logit and "
+                              f"multiplies a negative one, and the reference's log-probabilities (log-softmax) do not "
+                              f"keep the logits' sign")
+    if not (sampling.presence_penalty or sampling.frequency_penalty) or not output or not raw.probabilities:
+        return raw
+    import torch  # only a penalised world needs it
+
+    from exactcheck.e2e.policy import DecodingPolicy
+    unlisted = sorted(set(output) - set(raw.probabilities))
+    if unlisted and raw.other > 0:
+        raise NotDeterminable(f"presence/frequency penalty: the output token(s) {unlisted[:4]} are not among the "
+                              f"{len(raw.probabilities)} the reference listed (raise --n-probs)")
+    ids = sorted(raw.probabilities)
+    x = torch.full((1, max(ids + list(output)) + 1), -math.inf, dtype=torch.float64)
+    x[0, ids] = torch.log(torch.tensor([raw.probabilities[t] for t in ids], dtype=torch.float64))
+    policy = DecodingPolicy(presence_penalty=float(sampling.presence_penalty),
+                            frequency_penalty=float(sampling.frequency_penalty), penalty_convention="vllm")
+    x = policy.penalize(x, [tuple(int(t) for t in output)])
+    weights = {t: math.exp(float(x[0, t])) for t in ids}
+    truncates = sampling.temperature <= 0 or sampling.temperature != 1 or sampling.top_k or sampling.top_p < 1 \
+        or sampling.min_p > 0
+    if raw.other > 0 and truncates and min(weights.values()) < min(raw.probabilities.values()):
+        raise NotDeterminable("presence/frequency penalty: a penalised token fell below the least listed one, so "
+                              "where it stands among the unlisted tokens is not known (raise --n-probs)")
+    total = sum(weights.values()) + raw.other
+    return NextTokenLaw({t: w / total for t, w in weights.items()}, raw.other / total)
