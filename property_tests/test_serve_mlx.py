@@ -153,6 +153,16 @@ def test_the_plain_server_against_itself_passes(plain):
     assert laws["server/declared_settings"].outcome.value == "inconclusive"
 
 
+def test_a_penalty_world_is_not_judged_and_says_why(plain):
+    """mlx-lm's penalties read only the part of the prompt its prompt cache did not hold, so the
+    history depends on earlier requests: a penalty world is "not judged" with that reason, and the
+    audit of the plain server still passes (docs/serving.md, "Penalties in the serve law")."""
+    result = run_serve_audit(plain, **dict(AUDIT, samplings=(Sampling(repetition_penalty=1.3),), max_samples=300))
+    assert result.passed, [v.describe() for v in result.failed]
+    law = next(v for v in result.verdicts if v.check.endswith("/continuation"))
+    assert law.outcome.value == "inconclusive" and "prompt cache" in law.summary, law.summary
+
+
 def test_the_default_plain_server_is_exact_and_cannot_serve_an_exact_prompt_cache_hit(python, models, plain):
     with mlx_server(python, models[0]) as default:
         client = Client(retries=1, backoff=0.1)

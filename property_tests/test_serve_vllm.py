@@ -86,3 +86,25 @@ def test_each_speculative_mode_is_found_to_change_the_law(mode, python, models, 
     assert outcomes["greedy/greedy_identity"] == "exact", summaries
     if mode != "draft-probabilistic":
         assert "of exact probability 0" in summaries[f"{WORLD}/continuation"], summaries
+
+
+def test_penalty_worlds_on_the_plain_server(plain, tmp_path):
+    """Penalties on vLLM (docs/serving.md, "Penalties in the serve law"): vLLM reports raw
+    log-probabilities, before its penalties; presence and frequency penalties subtract from the
+    logits over the output tokens, so the law is derived from the reference (applied over the
+    continuation in float64) and judged: the plain server against itself must pass. A repetition
+    penalty divides a positive logit and multiplies a negative one, and log-softmax loses the
+    sign: not judged, with that reason."""
+    args = [a for a in AUDIT if a not in ("--sampling", "top_p=0.8")]
+    status, data, stderr, seconds = serve_audit(
+        plain, *args, "--sampling", "temperature=1,presence_penalty=0.5,frequency_penalty=1",
+        "--sampling", "temperature=1,repetition_penalty=1.3", report=tmp_path)
+    assert data is not None, stderr[-2000:]
+    laws = {v["check"]: v for v in data["verdicts"] if v["check"].endswith("/continuation")}
+    print(f"penalties, plain against itself: exit {status} in {seconds:.0f} s: "
+          f"{ {k: (v['outcome'], v['summary'][:160]) for k, v in laws.items()} }")
+    assert status == 0, stderr[-2000:]
+    judged = [v for v in laws.values() if v["outcome"] == "exact"]
+    not_judged = [v for v in laws.values() if v["outcome"] == "inconclusive"]
+    assert len(judged) == 1 and len(not_judged) == 1, laws
+    assert "repetition penalty" in not_judged[0]["summary"] and "sign" in not_judged[0]["summary"], not_judged
