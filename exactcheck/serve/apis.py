@@ -4,7 +4,7 @@ A dialect is one module with an ``Endpoint`` class and a ``detect(client, base)`
 declares, per dialect, what it gives the audit (prompts as token ids or text, how ids come back,
 the probabilities' format and kind, speculation counters, settings); what one lacks, the audit
 reports as "not judged" with the reason. ``--api auto`` asks each dialect's ``detect`` in the
-registry's order (llama.cpp, mlx-lm), the OpenAI API being what is left.
+registry's order (llama.cpp, mlx-lm, SGLang), the OpenAI API being what is left.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Callable
 
 from exactcheck.serve.client import Client, EndpointError
 from exactcheck.serve.endpoint import Endpoint
-from exactcheck.serve import mlx_lm_api
+from exactcheck.serve import mlx_lm_api, sglang_api
 from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp
 from exactcheck.serve.openai_api import OpenAICompletionsEndpoint
 
@@ -42,6 +42,7 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
         prompts="token ids", ids="tokens (return_tokens)", probabilities="post-sampling (n_probs, post_sampling_probs)",
         counters="per request (timings.draft_n)", settings="/slots", cache_switch="cache_prompt")),
     Dialect("mlx-lm", "exactcheck.serve.mlx_lm_api", mlx_lm_api.MlxLmEndpoint, mlx_lm_api.detect, mlx_lm_api.GIVES),
+    Dialect("sglang", "exactcheck.serve.sglang_api", sglang_api.SGLangEndpoint, sglang_api.detect, sglang_api.GIVES),
     Dialect("openai", "exactcheck.serve.openai_api", OpenAICompletionsEndpoint, None, dict(
         prompts="token ids", ids="choices[0].token_ids (vLLM return_token_ids), else logprobs (llama.cpp)",
         probabilities="raw (vLLM) or post-sampling (llama.cpp, --reference-probabilities); logprobs=N top lists",
@@ -49,7 +50,7 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
         settings="/get_server_info (SGLang), /slots (llama.cpp)", cache_switch="cache_prompt (llama.cpp)")),
 )}
 
-APIS = ("auto", "llama.cpp", "openai", "mlx-lm")
+APIS = ("auto", "llama.cpp", "openai", "mlx-lm", "sglang")
 assert set(APIS) == {"auto", *DIALECTS}
 
 
@@ -65,7 +66,8 @@ def open_endpoint(api: str, base: str, client: Client, *, model: str | None = No
                   reference_probabilities: str | None = None) -> Endpoint:
     """The endpoint of ``api`` (``APIS``) at ``base``, checked (``Endpoint.check``: the server is up
     and answers that API); "auto": llama.cpp's native API where the server answers llama.cpp's
-    ``/props``, mlx-lm's where it is mlx-lm's server (``mlx_lm_api.detect``), else OpenAI's.
+    ``/props``, mlx-lm's where it is mlx-lm's server (``mlx_lm_api.detect``), SGLang's ``/generate``
+    where it answers SGLang's ``/get_model_info`` (``sglang_api.detect``), else OpenAI's.
     ``reference_probabilities``: what an OpenAI endpoint's logprobs are ("raw" or "post-sampling";
     default: raw, post-sampling on llama.cpp)."""
     if api not in APIS:

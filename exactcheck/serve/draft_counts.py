@@ -2,7 +2,8 @@
 
 A server counts its drafts per request (llama.cpp's ``timings.draft_n``, which it writes only on a
 request that drafted: ``server-task.cpp``, ``if (draft_n > 0)``, so an answer without it drafted
-nothing; a unit is a request) or
+nothing; SGLang's ``meta_info.spec_draft_token_num``, likewise only where ``spec_verify_ct > 0``; a
+unit is a request) or
 server-wide (vLLM's ``/metrics``: the batch is sent in chunks of ``unit_size`` requests, the
 counters read between chunks, and a unit is a chunk). A chunk whose answers came from the journal
 (``--resume``) moved no counter, and a last chunk shorter than the others is not like them: their
@@ -21,8 +22,8 @@ __all__ = ["CounterSource", "DraftTally", "send_counted", "probes_needed"]
 
 
 class CounterSource(enum.Enum):
-    PER_REQUEST = ("the server's own counters per request (timings.draft_n, draft_n_accepted; absent on a request "
-                   "that drafted nothing)")
+    PER_REQUEST = ("the server's own counters per request (timings.draft_n, draft_n_accepted; SGLang's "
+                   "meta_info.spec_draft_token_num, spec_accept_token_num; absent on a request that drafted nothing)")
     SERVER_WIDE = "the server-wide /metrics counters, read between chunks of requests (other traffic counts too)"
 
 

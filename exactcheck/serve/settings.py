@@ -52,8 +52,9 @@ SETTINGS = (
             "through one-token requests, which llama.cpp serves from the target alone)",
             lambda v: isinstance(v, str) and v.startswith(("http://", "https://")), "a URL http://HOST:PORT",
             metavar="URL"),
-    Setting("api", "auto", "llama.cpp's /completion, OpenAI's /v1/completions or mlx-lm's (text prompts) (default "
-            "auto: llama.cpp where the server answers its /props, mlx-lm where it is mlx_lm.server, else OpenAI's)",
+    Setting("api", "auto", "llama.cpp's /completion, OpenAI's /v1/completions, mlx-lm's (text prompts) or SGLang's "
+            "/generate (default auto: llama.cpp where the server answers its /props, mlx-lm where it is "
+            "mlx_lm.server, SGLang where it answers /get_model_info, else OpenAI's)",
             lambda v: v in APIS, ", ".join(APIS[:-1]) + " or " + APIS[-1], choices=APIS),
     Setting("model", None, "the model asked of an OpenAI endpoint (default: the one /v1/models lists); for mlx-lm, "
             "the model directory the server loaded, whose tokenizer writes the prompts as text",
