@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
-from benchmarks.serve_vllm_hybrid import SITECUSTOMIZE, run_audit, write_reports  # noqa: E402
+from benchmarks.serve_vllm_hybrid import SITECUSTOMIZE, audit_command, run_audit, write_reports  # noqa: E402
 from serve_fixtures import (VLLM_NGRAM, vllm_draft_config, vllm_python, vllm_server,  # noqa: E402
                             vllm_server_args)
 from toy_models.hf_served_models import write_llama, write_llama_draft  # noqa: E402
@@ -36,19 +36,6 @@ SAMPLINGS = ("temperature=1", "top_p=0.8")
 MODES = {"n-gram": lambda draft: VLLM_NGRAM,
          "draft model, greedy drafts": lambda draft: vllm_draft_config(draft, "greedy"),
          "draft model, probabilistic drafts": lambda draft: vllm_draft_config(draft, "probabilistic")}
-
-
-def audit_command(url: str, reference: str | None, report: Path, journal: Path, max_samples: int) -> list[str]:
-    cmd = [sys.executable, "-m", "exactcheck", "serve", url]
-    if reference:
-        cmd += ["--reference", reference]
-    cmd += ["--api", "openai", "--model", "tiny", "--n-probs", "64", "--level", "quick", "--seed", str(SEED),
-            "--max-samples", str(max_samples)]
-    for p in PROMPTS:
-        cmd += ["--prompt-ids", p]
-    for s in SAMPLINGS:
-        cmd += ["--sampling", s]
-    return cmd + ["--report", str(report), "--journal", str(journal), "--quiet"]  # (journals: megabytes, not kept)
 
 
 def _slug(name: str) -> str:
@@ -74,7 +61,8 @@ def main() -> int:
     def audit(name: str, url: str, reference: str | None) -> None:
         report = reports / _slug(name)
         a = run_audit(name, audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl",
-                                          args.max_samples), report, args.audit_timeout)
+                                          args.max_samples, prompts=PROMPTS, samplings=SAMPLINGS,
+                                          python=sys.executable), report, args.audit_timeout)
         a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), "/tmp/serve-vllm")
         for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
             if u:

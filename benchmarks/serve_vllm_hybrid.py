@@ -332,15 +332,17 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def audit_command(url: str, reference: str | None, report: Path, journal: Path, max_samples: int) -> list[str]:
-    cmd = [".venv/bin/python", "-m", "exactcheck", "serve", url]
+def audit_command(url: str, reference: str | None, report: Path, journal: Path, max_samples: int, *,
+                  prompts=PROMPTS, samplings=SAMPLINGS, python: str = ".venv/bin/python") -> list[str]:
+    """The `exactcheck serve` command of one audit (benchmarks/serve_vllm.py uses it too)."""
+    cmd = [python, "-m", "exactcheck", "serve", url]
     if reference:
         cmd += ["--reference", reference]
     cmd += ["--api", "openai", "--model", "tiny", "--n-probs", "64", "--level", "quick", "--seed", str(SEED),
             "--max-samples", str(max_samples)]
-    for p in PROMPTS:
+    for p in prompts:
         cmd += ["--prompt-ids", p]
-    for s in SAMPLINGS:
+    for s in samplings:
         cmd += ["--sampling", s]
     return cmd + ["--report", str(report), "--journal", str(journal), "--quiet"]
 
