@@ -288,12 +288,8 @@ def served_cost_settings(args) -> dict:
                          f"with speculation off")
     if not _is_url(args.reference):
         raise UsageError(f"--reference ({args.reference!r}) must look like http://HOST:PORT")
-    prompts = list(args.prompt or [])
-    for spec in args.prompt_ids or []:
-        try:
-            prompts.append(tuple(int(t) for t in spec.split(",") if t.strip()))
-        except ValueError:
-            raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
+    from exactcheck.serve.settings import parse_prompts
+    prompts = parse_prompts(args.prompt, args.prompt_ids)
     samplings = []
     for spec in args.sampling or []:
         try:

@@ -48,12 +48,8 @@ def serve_arguments(parser) -> None:
 
 def serve_settings(args) -> dict:
     from exactcheck.serve.endpoint import Sampling
-    prompts = list(args.prompt or [])
-    for spec in args.prompt_ids or []:
-        try:
-            prompts.append(tuple(int(t) for t in spec.split(",") if t.strip()))
-        except ValueError:
-            raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
+    from exactcheck.serve.settings import parse_prompts
+    prompts = parse_prompts(args.prompt, args.prompt_ids)
     if args.message:
         try:
             prompts.append(settings.ChatPrompt.parse(args.message))

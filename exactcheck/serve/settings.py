@@ -14,7 +14,7 @@ from exactcheck.serve.apis import APIS
 from exactcheck.serve.chat import DEFAULT_CHAT, ChatPrompt
 from exactcheck.serve.endpoint import Sampling
 
-__all__ = ["Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
+__all__ = ["parse_prompts", "Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
            "DEFAULT_CHAT", "ChatPrompt", "add_arguments", "from_args"]
 
 DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
@@ -100,6 +100,19 @@ ServeSettings = dataclasses.make_dataclass(
 NAMES = tuple(s.name for s in SETTINGS if s.public)
 # how the gate checks a [[tool.exactcheck.subject]] serve = "URL" entry's own settings
 FIELDS = {s.name: (s.valid, s.rule) for s in SETTINGS if s.valid is not None and s.name in NAMES}
+
+
+def parse_prompts(texts, id_specs) -> list:
+    """``--prompt TEXT`` (kept as text) then ``--prompt-ids ID,ID,...`` (a tuple of ids each); a
+    malformed id list is a one-line ``UsageError``."""
+    from exactcheck.errors import UsageError
+    prompts = list(texts or [])
+    for spec in id_specs or []:
+        try:
+            prompts.append(tuple(int(t) for t in spec.split(",") if t.strip()))
+        except ValueError:
+            raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
+    return prompts
 
 
 def add_arguments(parser) -> None:
