@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from exactcheck.serve.loopback import LoopbackServer
 from toy_models.served_lm import ToyServedModel, sampler_chain
 
 DRAFT_TOKENS = 4  # speculative_num_draft_tokens: draft_max + 1
@@ -101,35 +102,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(*_generate(self.server.model, body, self.server.hotter, self.server.original))
 
 
-class sglang_server:
+class sglang_server(LoopbackServer):
     """``with sglang_server(SGLangToy(...)) as s: s.url``: the fake on a free port until the block ends."""
 
     def __init__(self, model: SGLangToy, *, hotter: bool = False, original_logprob: bool = False):
         self.model, self.hotter, self.original = model, hotter, original_logprob
 
     def __enter__(self) -> "sglang_server":
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.server.daemon_threads = True
-        self.server.model, self.server.hotter, self.server.original = self.model, self.hotter, self.original
-        self.server.lock, self.server.requests = threading.Lock(), 0
-        self.server.server_info = ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-                                    "speculative_num_draft_tokens": DRAFT_TOKENS, "speculative_eagle_topk": 1,
-                                    "speculative_accept_threshold_single": 1.0,
-                                    "speculative_accept_threshold_acc": 1.0}
-                                   if self.model.speculative else {"speculative_algorithm": None})
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server.daemon_threads = True
+        server.model, server.hotter, server.original = self.model, self.hotter, self.original
+        server.lock, server.requests = threading.Lock(), 0
+        server.server_info = ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+                               "speculative_num_draft_tokens": DRAFT_TOKENS, "speculative_eagle_topk": 1,
+                               "speculative_accept_threshold_single": 1.0,
+                               "speculative_accept_threshold_acc": 1.0}
+                              if self.model.speculative else {"speculative_algorithm": None})
+        self.serve(server)
         return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     @property
     def requests(self) -> int:
         return self.server.requests
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)

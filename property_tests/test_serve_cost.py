@@ -26,6 +26,7 @@ from exactcheck.cli import main
 from exactcheck.errors import UsageError
 from exactcheck.serve import client as client_module
 from exactcheck.serve.cost import plan_requests, run_served_cost
+from exactcheck.serve.loopback import LoopbackServer
 from exactcheck.serve.endpoint import GREEDY_SAMPLING, Sampling
 from exactcheck.stats.timing import mean_interval, median_interval, ratio_of_rates, ratio_of_sums
 from toy_models.served_lm import ToyServedModel, served_model
@@ -93,23 +94,11 @@ def _close(server: _Proxy) -> None:
     server.server_close()  # refused from now on
 
 
-class proxy:
+class proxy(LoopbackServer):
+    poll_interval = 0.05
+
     def __init__(self, name: str, upstream: str, log: list, delay: float = 0.0, dies_after: int | None = None):
         self.server = _Proxy(name, upstream, log, delay, dies_after)
-
-    def __enter__(self) -> "proxy":
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 from exactcheck.report.verdict import Outcome
 from exactcheck.serve import client as client_module
 from exactcheck.serve.endpoint import Sampling
+from exactcheck.serve.loopback import LoopbackServer
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, served_model
 
@@ -83,23 +84,11 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
 
 
-class proxy:
+class proxy(LoopbackServer):
+    poll_interval = 0.05
+
     def __init__(self, upstream: str, mode: str, after: int):
         self.server = _Proxy(upstream, mode, after)
-
-    def __enter__(self):
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from exactcheck.serve.loopback import LoopbackServer
+
 __all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids"]
 
 
@@ -635,7 +637,7 @@ def _mlx_respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[i
                            "total_tokens": len(prompt) + len(tokens), "prompt_tokens_details": {"cached_tokens": 0}}}
 
 
-class served_model:
+class served_model(LoopbackServer):
     """``with served_model(ToyServedModel(...)) as server: server.url, server.requests``: the model
     served on 127.0.0.1 (a free port) until the block ends."""
 
@@ -643,22 +645,12 @@ class served_model:
         self.model = model
 
     def __enter__(self) -> "served_model":
-        self.server = _Server(("127.0.0.1", 0), _Handler)
-        self.server.model = self.model
-        self.server.requests = Counter()
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.model = self.model
+        server.requests = Counter()
+        self.serve(server)
         return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     @property
     def requests(self) -> Counter:
         return self.server.requests
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)

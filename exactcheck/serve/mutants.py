@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from exactcheck.serve.loopback import LoopbackServer
+
 __all__ = ["ProxyMutant", "PROXY_MUTANTS", "proxy"]
 
 
@@ -178,7 +180,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(status, answer)
 
 
-class proxy:
+class proxy(LoopbackServer):
     """``with proxy("hotter", upstream_url) as p: p.url``: the mutant served on 127.0.0.1 (a free
     port) in front of ``upstream`` until the block ends; ``draft`` / ``plain``: the other servers
     a mutant needs (``ProxyMutant.needs``)."""
@@ -193,16 +195,5 @@ class proxy:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.mutant, server.upstream, server.draft, server.plain = self.mutant, self.upstream, self.draft, self.plain
         server.cache, server.lock, server.requests = {}, threading.Lock(), Counter()
-        self.server = server
-        self.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
+        self.serve(server)
         return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
