@@ -11,14 +11,29 @@ greedy identity). Three paths take turns by seed:
   the requests at temperature 1 and on none at temperature 0.7 / top-k 5 (llama.cpp's API);
 - ``ngram-rare-vllm``: the same through vLLM's dialect (server-wide ``/metrics`` counters).
 
+The new worlds (``--paths new``), each speculating from a draft table, answers through a transport
+that turns a 4xx into the error HTTP gives (so ``auto`` detects the dialect as over HTTP):
+
+- ``mlx-lm``: mlx-lm's dialect (text prompts read by the word-level tokenizer of
+  ``toy_models.hf_served_models.write_llama``, vocabulary 64; ids from ``logprobs.content``; raw top-11
+  lists; answers that stop on the end-of-text token), prompt ``w5 w6 w7``, temperature 1 and
+  temperature 0.7 / top-k 8 (the settings of ``property_tests/test_serve_mlx.py``);
+- ``chat-llama``: a chat world (``system:be brief``, ``user:abc``) through llama.cpp's chat dialect
+  (``/apply-template`` + ``/tokenize``, ids in ``logprobs.content``, ``timings`` per answer);
+- ``chat-vllm``: the same conversation through vLLM's (``/tokenize`` with messages,
+  ``return_token_ids``, ``/metrics`` counters).
+
 Answers come in-process (``Client(transport=...)``: the same endpoint code, no HTTP), so hundreds
-of audits fit a CI-sized machine. Writes reports/serve-false-alarms.json.
+of audits fit a CI-sized machine. Writes reports/serve-false-alarms.json (the first three paths) or
+reports/serve-false-alarms-new-worlds.json (``--paths new``).
 
     python benchmarks/serve_false_alarms.py --seeds 300 [--jobs 2]
+    python benchmarks/serve_false_alarms.py --paths new --seeds 201 --jobs 1
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -27,6 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from exactcheck.serve.chat import ChatPrompt  # noqa: E402
+from exactcheck.serve.client import EndpointError  # noqa: E402
 from exactcheck.serve.endpoint import Sampling  # noqa: E402
 from exactcheck.serve.runner import run_serve_audit  # noqa: E402
 from toy_models.served_lm import ToyServedModel, respond  # noqa: E402
@@ -34,21 +51,56 @@ from toy_models.served_lm import ToyServedModel, respond  # noqa: E402
 SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=5, min_p=0.05))
 RARE = dict(vocab=64, sharpness=1.0, drafter="ngram", ngram=1)
 PATHS = {"draft-model": (dict(), "auto"), "ngram-rare": (RARE, "auto"), "ngram-rare-vllm": (dict(RARE, api="vllm"), "openai")}
+# the new worlds: (model fields, api, prompts, samplings); answers through ``http_like``
+CHAT = ChatPrompt.parse(["system:be brief", "user:abc"])
+MLX_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8))
+NEW_PATHS = {"mlx-lm": (dict(vocab=64, api="mlx-lm"), "auto", ((5, 6, 7),), MLX_SAMPLINGS),
+             "chat-llama": (dict(), "auto", (CHAT,), SAMPLINGS),
+             # raw probabilities: min-p at temperature 0.7 is not judged from a raw list, top-k is
+             "chat-vllm": (dict(api="vllm"), "openai", (CHAT,), (Sampling(), Sampling(temperature=0.7, top_k=5)))}
+REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json"}
 
 
-def one(seed: int) -> dict:
-    path = list(PATHS)[seed % len(PATHS)]
-    fields, api = PATHS[path]
-    model = ToyServedModel(**fields)
-
+def http_like(model: ToyServedModel):
+    """A transport answering as HTTP does: a 4xx or 5xx is the ``EndpointError`` the client raises."""
     def transport(base, route, body):
-        return respond(model, route, body)[1]
+        status, answer = respond(model, route, body)
+        if status >= 400:
+            detail = answer if isinstance(answer, str) else json.dumps(answer)
+            raise EndpointError(f"HTTP {status} from {base.rstrip('/')}{route}: {detail[:200]}",
+                                server_fault=status >= 500)
+        return answer
+    return transport
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer_dir() -> str:
+    from toy_models.hf_served_models import write_llama
+    return str(write_llama(seed=0))
+
+
+def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
+    path = paths[seed % len(paths)]
+    if path in NEW_PATHS:
+        fields, api, prompts, samplings = NEW_PATHS[path]
+        model = ToyServedModel(**fields, tokenizer_dir=tokenizer_dir() if fields.get("api") == "mlx-lm" else None)
+        transport = http_like(model)
+    else:
+        fields, api = PATHS[path]
+        prompts, samplings = ([1, 2],), SAMPLINGS
+        model = ToyServedModel(**fields)
+
+        def transport(base, route, body):
+            return respond(model, route, body)[1]
 
     begun = time.perf_counter()
     result = run_serve_audit("local://toy-served", level="quick", seed=seed, alpha=1e-3, progress=False, api=api,
-                             prompts=([1, 2],), samplings=SAMPLINGS, transport=transport, concurrency=1)
+                             prompts=prompts, samplings=samplings, transport=transport, concurrency=1)
     spec = [v for v in result.verdicts if v.law == "speculation_ran"]
+    statistical = [v for v in result.verdicts if v.kind.statistical]
     return {"seed": seed, "path": path, "passed": result.passed, "failed": [v.check for v in result.failed],
+            "outcomes": {v.check: v.outcome.value for v in result.verdicts},
+            "continuation_pvalues": {v.check: v.pvalue for v in statistical if v.law == "continuation"},
             "requests": result.samples_drawn,
             "min_pvalue": min((v.pvalue for v in result.verdicts if v.kind.statistical and v.pvalue is not None),
                               default=None),
@@ -60,14 +112,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", default="reports/serve-false-alarms.json")
+    parser.add_argument("--paths", default="old", help="old (the first three paths), new (mlx-lm, chat-llama, "
+                                                       "chat-vllm) or a comma-separated list of paths")
+    parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
+                                                    "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
+    paths = tuple(PATHS) if args.paths == "old" else tuple(NEW_PATHS) if args.paths == "new" else \
+        tuple(args.paths.split(","))
+    unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS]
+    if unknown:
+        parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS])}")
+    out = args.out or REPORTS.get(args.paths, "reports/serve-false-alarms-" + "-".join(paths) + ".json")
+    if any(p in NEW_PATHS for p in paths):
+        tokenizer_dir()  # written once, before the workers read it
     begun = time.perf_counter()
+    rows = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(one, range(args.seeds)))
+        for row in pool.map(functools.partial(one, paths=paths), range(args.seeds)):
+            rows.append(row)
+            write(rows, paths, args, out, begun)  # after every audit: an interrupted run keeps what it measured
+    data = write(rows, paths, args, out, begun)
+    print(f"{data['false_alarms']} false alarms in {len(rows)} quick serve audits at alpha 1e-3 ({data['seconds']} s); "
+          f"by path: {json.dumps(data['by_path'])}; written {out}")
+
+
+def write(rows: list[dict], paths: tuple[str, ...], args, out: str, begun: float) -> dict:
     alarms = [r for r in rows if not r["passed"]]
     by_path = {}
-    for name in PATHS:
+    for name in paths:
         mine = [r for r in rows if r["path"] == name]
         judged = [p for r in mine for outcome, p in r["speculation_ran"] if p is not None]
         by_path[name] = {"audits": len(mine), "false_alarms": sum(not r["passed"] for r in mine),
@@ -75,15 +147,24 @@ def main() -> None:
                                                              for r in mine),
                          "speculation_ran_judged": len(judged),
                          "speculation_ran_not_judged": sum(p is None for r in mine for _, p in r["speculation_ran"]),
-                         "smallest_speculation_pvalue": min(judged, default=None)}
+                         "smallest_speculation_pvalue": min(judged, default=None),
+                         "smallest_pvalue": min((r["min_pvalue"] for r in mine if r["min_pvalue"] is not None),
+                                                default=None),
+                         "continuation_judged": sum(p is not None for r in mine
+                                                    for p in r.get("continuation_pvalues", {}).values()),
+                         "smallest_continuation_pvalue": min((p for r in mine
+                                                              for p in r.get("continuation_pvalues", {}).values()
+                                                              if p is not None), default=None),
+                         "seconds": round(sum(r["seconds"] for r in mine), 1)}
     data = {"what": "quick serve audits of exact toy served models (2 worlds: 1 prompt x 2 samplings; continuation "
                     "laws of 3 tokens and speculation_ran tests under Holm at alpha 1e-3, plus the deterministic "
-                    "checks), three paths by seed: " + ", ".join(PATHS),
+                    f"checks), {len(paths)} paths by seed: " + ", ".join(paths),
             "alpha": 1e-3, "audits": len(rows), "false_alarms": len(alarms), "by_path": by_path,
-            "alarms": alarms, "seconds": round(time.perf_counter() - begun, 1), "rows": rows}
-    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{len(alarms)} false alarms in {len(rows)} quick serve audits at alpha 1e-3 ({data['seconds']} s); "
-          f"by path: {json.dumps(by_path)}; written {args.out}")
+            "alarms": alarms, "planned": args.seeds, "complete": len(rows) == args.seeds, "jobs": args.jobs,
+            "seconds": round(time.perf_counter() - begun, 1), "rows": rows}
+    Path(out + ".tmp").write_text(json.dumps(data, indent=1) + "\n")
+    Path(out + ".tmp").replace(out)  # never half a report
+    return data
 
 
 if __name__ == "__main__":
