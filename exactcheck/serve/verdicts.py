@@ -53,9 +53,18 @@ def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completi
         return (f"far fewer distinct answers than the law gives ({distinct:,} in {len(completions):,} requests, where "
                 f"about {expected_distinct:,.0f} are expected): answers repeated across seeds (a response cache keyed "
                 f"without the seed, a seed ignored, or greedy decoding)")
-    live = p > 0
+    # the surprisal of one continuation, over the cells that are one continuation each: a pooled cell
+    # (the tokens the reference did not list, merged; an unexpanded prefix) has the probability of many
+    # answers, so landing in it says nothing of how likely the answer was (a hotter server lands there
+    # more often and would look colder); the comparison is conditional on a single-continuation cell
+    single = np.zeros(p.size, dtype=bool)
+    single[:len(law.cells)] = [kind == "full" for _, kind in law.cells][:p.size]
+    live = single & (p > 0)
+    if not live.any():
+        return None
+    weight = np.where(live, p, 0.0) / float(np.sum(p[live]))
     surprisal = -np.log(np.where(live, p, 1.0))
-    mean, var = float(np.sum(p * surprisal)), float(np.sum(p * surprisal ** 2))
+    mean, var = float(np.sum(weight * surprisal)), float(np.sum(weight * surprisal ** 2))
     seen = surprisal[indices][live[indices]]
     if seen.size < 2:
         return None
