@@ -29,6 +29,7 @@ reports/serve-false-alarms-new-worlds.json (``--paths new``).
 
     python benchmarks/serve_false_alarms.py --seeds 300 [--jobs 2]
     python benchmarks/serve_false_alarms.py --paths new --seeds 201 --jobs 1
+    python benchmarks/serve_false_alarms.py --paths penalties --seeds 200 --jobs 1
 """
 from __future__ import annotations
 
@@ -58,7 +59,20 @@ NEW_PATHS = {"mlx-lm": (dict(vocab=64, api="mlx-lm"), "auto", ((5, 6, 7),), MLX_
              "chat-llama": (dict(), "auto", (CHAT,), SAMPLINGS),
              # raw probabilities: min-p at temperature 0.7 is not judged from a raw list, top-k is
              "chat-vllm": (dict(api="vllm"), "openai", (CHAT,), (Sampling(), Sampling(temperature=0.7, top_k=5)))}
-REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json"}
+# penalty worlds (issue 59): a prompt that repeats, so each penalty matters from the first position; the
+# toy applies each engine's convention exactly, drafting from its draft model
+REPEATS = ((7, 9, 7, 9, 7),)
+NEW_PATHS.update({
+    # llama.cpp: post-sampling probabilities after its penalties, taken as they are
+    "penalty-llama": (dict(), "auto", REPEATS, (Sampling(repetition_penalty=1.5, repeat_last_n=8),
+                                               Sampling(temperature=0.7, top_k=5, repetition_penalty=1.3,
+                                                        presence_penalty=0.5, frequency_penalty=0.5))),
+    # vLLM, raw log-probabilities: presence and frequency applied over the continuation by the audit
+    "penalty-vllm": (dict(api="vllm"), "openai", REPEATS, (Sampling(presence_penalty=0.5, frequency_penalty=1.0),
+                                                           Sampling(temperature=0.7, top_k=5, frequency_penalty=0.8)))})
+PENALTY_PATHS = ("penalty-llama", "penalty-vllm")
+REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
+           "penalties": "reports/serve-false-alarms-penalties.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -113,12 +127,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--paths", default="old", help="old (the first three paths), new (mlx-lm, chat-llama, "
-                                                       "chat-vllm) or a comma-separated list of paths")
+                                                       "chat-vllm), penalties (penalty-llama, penalty-vllm) or a "
+                                                       "comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
-    paths = tuple(PATHS) if args.paths == "old" else tuple(NEW_PATHS) if args.paths == "new" else \
-        tuple(args.paths.split(","))
+    paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
+        tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS) if args.paths == "new" else tuple(args.paths.split(","))
     unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS]
     if unknown:
         parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS])}")
