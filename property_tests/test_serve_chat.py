@@ -33,6 +33,7 @@ def _by_check(result) -> dict:
     return {v.check: v for v in result.verdicts}
 
 
+@pytest.mark.long  # (8-16 s on 2 shared cores: the long run)
 def test_an_exact_server_passes_through_its_chat_endpoint(llama_toy):
     """llama.cpp's dialect: the template's tokens from /apply-template and /tokenize, the answers'
     ids from logprobs.content; the law from the reference's /completion after those tokens."""
@@ -53,6 +54,7 @@ def test_an_exact_server_passes_through_its_chat_endpoint(llama_toy):
     assert "--message 'system:be brief' --message user:abc" in verdicts["c0-t1/continuation"].reproduce
 
 
+@pytest.mark.long  # (8-16 s on 2 shared cores: the long run)
 def test_an_exact_vllm_shaped_server_passes_and_its_prompt_ids_are_checked():
     """vLLM's dialect: /tokenize with messages, return_token_ids (prompt_token_ids, token_ids),
     raw logprobs as "token_id:N", server-wide /metrics counters."""
@@ -67,6 +69,7 @@ def test_an_exact_vllm_shaped_server_passes_and_its_prompt_ids_are_checked():
     assert "POST /tokenize with messages" in verdicts["c0-t1/continuation"].condition
 
 
+@pytest.mark.long  # (8-16 s on 2 shared cores: the long run)
 def test_a_chat_path_that_samples_hotter_is_found_and_the_completions_path_passes(llama_toy):
     target, plain = llama_toy
     with proxy("chat_hotter", target.url) as p:

@@ -63,6 +63,7 @@ def test_bodies_and_per_request_counters(servers):
     assert tempered_kind(1.0) == tempered_kind(0.0) == RAW
 
 
+@pytest.mark.long  # (8-16 s on 2 shared cores: the long run)
 def test_an_exact_sglang_server_passes_a_quick_audit(servers):
     target, _ = servers
     # temperature 0.7 with top-p: determinable on SGLang (it truncates the tempered law it reports)
