@@ -278,7 +278,6 @@ def cost_settings(args) -> dict:
 def served_cost_settings(args) -> dict:
     """A served system's settings (``exactcheck.serve.cost.run_served_cost``) from the command line;
     an in-process flag, a missing --reference or a bad value is one line (exit 2)."""
-    from exactcheck.serve.endpoint import Sampling
     given = [_flag(name) for name, default in _IN_PROCESS_ONLY if getattr(args, name) != default]
     if given:
         raise UsageError(f"{', '.join(given)}: not for a served system (it takes --reference, --api, --model, "
@@ -290,12 +289,8 @@ def served_cost_settings(args) -> dict:
         raise UsageError(f"--reference ({args.reference!r}) must look like http://HOST:PORT")
     from exactcheck.serve.settings import parse_prompts
     prompts = parse_prompts(args.prompt, args.prompt_ids)
-    samplings = []
-    for spec in args.sampling or []:
-        try:
-            samplings.append(Sampling.parse(spec))
-        except ValueError as exc:
-            raise UsageError(f"--sampling {spec!r}: {exc}") from None
+    from exactcheck.serve.settings import parse_samplings
+    samplings = parse_samplings(args.sampling)
     if args.prompts < 2:
         raise UsageError("--prompts must be at least 2 (the intervals need more than one request)")
     if args.new_tokens is not None and args.new_tokens < 1:

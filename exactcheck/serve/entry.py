@@ -47,7 +47,6 @@ def serve_arguments(parser) -> None:
 
 
 def serve_settings(args) -> dict:
-    from exactcheck.serve.endpoint import Sampling
     from exactcheck.serve.settings import parse_prompts
     prompts = parse_prompts(args.prompt, args.prompt_ids)
     if args.message:
@@ -59,12 +58,8 @@ def serve_settings(args) -> dict:
         prompts.append(settings.DEFAULT_CHAT)
     if args.chat_template_tokenizer is not None and not (args.chat or args.message):
         raise UsageError("--chat-template-tokenizer makes the chat worlds' prompt tokens: give --chat or --message")
-    samplings = []
-    for spec in args.sampling or []:
-        try:
-            samplings.append(Sampling.parse(spec))
-        except ValueError as exc:
-            raise UsageError(f"--sampling {spec!r}: {exc}") from None
+    from exactcheck.serve.settings import parse_samplings
+    samplings = parse_samplings(args.sampling)
     own = settings.from_args(args)
     journal = own.pop("journal")
     if journal is None and args.report:

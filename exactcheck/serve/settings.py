@@ -14,7 +14,7 @@ from exactcheck.serve.apis import APIS
 from exactcheck.serve.chat import DEFAULT_CHAT, ChatPrompt
 from exactcheck.serve.endpoint import Sampling
 
-__all__ = ["parse_prompts", "Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
+__all__ = ["parse_prompts", "parse_samplings", "Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
            "DEFAULT_CHAT", "ChatPrompt", "add_arguments", "from_args"]
 
 DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
@@ -113,6 +113,18 @@ def parse_prompts(texts, id_specs) -> list:
         except ValueError:
             raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
     return prompts
+
+
+def parse_samplings(specs) -> list[Sampling]:
+    """``--sampling SPEC`` each (``Sampling.parse``); a malformed one is a one-line ``UsageError``."""
+    from exactcheck.errors import UsageError
+    samplings = []
+    for spec in specs or []:
+        try:
+            samplings.append(Sampling.parse(spec))
+        except ValueError as exc:
+            raise UsageError(f"--sampling {spec!r}: {exc}") from None
+    return samplings
 
 
 def add_arguments(parser) -> None:
