@@ -2,8 +2,8 @@
 cached venv) serving a tiny random Llama (``toy_models.hf_served_models.write_llama``, vocabulary 64,
 float32, LM head x3) on 127.0.0.1, plain and with each speculative mode users run (n-gram, a draft
 model drafting greedily, a draft model sampling its drafts), each audited by ``exactcheck serve`` at
-quick (one world: a prompt that repeats, so the n-gram drafter drafts, at temperature 1) against the
-plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
+quick (one world: a 40-token prompt of distinct tokens, so the n-gram drafter drafts whenever a sampled
+token is one of them, at top-p 0.8) against the plain server; and penalty worlds on the plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
 reports/serve-vllm.md; docs/serving.md reads every finding against vLLM's source.
 
 Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them in their own step):
@@ -18,7 +18,8 @@ from serve_fixtures import VLLM_NGRAM, serve_audit, vllm_draft_config, vllm_pyth
 
 pytestmark = pytest.mark.vllm
 
-PROMPT = ",".join(str(i) for i in range(3, 43))  # 40 distinct tokens: the n-gram drafter (prompt_lookup_min 1) drafts whenever a new token is one of them
+# 40 distinct tokens: the n-gram drafter (prompt_lookup_min 1) drafts whenever a new token is one of them
+PROMPT = ",".join(str(i) for i in range(3, 43))
 WORLD = "p0-top_p0_8"
 AUDIT = ("--api", "openai", "--model", "tiny", "--n-probs", "64", "--level", "quick", "--seed", "0",
          "--max-samples", "2000", "--prompt-ids", PROMPT, "--sampling", "top_p=0.8", "--quiet")
