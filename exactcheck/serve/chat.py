@@ -164,13 +164,8 @@ def _vllm_template(endpoint: Endpoint, messages: list[dict]) -> list[int]:
 
 def _vllm_body(endpoint: Endpoint, messages: list[dict], n_predict: int, sampling: Sampling, seed: int,
                n_probs: int, cache: bool) -> dict:
-    body = {"model": endpoint.model, "messages": messages, "max_tokens": n_predict, "n": 1, "stream": False,
-            "seed": int(seed), "temperature": sampling.temperature, "top_p": sampling.top_p, "ignore_eos": True,
-            "return_token_ids": True}
-    if sampling.top_k:
-        body["top_k"] = sampling.top_k
-    if sampling.min_p:
-        body["min_p"] = sampling.min_p
+    from exactcheck.serve.openai_api import openai_sampling_body
+    body = {"model": endpoint.model, "messages": messages, **openai_sampling_body(n_predict, sampling, seed)}
     if n_probs:
         body.update(logprobs=True, top_logprobs=int(n_probs), return_tokens_as_token_ids=True)
     return body

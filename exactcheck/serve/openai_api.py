@@ -27,13 +27,25 @@ from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELD
 from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top
 from exactcheck.serve.sampler_law import NotDeterminable, with_output_penalties
 
-__all__ = ["OpenAICompletionsEndpoint", "parse_metrics"]
+__all__ = ["OpenAICompletionsEndpoint", "parse_metrics", "openai_sampling_body"]
 
 _TOKEN_ID = "token_id:"
 # vLLM's SamplingParams fields (sampling_params.py); it has no window: repeat_last_n is refused
 VLLM_PENALTY_FIELDS = {k: k for k in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
 DRAFTED_METRIC, ACCEPTED_METRIC = "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"
 
+
+
+def openai_sampling_body(n_predict: int, sampling: Sampling, seed: int) -> dict:
+    """The fields an OpenAI-style request (completions or chat) carries for one sample of
+    ``n_predict`` tokens: length, seed, temperature and truncation (top-k and min-p only when set)."""
+    body = {"max_tokens": n_predict, "n": 1, "stream": False, "seed": int(seed), "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "ignore_eos": True, "return_token_ids": True}
+    if sampling.top_k:
+        body["top_k"] = sampling.top_k
+    if sampling.min_p:
+        body["min_p"] = sampling.min_p
+    return body
 
 class OpenAICompletionsEndpoint(Endpoint):
     api = "OpenAI /v1/completions"
@@ -115,13 +127,7 @@ class OpenAICompletionsEndpoint(Endpoint):
 
     def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
              cache: bool = True, tag: str | None = None) -> dict:
-        body = {"model": self.model, "prompt": list(prompt), "max_tokens": n_predict, "n": 1, "stream": False,
-                "seed": int(seed), "temperature": sampling.temperature, "top_p": sampling.top_p, "ignore_eos": True,
-                "return_token_ids": True}
-        if sampling.top_k:
-            body["top_k"] = sampling.top_k
-        if sampling.min_p:
-            body["min_p"] = sampling.min_p
+        body = {"model": self.model, "prompt": list(prompt), **openai_sampling_body(n_predict, sampling, seed)}
         body.update(sampling.penalty_fields(LLAMA_PENALTY_FIELDS if self.llama_cpp else VLLM_PENALTY_FIELDS))
         logprobs = max(n_probs, 1 if self.ids_through_logprobs else 0)
         if logprobs:
