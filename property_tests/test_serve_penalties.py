@@ -124,11 +124,12 @@ def test_vllms_processed_log_probabilities_hold_the_repetition_penalty_but_not_p
         processed.penalised(law, Sampling(frequency_penalty=0.5), (1, 0))
 
 
-def test_a_penalised_chat_world_is_not_judged_while_the_completions_world_is():
+@pytest.mark.parametrize("api, sampling", [("llama.cpp", LLAMA_PENALTIES), ("vllm", VLLM_PENALTIES)])
+def test_a_penalised_chat_world_is_judged_exact_and_its_stale_mutant_found(api, sampling):
     from exactcheck.serve.chat import ChatPrompt
     chat = ChatPrompt.parse(["user:abc"])
-    result = _audit(ToyServedModel(), LLAMA_PENALTIES, prompts=([1, 2], chat), max_samples=300)
-    chat_laws = [v for v in result.verdicts if v.world.startswith("c0-")]
-    assert chat_laws and all(v.outcome == Outcome.INCONCLUSIVE and "do not carry them" in v.summary
-                             for v in chat_laws)
-    assert _continuation(result).world.startswith("p0-") and _continuation(result).outcome == Outcome.EXACT
+    keywords = dict(prompts=(chat,), max_samples=1500, api="llama.cpp" if api == "llama.cpp" else "openai")
+    exact = _continuation(_audit(ToyServedModel(api=api), sampling, **keywords))
+    assert exact.world.startswith("c0-") and exact.outcome == Outcome.EXACT, exact.describe()
+    stale = _continuation(_audit(ToyServedModel(api=api, penalty_mutant="stale"), sampling, **keywords))
+    assert stale.outcome == Outcome.DEFECT, stale.describe()

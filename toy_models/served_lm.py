@@ -340,6 +340,8 @@ def _chat_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     prompt = chat_template_ids(model, messages)
     sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
                 "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+    sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
+                               else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
     tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
     choice = {"index": 0, "message": {"role": "assistant", "content": "".join(chr(97 + t % 26) for t in tokens)},

@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 from exactcheck.serve.client import EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
 
 __all__ = ["ChatPrompt", "ChatDialect", "ChatAnswer", "ChatRequests", "CHAT_DIALECTS", "CHAT_PATH", "DEFAULT_CHAT",
            "reproduce_flags", "template_tokens"]
@@ -131,7 +132,8 @@ def _llama_body(endpoint: Endpoint, messages: list[dict], n_predict: int, sampli
     # cache_prompt are passed through to the completion as on /completion
     return {"messages": messages, "max_tokens": n_predict, "stream": False, "seed": int(seed), **sampling.fields(),
             "ignore_eos": True, "logprobs": True, "top_logprobs": max(int(n_probs), 1),
-            "post_sampling_probs": endpoint.kind == POST_SAMPLING, "cache_prompt": bool(cache)}
+            "post_sampling_probs": endpoint.kind == POST_SAMPLING, "cache_prompt": bool(cache),
+            **sampling.penalty_fields(LLAMA_PENALTY_FIELDS)}
 
 
 def _llama_read(endpoint: Endpoint, exchange: Exchange) -> ChatAnswer:
@@ -164,8 +166,9 @@ def _vllm_template(endpoint: Endpoint, messages: list[dict]) -> list[int]:
 
 def _vllm_body(endpoint: Endpoint, messages: list[dict], n_predict: int, sampling: Sampling, seed: int,
                n_probs: int, cache: bool) -> dict:
-    from exactcheck.serve.openai_api import openai_sampling_body
-    body = {"model": endpoint.model, "messages": messages, **openai_sampling_body(n_predict, sampling, seed)}
+    from exactcheck.serve.openai_api import VLLM_PENALTY_FIELDS, openai_sampling_body
+    body = {"model": endpoint.model, "messages": messages, **openai_sampling_body(n_predict, sampling, seed),
+            **sampling.penalty_fields(VLLM_PENALTY_FIELDS)}
     if n_probs:
         body.update(logprobs=True, top_logprobs=int(n_probs), return_tokens_as_token_ids=True)
     return body

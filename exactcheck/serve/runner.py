@@ -153,10 +153,6 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                 seed = derive_seed(options.seed, world.name)
                 base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
                 requests: Endpoint = audited
-                if world.chat is not None and world.sampling.penalized:
-                    run.extend(_chat_not_judged(world, "penalties on the chat endpoint: its requests "
-                                                "(serve/chat.py) do not carry them yet", seed, base["reproduce"]))
-                    continue
                 if world.chat is not None:
                     if world.chat not in chats:
                         chat = ChatRequests(audited, world.chat)
