@@ -115,6 +115,7 @@ def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
     return {"seed": seed, "path": path, "passed": result.passed, "failed": [v.check for v in result.failed],
             "outcomes": {v.check: v.outcome.value for v in result.verdicts},
             "continuation_pvalues": {v.check: v.pvalue for v in statistical if v.law == "continuation"},
+            "independent_samples_pvalues": {v.check: v.pvalue for v in statistical if v.law == "independent_samples"},
             "requests": result.samples_drawn,
             "min_pvalue": min((v.pvalue for v in result.verdicts if v.kind.statistical and v.pvalue is not None),
                               default=None),
@@ -170,9 +171,17 @@ def write(rows: list[dict], paths: tuple[str, ...], args, out: str, begun: float
                          "smallest_continuation_pvalue": min((p for r in mine
                                                               for p in r.get("continuation_pvalues", {}).values()
                                                               if p is not None), default=None),
+                         "independent_samples_judged": sum(p is not None for r in mine
+                                                           for p in r.get("independent_samples_pvalues", {}).values()),
+                         "independent_samples_false_alarms": sum(
+                             any(c.endswith("/independent_samples") for c in r["failed"]) for r in mine),
+                         "smallest_independent_samples_pvalue": min(
+                             (p for r in mine for p in r.get("independent_samples_pvalues", {}).values()
+                              if p is not None), default=None),
                          "seconds": round(sum(r["seconds"] for r in mine), 1)}
     data = {"what": "quick serve audits of exact toy served models (2 worlds: 1 prompt x 2 samplings; continuation "
-                    "laws of 3 tokens and speculation_ran tests under Holm at alpha 1e-3, plus the deterministic "
+                    "laws of 3 tokens, independent_samples (2 samples a request: the pooled law and the same-cell "
+                    "pair count) and speculation_ran tests under Holm at alpha 1e-3, plus the deterministic "
                     f"checks), {len(paths)} paths by seed: " + ", ".join(paths),
             "alpha": 1e-3, "audits": len(rows), "false_alarms": len(alarms), "by_path": by_path,
             "alarms": alarms, "planned": args.seeds, "complete": len(rows) == args.seeds, "jobs": args.jobs,

@@ -84,7 +84,7 @@ def test_each_proxy_mutant_is_found_through_http_with_its_cause(servers, name):
     assert mutant.caught_by in caught, caught
     cause = {"hotter": "sampled hotter", "zero_logprobs": "every reported probability is 0 or 1",
              "draft_logprobs": "not the target's", "speculation_off_for_logprobs": "switched speculation off",
-             "seed_cache": "answers repeated across seeds"}[name]
+             "seed_cache": "answers repeated across seeds", "copied_samples": "repeat each other"}[name]
     assert cause in caught[mutant.caught_by]
 
 
@@ -155,7 +155,7 @@ def test_each_proxy_mutant_is_found_through_vllms_openai_api(vllm_servers, name)
     assert not result.passed and mutant.caught_by in caught, caught
     cause = {"hotter": "sampled hotter", "zero_logprobs": "every reported probability is 0 or 1",
              "draft_logprobs": "not the target's", "speculation_off_for_logprobs": "switched speculation off",
-             "seed_cache": "answers repeated across seeds"}[name]
+             "seed_cache": "answers repeated across seeds", "copied_samples": "repeat each other"}[name]
     assert cause in caught[mutant.caught_by]
 
 

@@ -89,7 +89,8 @@ def test_ngram_speculation_keeps_the_law(target, pair):
     assert laws and all(v.outcome.value == "exact" for v in laws), [v.describe() for v in laws]
 
 
-@pytest.mark.parametrize("name", ["hotter", "seed_cache", "speculation_off_for_logprobs", "zero_logprobs"])
+@pytest.mark.parametrize("name", ["hotter", "seed_cache", "speculation_off_for_logprobs", "zero_logprobs",
+                                  "copied_samples"])
 def test_proxy_mutants_in_front_of_the_real_server_are_found(pair, target, name):
     """In front of the speculating server; zero_logprobs in front of the target alone, whose
     probabilities are right (the speculating server's are 1.0 already)."""
@@ -192,3 +193,22 @@ def test_draft_model_speculation_keeps_the_law_under_penalties(pair, target, mod
         print(v.check, v.outcome.value, v.summary.splitlines()[0][:80], f"detectable TV {v.tv.detectable:.3f}")
     assert len(laws) == 4 and all(v.outcome.value == "exact" for v in laws), [v.describe() for v in laws]
     assert all("speculation ran" in v.summary for v in result.verdicts if v.law == "speculation_ran")
+
+
+@pytest.mark.long
+def test_several_samples_of_one_request_are_independent_draws_on_the_real_server(pair, target):
+    """llama.cpp's n_cmpl (at most its slots, -np): the children share the parent's prompt state
+    and take seeds seed + 1, ... (server-task.h add_child). With two slots and draft-model
+    speculation they are independent draws of the law; with one slot (the other tests' servers) the
+    server refuses n_cmpl 2 and the check says so."""
+    one = dict(AUDIT, prompts=PROMPTS[:1], samplings=SAMPLINGS[:1])
+    with llama_server(pair[0], draft=pair[1], draft_sampling="probabilistic", draft_max=3,
+                      extra_args=("-np", "2")) as audited:
+        result = run_serve_audit(audited, reference=target, **one)
+    several = next(v for v in result.verdicts if v.law == "independent_samples")
+    assert several.outcome.value == "exact" and "pairs of one request in one cell" in several.summary, \
+        several.describe()
+    refused = next(v for v in run_serve_audit(target, **dict(one, max_samples=200)).verdicts
+                   if v.law == "independent_samples")
+    assert refused.outcome.value == "inconclusive" and "refused 2 samples" in refused.summary and "n_cmpl" in \
+        refused.summary

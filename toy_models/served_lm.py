@@ -106,6 +106,11 @@ class ToyServedModel:
     # when the step began (SGLang PR #33643: penalties fed once per step), accepted drafts unread;
     # "ignored" verifies drafts with no penalty at all (TRT-LLM PR #17701: one-model speculation)
     penalty_mutant: str | None = None
+    # several samples of one request (llama.cpp's n_cmpl on /completion, OpenAI's n): sample j is
+    # drawn with the request's seed + j, as llama.cpp (server-task.h add_child) and vLLM
+    # (parallel_sampling.py) seed their children; "same_seed" draws every one with the request's
+    # seed, so they repeat each other (the point llama.cpp PR #18700's review raised)
+    several_mutant: str | None = None
     tokenizer_dir: str | None = None  # api "mlx-lm": the model directory whose tokenizer reads the text prompts
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
@@ -254,6 +259,9 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     (a ``str``: vLLM's ``/metrics``, mlx-lm's ``Not Found``)."""
     if model.api == "mlx-lm":
         return _mlx_respond(model, path, body)
+    several = _several(body, path, model)
+    if several > 1:
+        return _respond_several(model, path, body, several)
     if body is None:
         if path == "/health":
             return 200, {"status": "ok"}
@@ -302,6 +310,34 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
                                                             bool(body.get("post_sampling_probs")))
     return 200, answer
+
+
+def _several(body: dict | None, path: str, model: ToyServedModel) -> int:
+    """How many samples a completion request asks (llama.cpp's /completion: ``n_cmpl``, or its alias
+    ``n``; /v1/completions: ``n``); 1 for anything else."""
+    if body is None or path not in ("/completion", "/v1/completions"):
+        return 1
+    value = body.get("n_cmpl", body.get("n", 1)) if path == "/completion" else body.get("n", 1)
+    return max(1, int(value or 1))
+
+
+def _respond_several(model: ToyServedModel, path: str, body: dict, k: int) -> tuple[int, dict | list]:
+    """``k`` samples of one request, sample j seeded seed + j (``several_mutant="same_seed"``: all
+    with the request's seed): llama.cpp's /completion answers a list of results with their
+    ``index``, /v1/completions one answer whose ``choices`` are indexed 0..k-1."""
+    seed = int(body.get("seed", 0))
+    answers = []
+    for j in range(k):
+        one = {key: v for key, v in body.items() if key not in ("n", "n_cmpl")}
+        one["seed"] = seed if model.several_mutant == "same_seed" else seed + j
+        status, answer = respond(model, path, one)
+        if status != 200:
+            return status, answer
+        answers.append(answer)
+    if path == "/completion":
+        return 200, [dict(a, index=j) for j, a in enumerate(answers)]
+    merged = dict(answers[0], choices=[dict(a["choices"][0], index=j) for j, a in enumerate(answers)])
+    return 200, merged
 
 
 _NO_TEMPLATE = {"error": {"code": 400, "type": "invalid_request_error",

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 from exactcheck.serve.client import EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
 from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
+from exactcheck.serve.sampler_law import NotDeterminable
 
 __all__ = ["ChatPrompt", "ChatDialect", "ChatAnswer", "ChatRequests", "CHAT_DIALECTS", "CHAT_PATH", "DEFAULT_CHAT",
            "reproduce_flags", "template_tokens"]
@@ -279,6 +280,10 @@ class ChatRequests(Endpoint):
         if tag is not None:
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
+
+    def several(self, body: dict, k: int) -> dict:
+        raise NotDeterminable("a chat world: several samples of one request are audited through the completions "
+                              "worlds (a chat answer is read one choice at a time here)")
 
     def answer(self, exchange: Exchange) -> ChatAnswer:
         return self.dialect.read(self.endpoint, exchange)

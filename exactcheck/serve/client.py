@@ -213,7 +213,11 @@ class Client:
         with self.stats.lock:
             self._in_flight[id(token)] = (base.rstrip("/") + path, body)
         try:
-            answer = self._send(base, path, body)
+            # a body asking several samples may be answered by a JSON list (llama.cpp's /completion
+            # with n_cmpl): kept as {"results": [...]}
+            answer = self._send(base, path, body, listing=bool(body.get("exactcheck_listing")))
+            if isinstance(answer, list):
+                answer = {"results": answer}
         except EndpointError as exc:
             raise exc.with_requests([(base.rstrip("/") + path, body)]) from None
         finally:
@@ -224,7 +228,8 @@ class Client:
         with self.stats.lock:
             self.stats.sent += 1
             self.stats.seconds += seconds / max(1, self.concurrency)
-            self.stats.tokens += len(answer.get("tokens") or ()) or _completion_tokens(answer)
+            self.stats.tokens += sum(len(a.get("tokens") or ()) or _completion_tokens(a)
+                                     for a in answer.get("results", [answer]) if isinstance(a, dict))
         if self._journal is not None:
             line = json.dumps({"key": exchange.key, "path": path, "body": body, "answer": answer,
                                "seconds": round(seconds, 4)}, separators=(",", ":"))

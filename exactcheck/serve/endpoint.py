@@ -183,6 +183,18 @@ class Endpoint:
         the prompt already ends the text)."""
         raise NotImplementedError
 
+    def several(self, body: dict, k: int) -> dict:
+        """``body`` (one request's) asking ``k`` samples of it at once (OpenAI's ``n``); an API
+        that has no such field: ``NotDeterminable`` with the reason (the check is not judged)."""
+        raise NotDeterminable(f"{self.api} takes no field for several samples of one request")
+
+    def read_several(self, exchange: Exchange) -> list[Completion]:  # pragma: no cover - where ``several`` is
+        raise NotImplementedError
+
+    def complete_several(self, bodies: list[dict]) -> list[list[Completion]]:
+        """Each answer to a ``several`` body: its samples, in the order the server gave them."""
+        return [self.read_several(exchange) for exchange in self.client.post_many(self.base, self.path, bodies)]
+
     def penalised(self, law: NextTokenLaw, sampling: Sampling, prefix: tuple[int, ...]) -> NextTokenLaw:
         """The law a one-token request listed (``self.kind``), turned into the one the audited request
         has after the continuation ``prefix`` under ``sampling``'s penalties: a one-token request reads

@@ -65,6 +65,20 @@ class LlamaCppEndpoint(Endpoint):
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
 
+    def several(self, body: dict, k: int) -> dict:
+        """``n_cmpl`` (server-schema.cpp; at most the server's slots, ``-np``): children of the request
+        share its prompt state and take seeds seed + 1, seed + 2, ... (server-task.h ``add_child``);
+        the answer is a JSON list of ``k`` results."""
+        return {**body, "n_cmpl": int(k), "exactcheck_listing": True}
+
+    def read_several(self, exchange: Exchange) -> list[Completion]:
+        results = exchange.answer.get("results", [exchange.answer])
+        if not all(isinstance(r, dict) for r in results):
+            raise EndpointError(f"{self.base}/completion answered {str(results)[:80]} for n_cmpl, not results")
+        results = sorted(results, key=lambda r: r.get("index", 0) if isinstance(r.get("index"), int) else 0)
+        return [self.read(Exchange(exchange.base, exchange.path, exchange.body, r, exchange.seconds))
+                for r in results]
+
     def penalised(self, law, sampling: Sampling, prefix: tuple[int, ...]):
         """As listed: llama.cpp's probabilities are post-sampling (its penalties included), and its
         penalties read the same history in a one-token request as at the audited position: the

@@ -131,6 +131,9 @@ class MlxLmEndpoint(Endpoint):
     path = "/v1/completions"
     gives = GIVES
 
+    def several(self, body: dict, k: int) -> dict:
+        raise NotDeterminable("mlx_lm.server 0.32.2 reads no n (server.py 1299-1340: one sample per request)")
+
     def __init__(self, base: str, client: Client, *, model: str | None = None, reference_kind: str | None = None):
         if reference_kind not in (None, RAW):
             raise EndpointError("mlx-lm's server reports raw probabilities (generate.py: logprobs before the sampler); "

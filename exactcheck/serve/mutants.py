@@ -43,6 +43,9 @@ PROXY_MUTANTS = {m.name: m for m in (
                 needs="plain", caught_by="speculation_ran"),
     ProxyMutant("seed_cache", "answers a request from a cache keyed without its seed: every seed gets the first "
                               "answer", caught_by="continuation"),
+    ProxyMutant("copied_samples", "answers a request for several samples (n, n_cmpl) with one sample copied: the "
+                                  "children of a request seeded alike (llama.cpp PR #18700's review: each child "
+                                  "takes seed + i)", caught_by="independent_samples"),
     ProxyMutant("chat_hotter", "serves the chat endpoint's answers at temperature x 1.3 of what the request asks, "
                                "the completions endpoints as asked (a chat handler that maps the sampling fields "
                                "its own way)", caught_by="continuation"),
@@ -132,6 +135,17 @@ def _zero(answer: dict) -> None:
                 item["logprob"] = 0.0
 
 
+def _copied(upstream: str, path: str, body: dict, k: int) -> tuple[int, dict | list]:
+    """One sample asked upstream, answered as ``k``: llama.cpp's /completion as a list of results,
+    /v1/completions as ``k`` choices."""
+    status, answer = _forward(upstream, path, {key: v for key, v in body.items() if key not in ("n", "n_cmpl")})
+    if status != 200:
+        return status, answer
+    if path == "/completion":
+        return status, [dict(answer, index=j) for j in range(k)]
+    return status, dict(answer, choices=[dict(answer["choices"][0], index=j) for j in range(k)])
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -169,6 +183,10 @@ class _Handler(BaseHTTPRequestHandler):
                 held = server.cache.get(key)
             if held is not None:
                 return self._reply(200, held)
+        several = int(body.get("n_cmpl", body.get("n", 1)) or 1) if self.path == "/completion" \
+            else int(body.get("n", 1) or 1)
+        if name == "copied_samples" and several > 1:
+            return self._reply(*_copied(upstream, self.path, body, several))
         status, answer = _forward(upstream, self.path, body)
         if status == 200 and name == "zero_logprobs":
             _zero(answer)

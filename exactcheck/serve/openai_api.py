@@ -154,6 +154,19 @@ class OpenAICompletionsEndpoint(Endpoint):
                           int_or_none(timings.get("draft_n_accepted")), choice.get("finish_reason") == "stop",
                           self.kind)
 
+    def several(self, body: dict, k: int) -> dict:
+        """OpenAI's ``n`` (vLLM: child requests seeded seed + index, v1/engine/parallel_sampling.py;
+        llama.cpp: its ``n_cmpl``): ``k`` choices in one answer."""
+        return {**body, "n": int(k)}
+
+    def read_several(self, exchange: Exchange) -> list[Completion]:
+        choices = exchange.answer.get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise EndpointError(f"{self.base}{self.path} answered no choices: {str(exchange.answer)[:80]}")
+        choices = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c.get("index"), int) else 0)
+        return [self.read(Exchange(exchange.base, exchange.path, exchange.body, {**exchange.answer, "choices": [c]},
+                                   exchange.seconds)) for c in choices]
+
     def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
         choice = _choice(exchange.answer) or {}
         logprobs = choice.get("logprobs")

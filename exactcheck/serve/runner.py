@@ -31,7 +31,7 @@ from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion
 from exactcheck.serve.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
-                                       logprob_verdict, seed_verdict, server_failed_verdict, settings_verdict,
+                                       independent_samples_verdict, logprob_verdict, seed_verdict, server_failed_verdict, settings_verdict,
                                        speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
@@ -82,16 +82,18 @@ def _sampling_name(s: Sampling) -> str:
 
 
 def serve_budget(alpha: float, worlds: int) -> AlphaBudget:
-    """Holm over each world's two statistical checks: its continuation law and its speculation_ran test."""
-    return AlphaBudget(alpha, 2 * max(worlds, 1), stop_early=False)
+    """Holm over each world's three statistical checks: its continuation law, its independent_samples
+    test and its speculation_ran test."""
+    return AlphaBudget(alpha, 3 * max(worlds, 1), stop_early=False)
 
 
 def serve_checks(worlds) -> list[Check]:
-    """The checks a serve audit reports, in order: per world its continuation law, logprob
-    fidelity, seed reproducibility and speculation counters; then greedy identity alone and under
-    load, and the server's declared settings."""
+    """The checks a serve audit reports, in order: per world its continuation law, several samples
+    of one request, logprob fidelity, seed reproducibility and speculation counters; then greedy
+    identity alone and under load, and the server's declared settings."""
     checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
-              (("continuation", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
+              (("continuation", CheckKind.GENERATOR_LAW), ("independent_samples", CheckKind.GENERATOR_LAW),
+               ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
@@ -187,6 +189,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                                   "continuation"), seed, base["reproduce"],
                                             f"not judged: {why}"))
+                run.add(_independent_samples(requests, world, law, why if law is None else None, n, settings, seed,
+                                             budget, base, run, bar))
                 probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
                 bar.grow(probe_count - settings.probed)
                 probes, probe_tally = send_counted(requests, [
@@ -256,6 +260,46 @@ def _chat_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> 
     checks not judged, with the reason (never a guess at the tokens)."""
     return [not_run_verdict(c, seed, reproduce, f"not judged: {why}", condition=world.describe())
             for c in serve_checks([world]) if c.world == world.name]
+
+
+def _independent_samples(endpoint: Endpoint, world: ServeWorld, law: ContinuationLaw | None, why: str | None,
+                         planned: int, settings: ServeSettings, world_seed: int, budget: AlphaBudget, base: dict,
+                         run: AuditRun, bar) -> Verdict:
+    """``settings.samples_per_request`` samples of each of about ``planned / (2k)`` seeded requests
+    (half the continuation law's samples), judged by ``independent_samples_verdict``; not judged,
+    with the reason, where the API has no field for it, the server refuses it or ignores it, or the
+    world's law is not determined."""
+    k = settings.samples_per_request
+    check = Check(f"{world.name}/independent_samples", CheckKind.GENERATOR_LAW, world.name, "independent_samples")
+
+    def not_judged(words: str) -> Verdict:
+        return not_run_verdict(check, world_seed, base["reproduce"], f"not judged: {words}",
+                               condition=world.describe())
+
+    if k < 2:
+        return not_judged("samples_per_request is 1: no request asks for several samples")
+    if law is None:
+        return not_judged(why or "the world's law is not determined")
+    m = max(settings.probed, -(-planned // (2 * k)))
+    try:
+        bodies = [endpoint.several(endpoint.body(world.prompt, world.length, world.sampling,
+                                                 _request_seed(world_seed, i, "several")), k) for i in range(m)]
+    except NotDeterminable as exc:
+        return not_judged(str(exc))
+    run.planned += m * k
+    bar.grow(m)
+    try:
+        groups = endpoint.complete_several(bodies[:1])
+    except EndpointError as exc:
+        if exc.server_fault:
+            raise
+        return not_judged(f"the server refused {k} samples of one request ({exc})")
+    groups += endpoint.complete_several(bodies[1:])
+    run.drawn += sum(map(len, groups))
+    if all(len(g) < 2 for g in groups):
+        return not_judged(f"the server answered one sample to each request asking {k} (it ignores the field)")
+    return independent_samples_verdict(law, groups, f"{k} samples of each request: {world.describe()}",
+                                       budget.first_share, budget.alpha, base)
 
 
 def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:

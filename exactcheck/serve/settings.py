@@ -70,6 +70,9 @@ SETTINGS = (
     Setting("samplings", DEFAULT_SAMPLINGS, "the sampling settings of the worlds", flag=False),
     Setting("length", 3, "tokens of each continuation whose law is audited (default 3)", _positive_int,
             "a positive integer", type=int),
+    Setting("samples_per_request", 2, "samples asked of one request (OpenAI's n, llama.cpp's n_cmpl) by each "
+            "world's independent_samples check: are they independent draws of the law? (default 2; 1: not asked)",
+            _positive_int, "a positive integer", type=int, metavar="K"),
     Setting("n_probs", 256, "next-token probabilities asked of the reference", _positive_int, "a positive integer",
             type=int),
     Setting("journal", None, "the journal of every request and answer (default: under --report, else none)",

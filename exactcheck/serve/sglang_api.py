@@ -132,6 +132,10 @@ class SGLangEndpoint(Endpoint):
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
 
+    def several(self, body: dict, k: int) -> dict:
+        raise NotDeterminable("SGLang's answer to sampling_params n (a list) is not read yet: the audit has had no "
+                              "SGLang server to check its shape against")
+
     def read(self, exchange: Exchange) -> Completion:
         answer = _answer(exchange.answer)
         tokens = _ids(answer.get("output_ids")) or _logprob_ids(answer)

@@ -4,6 +4,8 @@ speculation ran, and seed reproducibility. ``exactcheck.serve.runner`` decides w
 ``exactcheck.core.apply_holm`` decides the statistical ones."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from exactcheck.core import sample_law_verdict
@@ -14,9 +16,10 @@ from exactcheck.serve.continuation_law import ContinuationLaw
 from exactcheck.serve.draft_counts import DraftTally
 from exactcheck.serve.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
+from exactcheck.stats.pairs import same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
 
-__all__ = ["continuation_law_verdict", "greedy_verdict", "logprob_verdict", "speculation_verdict", "seed_verdict",
+__all__ = ["continuation_law_verdict", "independent_samples_verdict", "greedy_verdict", "logprob_verdict", "speculation_verdict", "seed_verdict",
            "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "NOISE_MARGIN", "cell_indices"]
 
 # greedy identity: a first divergence where the reference's top two tokens are closer than this
@@ -41,6 +44,39 @@ def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion]
     plan = LawPlan("continuation", condition, law.expected, law.label)
     return sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
                               _cause(law, indices, completions))
+
+
+def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completion]], condition: str, share: float,
+                                alpha: float, base: dict) -> Verdict:
+    """Several samples of one request (``groups``: each request's answers, as the server ordered
+    them) against the law: every sample pooled into the continuation test, and the disjoint pairs
+    within a request counted where both fall in one cell (``exactcheck.stats.pairs``: independent
+    draws make that Binomial(pairs, sum p**2)). One p-value: Bonferroni over the two, each at half
+    the check's share (a law test on samples that are not independent is still valid where they
+    are: the null is independent draws of the law)."""
+    cells = [cell_indices(law, group) for group in groups]
+    flat = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
+    counts = np.bincount(flat, minlength=law.expected.size).astype(np.int64)
+    plan = LawPlan("independent_samples", condition, law.expected, law.label)
+    pooled = sample_law_verdict(plan, counts, share / 2, alpha, base, CheckKind.GENERATOR_LAW, "samples")
+    pairs = same_cell_pairs(cells, law.expected)
+    words = (f"pairs of one request in one cell: {pairs.same:,} of {pairs.pairs:,} (independent draws: about "
+             f"{pairs.expected:,.1f}, p = {pairs.pvalue:.3g})")
+    e = pooled.evidence
+    if e.basis is not Evidence.FIXED_BUDGET:  # samples on outcomes of probability 0: deterministic
+        return replace(pooled, summary=f"{pooled.summary}; {words}")
+    pvalue = min(1.0, 2 * min(e.pvalue, pairs.pvalue))
+    summary = (f"{len(flat):,} samples from {len(groups):,} requests of {max(map(len, groups), default=0)}: pooled "
+               f"law TV {e.tv.estimate:.4f}, p = {e.pvalue:.3g}; {words}; Bonferroni p = {pvalue:.3g}")
+    if pairs.pvalue > min(share, e.pvalue):
+        pass  # the pair count says nothing beyond chance, or less than the pooled law does
+    elif pairs.same > pairs.expected:
+        summary += ("; the samples of one request repeat each other: they share their random numbers (every "
+                    "sample of a request seeded alike, or one draw copied)")
+    else:
+        summary += "; the samples of one request differ more often than independent draws do (made to differ)"
+    return replace(pooled, summary=summary, evidence=replace(
+        e, pvalue=pvalue, statistic_name="Pearson X^2 (pooled; the p-value: Bonferroni with the same-cell pair count)"))
 
 
 def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completion]) -> str | None:
