@@ -54,7 +54,7 @@ import numpy as np
 
 from exactcheck.serve.loopback import LoopbackServer
 
-__all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids"]
+__all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids", "token_text"]
 
 
 def sampler_chain(probs: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
@@ -111,6 +111,9 @@ class ToyServedModel:
     # (parallel_sampling.py) seed their children; "same_seed" draws every one with the request's
     # seed, so they repeat each other (the point llama.cpp PR #18700's review raised)
     several_mutant: str | None = None
+    # stop strings: "step_end" checks them once per speculation step, returning the tokens the step
+    # accepted past the one that completed the stop
+    stop_mutant: str | None = None
     tokenizer_dir: str | None = None  # api "mlx-lm": the model directory whose tokenizer reads the text prompts
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
@@ -167,12 +170,16 @@ class ToyServedModel:
             draft_context.append(x)
         return proposal, q_rows
 
-    def complete(self, prompt: list[int], n_predict: int, sampling: dict, seed: int) -> tuple[list[int], int, int]:
+    def complete(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
+                 steps: list[int] | None = None) -> tuple[list[int], int, int]:
         """(tokens, drafts proposed, drafts accepted): the first token from the target, the rest by
-        speculation when ``speculative`` (exact), else from the target one by one."""
+        speculation when ``speculative`` (exact), else from the target one by one. ``steps``: the
+        number of tokens out after each step is appended to it."""
         rng = np.random.default_rng(seed)
         context, out, drafted, accepted = list(prompt), [], 0, 0
         while len(out) < n_predict:
+            if steps is not None and out:
+                steps.append(len(out))
             if not self.speculative or not out or sampling["temperature"] <= 0:
                 token = _sample(self.law(context, sampling), rng)
                 out.append(token)
@@ -208,7 +215,26 @@ class ToyServedModel:
         with self.lock:
             self.totals[0] += drafted
             self.totals[1] += accepted
+        if steps is not None:
+            steps.append(min(len(out), n_predict))
         return out[:n_predict], drafted, accepted
+
+    def generate(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
+                 stops: list[str] | None = None) -> tuple[list[int], int, int, str | None]:
+        """``complete``, then the answer ended at the first token whose text (``token_text`` of the
+        continuation, the prompt not searched) completes a stop string: (tokens, drafted, accepted,
+        the stop string found or None). ``stop_mutant="step_end"`` ends it at the end of that
+        token's speculation step instead (the tokens a verify step accepted past the stop returned)."""
+        steps: list[int] = []
+        tokens, drafted, accepted = self.complete(prompt, n_predict, sampling, seed, steps)
+        text = ""
+        for j, token in enumerate(tokens, start=1):
+            text += token_text(token)
+            found = next((s for s in stops or () if s in text), None)
+            if found is not None:
+                end = next((e for e in steps if e >= j), j) if self.stop_mutant == "step_end" else j
+                return tokens[:end], drafted, accepted, found
+        return tokens, drafted, accepted, None
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -292,10 +318,14 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         if model.chat == "none":
             return 400, _NO_TEMPLATE
         return 200, {"prompt": _render(model, body.get("messages") or [])}
+    if model.api == "vllm" and path == "/detokenize":
+        return 200, {"prompt": "".join(token_text(t) for t in body.get("tokens") or [])}
     if model.api == "vllm":
         return 404, {"error": "not found"}
     if path == "/tokenize":
         return 200, {"tokens": [ord(c) % model.vocab for c in str(body.get("content", ""))]}
+    if path == "/detokenize":
+        return 200, {"content": "".join(token_text(t) for t in body.get("tokens") or [])}
     if path != "/completion":
         return 404, {"error": "not found"}
     prompt = body.get("prompt")
@@ -303,13 +333,27 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         return 400, {"error": "prompt must be token ids"}
     sampling = _sampling(body)
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
-    tokens, drafted, accepted = model.complete(prompt, n_predict, sampling, int(body.get("seed", 0)))
-    answer = {"tokens": tokens, "content": "", "stop_type": "limit", "timings": _timings(tokens, drafted, accepted)}
+    tokens, drafted, accepted, found = model.generate(prompt, n_predict, sampling, int(body.get("seed", 0)),
+                                                      body.get("stop"))
+    answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
+              "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
     if n_probs:
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
                                                             bool(body.get("post_sampling_probs")))
     return 200, answer
+
+
+def token_text(token: int) -> str:
+    """A token's text (its letter, a to z): what the toy's detokenizer, its chat answers and its
+    stop strings read."""
+    return chr(97 + int(token) % 26)
+
+
+def _cut(tokens: list[int], found: str | None) -> str:
+    """The answer's text: the continuation's, cut before the stop string found (as engines return it)."""
+    text = "".join(token_text(t) for t in tokens)
+    return text[:text.find(found)] if found else text
 
 
 def _several(body: dict | None, path: str, model: ToyServedModel) -> int:
@@ -380,7 +424,7 @@ def _chat_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
     tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
-    choice = {"index": 0, "message": {"role": "assistant", "content": "".join(chr(97 + t % 26) for t in tokens)},
+    choice = {"index": 0, "message": {"role": "assistant", "content": "".join(token_text(t) for t in tokens)},
               "finish_reason": "length"}
     answer = {"object": "chat.completion", "model": _model_name(model), "choices": [choice],
               "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
@@ -534,8 +578,9 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
-    tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
-    choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+    tokens, drafted, accepted, found = model.generate(prompt, n, sampling, int(body.get("seed", 0)), body.get("stop"))
+    choice = {"index": 0, "text": _cut(tokens, found), "logprobs": None,
+              "finish_reason": "stop" if found else "length", "stop_reason": found}
     answer = {"object": "text_completion", "model": _model_name(model), "choices": [choice],
               "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
     logprobs = body.get("logprobs")

@@ -63,7 +63,8 @@ class ContinuationLaw:
     a continuation to its cell."""
 
     length: int
-    cells: tuple[tuple[tuple[int, ...], str], ...]  # (prefix, "full" | "prefix" | "other")
+    # (prefix, "full" | "prefix" | "other" | "stopped": an answer ended by a stop string, serve.stop_law)
+    cells: tuple[tuple[tuple[int, ...], str], ...]
     expected: np.ndarray
     calls: int  # reference requests made
     laws: dict  # prefix -> NextTokenLaw, every expanded prefix
@@ -78,7 +79,10 @@ class ContinuationLaw:
             law = self.laws.get(prefix)
             if law is None or depth == len(tokens):
                 kind = "full" if depth == self.length else "prefix"
-                return index.get((prefix, kind), index.get((prefix, "prefix"), len(self.cells)))
+                for key in ((prefix, kind), (prefix, "prefix"), (prefix, "stopped")):
+                    if key in index:
+                        return index[key]
+                return len(self.cells)
             if tokens[depth] not in law.probabilities:
                 return index.get((prefix, "other"), len(self.cells))
         return len(self.cells)
@@ -96,7 +100,7 @@ class ContinuationLaw:
             return "any other continuation"
         prefix, kind = self.cells[i]
         text = " ".join(map(str, prefix)) or "(empty)"
-        return {"full": f"[{text}]", "prefix": f"[{text} ...] (not expanded)",
+        return {"full": f"[{text}]", "prefix": f"[{text} ...] (not expanded)", "stopped": f"[{text}] (stopped)",
                 "other": f"[{text}, then a token the reference did not list]"}[kind]
 
     def next_token(self, prefix: Sequence[int]) -> NextTokenLaw | None:

@@ -17,7 +17,8 @@ prompt (token ids), a length, the ``Sampling`` settings and a seed; answers read
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from urllib.parse import quote, unquote
 from typing import Sequence
 
 from exactcheck.serve.client import Client, EndpointError, Exchange
@@ -47,6 +48,9 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_last_n: int | None = None  # None: the server's default window
+    # stop strings: the server ends an answer at the first token whose text completes one (the law
+    # of such answers: ``exactcheck.serve.stop_law``)
+    stop: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -57,8 +61,12 @@ class Sampling:
         return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty)
 
     def fields(self) -> dict:
-        """The truncation and temperature settings (every dialect's names); penalties: ``penalty_fields``."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        """The truncation and temperature settings and the stop strings where set (every dialect's
+        names); penalties: ``penalty_fields``."""
+        fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        if self.stop:
+            fields["stop"] = list(self.stop)
+        return fields
 
     def penalty_fields(self, names: dict[str, str]) -> dict:
         """The penalties that are set, under a dialect's ``names`` (our name -> its field; a penalty
@@ -95,29 +103,38 @@ class Sampling:
                 words += f", {key} {value:g}"
         if self.penalized and self.repeat_last_n is not None:
             words += f" over the last {self.repeat_last_n} tokens"
+        if self.stop:
+            words += ", stop at " + " or ".join(map(repr, self.stop))
         return words
 
     def spec(self) -> str:
-        values = {**self.fields(), "repetition_penalty": self.repetition_penalty,
-                  "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                  "repeat_last_n": self.repeat_last_n}
-        return ",".join(f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k))
+        values = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                  "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+                  "frequency_penalty": self.frequency_penalty, "repeat_last_n": self.repeat_last_n}
+        parts = [f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k)]
+        return ",".join(parts + [f"stop={quote(s, safe='')}" for s in self.stop])
 
     @classmethod
     def parse(cls, spec: str) -> "Sampling":
         """'temperature=0.7,top_k=2' -> Sampling(0.7, 2); 'greedy' -> temperature 0; penalties:
-        'repetition_penalty=1.3', 'presence_penalty=0.5', 'frequency_penalty=0.5', 'repeat_last_n=64'."""
+        'repetition_penalty=1.3', 'presence_penalty=0.5', 'frequency_penalty=0.5', 'repeat_last_n=64';
+        stop strings, percent-encoded, one key each: 'stop=%0A,stop=ab' (a newline, or "ab")."""
         if spec.strip() == "greedy":
             return GREEDY_SAMPLING
         kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
                  "presence_penalty": float, "frequency_penalty": float, "repeat_last_n": int}
-        values = {}
+        values, stops = {}, []
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
+            if key in UNJUDGED_FIELDS:
+                raise ValueError(f"sampling {spec!r}: {key} is not judged: {UNJUDGED_FIELDS[key]}")
+            if sep and key == "stop" and unquote(value):
+                stops.append(unquote(value))
+                continue
             if not sep or key not in kinds:
-                raise ValueError(f"sampling {spec!r}: expected KEY=VALUE with KEY in {sorted(kinds)}")
+                raise ValueError(f"sampling {spec!r}: expected KEY=VALUE with KEY in {sorted([*kinds, 'stop'])}")
             values[key] = kinds[key](value)
-        sampling = cls(**values)
+        sampling = cls(**values, stop=tuple(stops))
         if not (sampling.temperature >= 0 and sampling.top_k >= 0 and 0 < sampling.top_p <= 1
                 and 0 <= sampling.min_p < 1):
             raise ValueError(f"sampling {spec!r}: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1)")
@@ -130,14 +147,22 @@ class Sampling:
 
 
 GREEDY_SAMPLING = Sampling(temperature=0.0)
+# settings a request can carry that the serve audit does not judge, and why (``Sampling.parse`` refuses them)
+UNJUDGED_FIELDS = {
+    "min_tokens": "every audit request sets ignore_eos, so its answers have exactly the asked length whatever "
+                  "min_tokens says; a law of answers that may end on an end-of-generation token (and of min_tokens, "
+                  "which masks it for the first tokens) is not built",
+    "ignore_eos": "every audit request sets it (the law is of exactly the asked number of tokens)",
+    "n": "every world's independent_samples check asks n (--samples-per-request)",
+}
 
 
 @dataclass(frozen=True)
 class Completion:
     """One answer: the generated token ids (an end-of-generation token included when the server
     stopped on one), the probability the server reported for each (None when not asked) and of
-    which kind (``POST_SAMPLING`` or ``RAW``), and its speculation counters (None: not reported
-    per request)."""
+    which kind (``POST_SAMPLING`` or ``RAW``), its speculation counters (None: not reported
+    per request) and its text (where the API returns it)."""
 
     tokens: tuple[int, ...]
     probabilities: tuple[float, ...] | None
@@ -145,6 +170,7 @@ class Completion:
     draft_accepted: int | None
     stopped_on_eog: bool
     probability_kind: str = POST_SAMPLING
+    text: str | None = None  # the answer's text as the server returned it (cut before a stop string it found)
 
 
 class Endpoint:
@@ -195,6 +221,12 @@ class Endpoint:
         """Each answer to a ``several`` body: its samples, in the order the server gave them."""
         return [self.read_several(exchange) for exchange in self.client.post_many(self.base, self.path, bodies)]
 
+    def continuation_texts(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
+        """The text the server searches for stop strings after ``prompt`` has been continued by
+        each of ``continuations`` (``exactcheck.serve.stop_law``); ``NotDeterminable`` where the
+        audit cannot know it."""
+        raise NotDeterminable(f"{self.api}: the text its stop strings are searched in is not read by the audit")
+
     def penalised(self, law: NextTokenLaw, sampling: Sampling, prefix: tuple[int, ...]) -> NextTokenLaw:
         """The law a one-token request listed (``self.kind``), turned into the one the audited request
         has after the continuation ``prefix`` under ``sampling``'s penalties: a one-token request reads
@@ -225,7 +257,8 @@ class Endpoint:
         truncation, where the server reports post-sampling probabilities)."""
         if kind not in (POST_SAMPLING, RAW):  # another dialect's kind (SGLang's tempered probabilities)
             raise NotDeterminable(f"{self.api} reports no probabilities of the kind {kind!r}")
-        asked = sampling if kind == self.kind or self.kind == RAW else Sampling()
+        # one token's law: a stop string ends answers, it does not change a next-token law
+        asked = replace(sampling, stop=()) if kind == self.kind or self.kind == RAW else Sampling()
         bodies = [self.body(list(prompt) + list(prefix), 1, asked, seed=0, n_probs=n_probs) for prefix in prefixes]
         laws = []
         for prefix, exchange in zip(prefixes, self.client.post_many(self.base, self.path, bodies)):

@@ -12,8 +12,9 @@ from typing import Sequence
 
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.serve.sampler_law import NotDeterminable
 
-__all__ = ["LlamaCppEndpoint", "is_llama_cpp", "PENALTY_FIELDS"]
+__all__ = ["LlamaCppEndpoint", "is_llama_cpp", "llama_cpp_texts", "PENALTY_FIELDS"]
 
 # our penalty names -> llama.cpp's request fields (server-schema.cpp: repeat_last_n, repeat_penalty,
 # frequency_penalty, presence_penalty)
@@ -28,6 +29,26 @@ def is_llama_cpp(client: Client, base: str) -> bool:
     except EndpointError:
         return False
     return any(key in props for key in ("default_generation_settings", "build_info", "model_path", "n_vocab"))
+
+
+def llama_cpp_texts(client: Client, base: str, continuations: list[tuple[int, ...]]) -> list[str]:
+    """llama.cpp's stop strings are searched in ``generated_text``: each generated token's piece
+    (``common_token_to_piece``, no prompt context, a leading space kept), concatenated
+    (server-context.cpp ``process_token``); ``POST /detokenize`` of one token gives that piece. A
+    piece that is not whole UTF-8 (llama.cpp waits for the rest before it searches) is not
+    determined here: ``NotDeterminable``."""
+    tokens = sorted({t for c in continuations for t in c})
+    answers = client.post_many(base, "/detokenize", [{"tokens": [t]} for t in tokens])
+    pieces = {}
+    for token, exchange in zip(tokens, answers):
+        piece = exchange.answer.get("content")
+        if not isinstance(piece, str):
+            raise NotDeterminable(f"{base}/detokenize answered {str(exchange.answer)[:60]} for token {token}")
+        if "\ufffd" in piece:
+            raise NotDeterminable(f"token {token}'s piece is not whole UTF-8 ({piece!r}): where llama.cpp finds a "
+                                  f"stop string across it is not determined here")
+        pieces[token] = piece
+    return ["".join(pieces[t] for t in c) for c in continuations]
 
 
 class LlamaCppEndpoint(Endpoint):
@@ -65,6 +86,9 @@ class LlamaCppEndpoint(Endpoint):
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
 
+    def continuation_texts(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
+        return llama_cpp_texts(self.client, self.base, continuations)
+
     def several(self, body: dict, k: int) -> dict:
         """``n_cmpl`` (server-schema.cpp; at most the server's slots, ``-np``): children of the request
         share its prompt state and take seeds seed + 1, seed + 2, ... (server-task.h ``add_child``);
@@ -100,8 +124,10 @@ class LlamaCppEndpoint(Endpoint):
         if exchange.body.get("n_probs") and isinstance(listed, list):
             probabilities = tuple(_token_probability(entry) for entry in listed[:len(tokens)])
         timings = answer.get("timings") or {}
+        content = answer.get("content")
         return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
-                          int_or_none(timings.get("draft_n_accepted")), stopped, POST_SAMPLING)
+                          int_or_none(timings.get("draft_n_accepted")), stopped, POST_SAMPLING,
+                          content if isinstance(content, str) else None)
 
     def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
         entries = exchange.answer.get("completion_probabilities")

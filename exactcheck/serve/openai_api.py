@@ -24,7 +24,7 @@ from typing import Sequence
 from exactcheck.serve.client import Client, EndpointError, Exchange
 from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
 from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
-from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top
+from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_texts
 from exactcheck.serve.sampler_law import NotDeterminable, with_output_penalties
 
 __all__ = ["OpenAICompletionsEndpoint", "parse_metrics", "openai_sampling_body"]
@@ -45,6 +45,8 @@ def openai_sampling_body(n_predict: int, sampling: Sampling, seed: int) -> dict:
         body["top_k"] = sampling.top_k
     if sampling.min_p:
         body["min_p"] = sampling.min_p
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
     return body
 
 class OpenAICompletionsEndpoint(Endpoint):
@@ -150,9 +152,35 @@ class OpenAICompletionsEndpoint(Endpoint):
             raise EndpointError(f"{self.base}{self.path} answered no token ids (choices[0]: {str(choice)[:80]})")
         probabilities = _token_probabilities(choice, len(tokens)) if exchange.body.get("logprobs") else None
         timings = answer.get("timings") or {}
+        text = choice.get("text")
         return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
                           int_or_none(timings.get("draft_n_accepted")), choice.get("finish_reason") == "stop",
-                          self.kind)
+                          self.kind, text if isinstance(text, str) else None)
+
+    def continuation_texts(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
+        """llama.cpp: its pieces (``llama_cpp_texts``). vLLM searches the text its incremental
+        detokenizer emits (v1/engine/detokenizer.py: ``DecodeStream`` with the prompt as context,
+        holding back text that ends in an incomplete character): here the decoded prompt +
+        continuation past the decoded prompt (``POST /detokenize``), its trailing U+FFFD dropped.
+        Where the decoded prompt is not a prefix of that: ``NotDeterminable``. (/detokenize renders
+        special tokens, which the stop search skips: an answer that ends where these texts say it
+        cannot is then not judged, ``serve.stop_law.ends_disagreeing``.)"""
+        if self.llama_cpp:
+            return llama_cpp_texts(self.client, self.base, continuations)
+        bodies = [{"model": self.model, "tokens": list(prompt) + list(c)} for c in [(), *continuations]]
+        texts = []
+        for exchange in self.client.post_many(self.base, "/detokenize", bodies):
+            text = exchange.answer.get("prompt")
+            if not isinstance(text, str):
+                raise NotDeterminable(f"{self.base}/detokenize answered {str(exchange.answer)[:60]}, not text")
+            texts.append(text)
+        head, out = texts[0], []
+        for c, text in zip(continuations, texts[1:]):
+            if not text.startswith(head):
+                raise NotDeterminable(f"the decoded prompt is not a prefix of the decoded prompt + {list(c)[:4]}: "
+                                      f"the text vLLM's incremental detokenizer emits is not determined here")
+            out.append(text[len(head):].rstrip("\ufffd"))
+        return out
 
     def several(self, body: dict, k: int) -> dict:
         """OpenAI's ``n`` (vLLM: child requests seeded seed + index, v1/engine/parallel_sampling.py;

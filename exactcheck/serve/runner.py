@@ -30,6 +30,7 @@ from exactcheck.serve.apis import open_endpoint
 from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
 from exactcheck.serve.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
+from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
                                        independent_samples_verdict, logprob_verdict, seed_verdict, server_failed_verdict, settings_verdict,
                                        speculation_verdict)
@@ -163,11 +164,22 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     if why_not is not None:
                         run.extend(_chat_not_judged(world, why_not, seed, base["reproduce"]))
                         continue
+                texts = None  # a world with stop strings: the text of each prefix of the law, as the server searches it
                 try:
                     law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
                 except NotDeterminable as exc:
                     law, why = None, f"the reference's probabilities do not determine the law of these settings " \
                                      f"({exc})"
+                if law is not None and world.sampling.stop:
+                    if world.chat is not None:
+                        law, why = None, "stop strings on the chat endpoint are not judged (its answers' text is " \
+                                         "the template's reply, not read here)"
+                    else:
+                        try:
+                            law, texts = stopped_law(law, lambda c: reference.continuation_texts(world.prompt, c),
+                                                     world.sampling.stop)
+                        except NotDeterminable as exc:
+                            law, why = None, f"the text the server searches for stop strings is not known ({exc})"
                 n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
                     else max(settings.probed, settings.seeds)
                 run.planned += n
@@ -182,9 +194,12 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                            f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
                            f"only), and the completions endpoint's law knows no such stop")
                     law = None
+                if law is not None and texts is not None:
+                    why = _stop_ends_unexplained(reference, world, runs, texts)
+                    law = None if why else law
                 if law is not None:
                     run.add(continuation_law_verdict(law, runs, world.describe(), budget.first_share, budget.alpha,
-                                                     base))
+                                                     base, _stop_cause(runs, texts, world) if texts else None))
                 else:
                     run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                                   "continuation"), seed, base["reproduce"],
@@ -300,6 +315,49 @@ def _independent_samples(endpoint: Endpoint, world: ServeWorld, law: Continuatio
         return not_judged(f"the server answered one sample to each request asking {k} (it ignores the field)")
     return independent_samples_verdict(law, groups, f"{k} samples of each request: {world.describe()}",
                                        budget.first_share, budget.alpha, base)
+
+
+def _stop_ends_unexplained(reference: Endpoint, world: ServeWorld, runs: list[Completion], texts: dict) -> str | None:
+    """Why the audited answers' ends cannot be judged by the stop law, or None. Answers that end
+    where the texts the audit read put no stop (or run past one) are a finding only where each
+    came back with the text the audit reads for its tokens, cut at the stop
+    (``stop_law.returned_text``; at most 1,000 distinct answers read): the server's own text then
+    says the same. Otherwise the text the audit read may not be the one the server searches
+    (special tokens its stop search skips, a detokenizer's context): not judged, with the reason."""
+    stops = world.sampling.stop
+    wrong = ends_disagreeing([r.tokens for r in runs], texts, stops, world.length)
+    if not wrong:
+        return None
+    example = f"{len(wrong):,} of {len(runs):,} answers end where the text the audit read does not put a stop (e.g. " \
+              f"{list(wrong[0])})"
+    distinct = list(dict.fromkeys(wrong))[:1_000]
+    try:
+        full = dict(zip(distinct, reference.continuation_texts(world.prompt, distinct)))
+    except NotDeterminable as exc:
+        return f"{example}, and their text is not known ({exc})"
+    returned = {r.tokens: r.text for r in runs if r.tokens in full}
+    unlike = [t for t in distinct if returned.get(t) not in returned_text(full[t], stops)]
+    if unlike:
+        t = unlike[0]
+        return (f"{example}; the server returned text {returned.get(t)!r} with {list(t)}, where the audit reads "
+                f"{full[t]!r}: the text its stop strings are searched in is not the one the audit read")
+    return None
+
+
+def _stop_cause(runs: list[Completion], texts: dict, world: ServeWorld) -> str | None:
+    """Words for answers that end where no stop string is: run past the token that completed one
+    (a verify step's tokens after the stop returned), or ended with none completed."""
+    wrong = ends_disagreeing([r.tokens for r in runs], texts, world.sampling.stop, world.length)
+    if not wrong:
+        return None
+    past = [t for t in wrong if stop_depth(t, texts, world.sampling.stop) is not None]
+    if past:
+        depth = stop_depth(past[0], texts, world.sampling.stop)
+        return (f"{len(past):,} answers run past the token that completed a stop string (e.g. {list(past[0])}: its "
+                f"text {texts[past[0][:depth]]!r} holds one after {depth} tokens): tokens after the stop returned "
+                f"(a speculation step's accepted tokens not cut at the stop)")
+    return (f"{len(wrong):,} answers end before {world.length} tokens with no stop string in their text (e.g. "
+            f"{list(wrong[0])})")
 
 
 def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:

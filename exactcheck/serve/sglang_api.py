@@ -125,6 +125,8 @@ class SGLangEndpoint(Endpoint):
         params = {"max_new_tokens": n_predict, "temperature": sampling.temperature, "top_p": sampling.top_p,
                   "top_k": sampling.top_k or -1, "min_p": sampling.min_p, "ignore_eos": True,
                   "sampling_seed": int(seed), **sampling.penalty_fields(PENALTY_FIELDS)}
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
         body = {"input_ids": list(prompt), "sampling_params": params, "stream": False}
         if n_probs or self.ids_through_logprobs:
             body.update(return_logprob=True, logprob_start_len=-1, top_logprobs_num=int(n_probs))

@@ -36,14 +36,16 @@ def cell_indices(law: ContinuationLaw, completions: list[Completion]) -> np.ndar
 
 
 def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion], condition: str, share: float,
-                             alpha: float, base: dict) -> Verdict:
+                             alpha: float, base: dict, cause: str | None = None) -> Verdict:
     """The law of the first ``law.length`` tokens of the audited server's answers against the law
-    the reference's next-token laws give (``exactcheck.serve.continuation_law``)."""
+    the reference's next-token laws give (``exactcheck.serve.continuation_law``); ``cause``: words
+    the caller knows for what went wrong (answers ending where no stop string is), else read from
+    the counts."""
     indices = cell_indices(law, completions)
     counts = np.bincount(indices, minlength=law.expected.size).astype(np.int64)
     plan = LawPlan("continuation", condition, law.expected, law.label)
     return sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
-                              _cause(law, indices, completions))
+                              cause or _cause(law, indices, completions))
 
 
 def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completion]], condition: str, share: float,
@@ -94,7 +96,7 @@ def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completi
     # answers, so landing in it says nothing of how likely the answer was (a hotter server lands there
     # more often and would look colder); the comparison is conditional on a single-continuation cell
     single = np.zeros(p.size, dtype=bool)
-    single[:len(law.cells)] = [kind == "full" for _, kind in law.cells][:p.size]
+    single[:len(law.cells)] = [kind in ("full", "stopped") for _, kind in law.cells][:p.size]
     live = single & (p > 0)
     if not live.any():
         return None
