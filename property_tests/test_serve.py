@@ -68,8 +68,9 @@ def test_an_exact_served_system_passes_with_its_detectable_tv_stated(servers):
         v for v in result.verdicts if v.law == "speculation_ran").summary
 
 
-# the chat mutants change the chat endpoint only; test_serve_chat.py finds them through it
-COMPLETIONS_MUTANTS = sorted(name for name in PROXY_MUTANTS if not name.startswith("chat_"))
+# the chat mutants change the chat endpoint only; test_serve_chat.py finds them through it; the stop
+# mutants change answers to requests with stop strings only: test_serve_stops.py and test_serve_llama.py
+COMPLETIONS_MUTANTS = sorted(name for name in PROXY_MUTANTS if not name.startswith(("chat_", "stop_")))
 
 
 @pytest.mark.long

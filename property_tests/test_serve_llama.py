@@ -212,3 +212,26 @@ def test_several_samples_of_one_request_are_independent_draws_on_the_real_server
                    if v.law == "independent_samples")
     assert refused.outcome.value == "inconclusive" and "refused 2 samples" in refused.summary and "n_cmpl" in \
         refused.summary
+
+
+STOP_WORLD = Sampling.parse("stop=a,stop=e,stop=i,stop=o,stop=u")  # about 8% of answers after "abcd" stop
+
+
+@pytest.mark.long
+def test_stop_strings_keep_the_law_on_the_real_server_and_one_token_late_is_found(pair, target):
+    """llama.cpp searches its generated text (each token's piece, concatenated) and returns every
+    token up to the one that completed the stop (server-context.cpp process_token); the audit reads
+    the pieces from /detokenize. The target against itself and draft-model speculation keep the
+    law; the stop_one_late proxy (one token past the stop) is found through the real server."""
+    stops = dict(AUDIT, prompts=PROMPTS[:1], samplings=(STOP_WORLD,), samples_per_request=1)
+    plain = next(v for v in run_serve_audit(target, **stops).verdicts if v.law == "continuation")
+    assert plain.outcome.value == "exact" and "stop at 'a'" in plain.condition, plain.describe()
+    with llama_server(pair[0], draft=pair[1], draft_sampling="probabilistic", draft_max=3) as audited:
+        speculating = next(v for v in run_serve_audit(audited, reference=target, **stops).verdicts
+                           if v.law == "continuation")
+        with proxy("stop_one_late", audited) as p:
+            late = next(v for v in run_serve_audit(p.url, reference=target, **stops).verdicts
+                        if v.law == "continuation")
+    assert speculating.outcome.value == "exact", speculating.describe()
+    assert late.outcome.value == "defect" and "run past the token that completed a stop string" in late.summary, \
+        late.describe()

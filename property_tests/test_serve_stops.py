@@ -86,12 +86,12 @@ def test_the_mutant_is_found_with_the_audited_server_as_its_own_reference():
 
 
 def test_a_text_the_server_does_not_search_is_not_judged_never_a_finding():
-    """The audit reads token 3's piece as "b" (as /detokenize renders a special token the stop search
-    skips): an exact server's answers then run past "stops" it never saw, and its returned text says so."""
+    """vLLM's /detokenize renders special tokens, which its stop search skips: here it renders token 3
+    as "b", so an exact server's answers run past "stops" it never saw, and its returned text says so."""
     def detokenize(body):
-        return {"content": "".join("b" if t == 3 else token_text(t) for t in body["tokens"])}
+        return {"prompt": "".join("b" if t == 3 else token_text(t) for t in body["tokens"])}
 
-    law = _continuation(_audit(ToyServedModel(), detokenize=detokenize))
+    law = _continuation(_audit(ToyServedModel(api="vllm"), detokenize=detokenize, api="openai"))
     assert law.outcome == Outcome.INCONCLUSIVE and "is not the one the audit read" in law.summary, law.describe()
 
 

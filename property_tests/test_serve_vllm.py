@@ -3,7 +3,8 @@ cached venv) serving a tiny random Llama (``toy_models.hf_served_models.write_ll
 float32, LM head x3) on 127.0.0.1, plain and with each speculative mode users run (n-gram, a draft
 model drafting greedily, a draft model sampling its drafts), each audited by ``exactcheck serve`` at
 quick (one world: a 40-token prompt of distinct tokens, so the n-gram drafter drafts whenever a sampled
-token is one of them, at top-p 0.8) against the plain server; and penalty worlds on the plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
+token is one of them, at top-p 0.8) against the plain server; and penalty worlds and a stop-string world
+on the plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
 reports/serve-vllm.md; docs/serving.md reads every finding against vLLM's source.
 
 Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them in their own step):
@@ -109,3 +110,22 @@ def test_penalty_worlds_on_the_plain_server(plain, tmp_path):
     not_judged = [v for v in laws.values() if v["outcome"] == "inconclusive"]
     assert len(judged) == 1 and len(not_judged) == 1, laws
     assert "repetition penalty" in not_judged[0]["summary"] and "sign" in not_judged[0]["summary"], not_judged
+
+
+def test_a_stop_world_and_several_samples_on_the_plain_server(plain, tmp_path):
+    """Stop strings on vLLM (docs/serving.md, "Stop strings"): vLLM searches the text its incremental
+    detokenizer emits after the prompt and returns every token up to the one that completed the stop
+    (v1/engine/detokenizer.py); the audit reads that text through /detokenize of prompt + continuation.
+    "w1" and "w2" are in 22 of the 61 words (w1, w10-w19, w2, w20-w29). The plain server
+    against itself must pass, and its n = 2 samples (children seeded seed + index,
+    v1/engine/parallel_sampling.py) must be independent draws."""
+    args = [a for a in AUDIT if a not in ("--sampling", "top_p=0.8")]
+    status, data, stderr, seconds = serve_audit(plain, *args, "--sampling", "top_p=0.8,stop=w1,stop=w2",
+                                                report=tmp_path)
+    assert data is not None, stderr[-2000:]
+    verdicts = {v["check"].split("/")[1]: v for v in data["verdicts"] if v["check"].startswith("p0-")}
+    print(f"stops, plain against itself: exit {status} in {seconds:.0f} s: "
+          f"{ {k: (v['outcome'], v['summary'][:200]) for k, v in verdicts.items()} }")
+    assert status == 0, stderr[-2000:]
+    assert verdicts["continuation"]["outcome"] == "exact" and "stop at 'w1'" in verdicts["continuation"]["condition"]
+    assert verdicts["independent_samples"]["outcome"] == "exact", verdicts["independent_samples"]

@@ -335,6 +335,9 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
     tokens, drafted, accepted, found = model.generate(prompt, n_predict, sampling, int(body.get("seed", 0)),
                                                       body.get("stop"))
+    forced = [t for t, bias in body.get("logit_bias") or [] if isinstance(bias, (int, float)) and bias >= 100]
+    if forced:  # a logit bias that large decides every token (what the audit uses it for: a token's piece)
+        tokens, drafted, accepted, found = [int(forced[0])] * n_predict, 0, 0, None
     answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
               "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)

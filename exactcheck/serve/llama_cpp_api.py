@@ -33,17 +33,22 @@ def is_llama_cpp(client: Client, base: str) -> bool:
 
 def llama_cpp_texts(client: Client, base: str, continuations: list[tuple[int, ...]]) -> list[str]:
     """llama.cpp's stop strings are searched in ``generated_text``: each generated token's piece
-    (``common_token_to_piece``, no prompt context, a leading space kept), concatenated
-    (server-context.cpp ``process_token``); ``POST /detokenize`` of one token gives that piece. A
-    piece that is not whole UTF-8 (llama.cpp waits for the rest before it searches) is not
-    determined here: ``NotDeterminable``."""
+    (``common_token_to_piece`` with special tokens not rendered, no prompt context, a leading space
+    kept), concatenated (server-context.cpp ``process_token``). ``/detokenize`` renders special
+    tokens ("<unk>"), so each token's piece is read from the server generating it: a one-token
+    greedy ``/completion`` whose logit bias forces that token, its ``content``. A token the bias
+    does not force, or a piece that is not whole UTF-8 (llama.cpp waits for the rest before it
+    searches), is not determined here: ``NotDeterminable``."""
     tokens = sorted({t for c in continuations for t in c})
-    answers = client.post_many(base, "/detokenize", [{"tokens": [t]} for t in tokens])
+    bodies = [{"prompt": [t], "n_predict": 1, "temperature": 0.0, "logit_bias": [[t, 1e4]], "return_tokens": True,
+               "cache_prompt": False, "stream": False, "ignore_eos": True, "exactcheck_tag": "piece"}
+              for t in tokens]
     pieces = {}
-    for token, exchange in zip(tokens, answers):
-        piece = exchange.answer.get("content")
-        if not isinstance(piece, str):
-            raise NotDeterminable(f"{base}/detokenize answered {str(exchange.answer)[:60]} for token {token}")
+    for token, exchange in zip(tokens, client.post_many(base, "/completion", bodies)):
+        piece, forced = exchange.answer.get("content"), exchange.answer.get("tokens")
+        if not isinstance(piece, str) or forced != [token]:
+            raise NotDeterminable(f"token {token}'s text could not be read (a one-token request forcing it answered "
+                                  f"{str(exchange.answer)[:60]})")
         if "\ufffd" in piece:
             raise NotDeterminable(f"token {token}'s piece is not whole UTF-8 ({piece!r}): where llama.cpp finds a "
                                   f"stop string across it is not determined here")

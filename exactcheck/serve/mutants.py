@@ -46,6 +46,9 @@ PROXY_MUTANTS = {m.name: m for m in (
     ProxyMutant("copied_samples", "answers a request for several samples (n, n_cmpl) with one sample copied: the "
                                   "children of a request seeded alike (llama.cpp PR #18700's review: each child "
                                   "takes seed + i)", caught_by="independent_samples"),
+    ProxyMutant("stop_one_late", "answers a request with stop strings with one token more than the one that "
+                                 "completed the stop (a verify step's accepted tokens not cut at the stop); "
+                                 "llama.cpp's /completion", caught_by="continuation"),
     ProxyMutant("chat_hotter", "serves the chat endpoint's answers at temperature x 1.3 of what the request asks, "
                                "the completions endpoints as asked (a chat handler that maps the sampling fields "
                                "its own way)", caught_by="continuation"),
@@ -146,6 +149,28 @@ def _copied(upstream: str, path: str, body: dict, k: int) -> tuple[int, dict | l
     return status, dict(answer, choices=[dict(answer["choices"][0], index=j) for j in range(k)])
 
 
+def _one_late(server: _Server, body: dict) -> tuple[int, dict]:
+    """The answer asked without its stop strings, cut one token after the one whose piece completes
+    a stop (llama.cpp's /completion: ``tokens``, ``content``, ``stop_type``, ``stopping_word``)."""
+    status, answer = _forward(server.upstream, "/completion", {k: v for k, v in body.items() if k != "stop"})
+    if status != 200:
+        return status, answer
+    text = ""
+    for j, token in enumerate(answer.get("tokens") or [], start=1):
+        with server.lock:
+            piece = server.cache.get(("piece", token))
+        if piece is None:
+            piece = _forward(server.upstream, "/detokenize", {"tokens": [token]})[1].get("content", "")
+            with server.lock:
+                server.cache[("piece", token)] = piece
+        text += piece
+        found = next((s for s in body["stop"] if s in text), None)
+        if found is not None:
+            return status, dict(answer, tokens=answer["tokens"][:j + 1], content=text[:text.find(found)],
+                                stop_type="word", stopping_word=found)
+    return status, answer
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -187,6 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
             else int(body.get("n", 1) or 1)
         if name == "copied_samples" and several > 1:
             return self._reply(*_copied(upstream, self.path, body, several))
+        if name == "stop_one_late" and self.path == "/completion" and body.get("stop"):
+            return self._reply(*_one_late(server, body))
         status, answer = _forward(upstream, self.path, body)
         if status == 200 and name == "zero_logprobs":
             _zero(answer)
