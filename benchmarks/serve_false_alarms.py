@@ -30,6 +30,11 @@ reports/serve-false-alarms-new-worlds.json (``--paths new``).
     python benchmarks/serve_false_alarms.py --seeds 300 [--jobs 2]
     python benchmarks/serve_false_alarms.py --paths new --seeds 201 --jobs 1
     python benchmarks/serve_false_alarms.py --paths penalties --seeds 200 --jobs 1
+    python benchmarks/serve_false_alarms.py --paths stops --seeds 200 --jobs 1
+
+``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
+"cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
+speculating from the draft table.
 """
 from __future__ import annotations
 
@@ -71,8 +76,14 @@ NEW_PATHS.update({
     "penalty-vllm": (dict(api="vllm"), "openai", REPEATS, (Sampling(presence_penalty=0.5, frequency_penalty=1.0),
                                                            Sampling(temperature=0.7, top_k=5, frequency_penalty=0.8)))})
 PENALTY_PATHS = ("penalty-llama", "penalty-vllm")
+# stop-string worlds (issue 59): the toy's token texts are its letters, so "b" and "cd" end answers
+# at their first or second token; the law cut at the first stop, the text read as each engine searches it
+STOPS = (Sampling.parse("stop=b,stop=cd"), Sampling.parse("temperature=0.7,top_k=5,stop=a"))
+NEW_PATHS.update({"stops-llama": (dict(), "auto", ((1, 2),), STOPS),
+                  "stops-vllm": (dict(api="vllm"), "openai", ((1, 2),), STOPS)})
+STOP_PATHS = ("stops-llama", "stops-vllm")
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
-           "penalties": "reports/serve-false-alarms-penalties.json"}
+           "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -128,13 +139,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--paths", default="old", help="old (the first three paths), new (mlx-lm, chat-llama, "
-                                                       "chat-vllm), penalties (penalty-llama, penalty-vllm) or a "
-                                                       "comma-separated list of paths")
+                                                       "chat-vllm), penalties (penalty-llama, penalty-vllm), stops "
+                                                       "(stops-llama, stops-vllm) or a comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
-        tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS) if args.paths == "new" else tuple(args.paths.split(","))
+        STOP_PATHS if args.paths == "stops" else \
+        tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
+        tuple(args.paths.split(","))
     unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS]
     if unknown:
         parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS])}")

@@ -32,8 +32,8 @@ from exactcheck.serve.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
-                                       independent_samples_verdict, logprob_verdict, seed_verdict, server_failed_verdict, settings_verdict,
-                                       speculation_verdict)
+                                       independent_samples_verdict, logprob_verdict, seed_verdict,
+                                       server_failed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
 
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "serve_checks", "serve_budget",
@@ -204,8 +204,8 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                                   "continuation"), seed, base["reproduce"],
                                             f"not judged: {why}"))
-                run.add(_independent_samples(requests, world, law, why if law is None else None, n, settings, seed,
-                                             budget, base, run, bar))
+                run.add(_independent_samples(requests, reference, world, law, texts, why if law is None else None, n,
+                                             settings, seed, budget, base, run, bar))
                 probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
                 bar.grow(probe_count - settings.probed)
                 probes, probe_tally = send_counted(requests, [
@@ -277,13 +277,14 @@ def _chat_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> 
             for c in serve_checks([world]) if c.world == world.name]
 
 
-def _independent_samples(endpoint: Endpoint, world: ServeWorld, law: ContinuationLaw | None, why: str | None,
-                         planned: int, settings: ServeSettings, world_seed: int, budget: AlphaBudget, base: dict,
-                         run: AuditRun, bar) -> Verdict:
+def _independent_samples(endpoint: Endpoint, reference: Endpoint, world: ServeWorld, law: ContinuationLaw | None,
+                         texts: dict | None, why: str | None, planned: int, settings: ServeSettings, world_seed: int,
+                         budget: AlphaBudget, base: dict, run: AuditRun, bar) -> Verdict:
     """``settings.samples_per_request`` samples of each of about ``planned / (2k)`` seeded requests
     (half the continuation law's samples), judged by ``independent_samples_verdict``; not judged,
-    with the reason, where the API has no field for it, the server refuses it or ignores it, or the
-    world's law is not determined."""
+    with the reason, where the API has no field for it, the server refuses it or ignores it, the
+    world's law is not determined, or (a stop world: ``texts``) the samples end where the text the
+    audit read cannot explain (``_stop_ends_unexplained``)."""
     k = settings.samples_per_request
     check = Check(f"{world.name}/independent_samples", CheckKind.GENERATOR_LAW, world.name, "independent_samples")
 
@@ -313,6 +314,9 @@ def _independent_samples(endpoint: Endpoint, world: ServeWorld, law: Continuatio
     run.drawn += sum(map(len, groups))
     if all(len(g) < 2 for g in groups):
         return not_judged(f"the server answered one sample to each request asking {k} (it ignores the field)")
+    unexplained = _stop_ends_unexplained(reference, world, [c for g in groups for c in g], texts) if texts else None
+    if unexplained:
+        return not_judged(unexplained)
     return independent_samples_verdict(law, groups, f"{k} samples of each request: {world.describe()}",
                                        budget.first_share, budget.alpha, base)
 
