@@ -109,3 +109,14 @@ def test_stop_strings_parse_percent_encoded_and_unjudged_fields_are_refused_with
     assert s.stop == ("\n", "a,b") and Sampling.parse(s.spec()) == s and s.fields()["stop"] == ["\n", "a,b"]
     with pytest.raises(ValueError, match="min_tokens is not judged: every audit request sets ignore_eos"):
         Sampling.parse("min_tokens=4")
+
+
+def test_a_server_without_detokenize_is_not_judged_never_a_usage_error():
+    """SGLang's /v1/completions speaks OpenAI's dialect without vLLM's /detokenize: a 404 there."""
+    from exactcheck.serve.client import EndpointError
+
+    def detokenize(body):
+        raise EndpointError("HTTP 404 from http://ref/detokenize: not found")
+
+    law = _continuation(_audit(ToyServedModel(api="vllm"), detokenize=detokenize, api="openai"))
+    assert law.outcome == Outcome.INCONCLUSIVE and "stop strings is not known" in law.summary, law.describe()

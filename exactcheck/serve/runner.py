@@ -178,7 +178,9 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                         try:
                             law, texts = stopped_law(law, lambda c: reference.continuation_texts(world.prompt, c),
                                                      world.sampling.stop)
-                        except NotDeterminable as exc:
+                        except (NotDeterminable, EndpointError) as exc:
+                            if isinstance(exc, EndpointError) and exc.server_fault:
+                                raise
                             law, why = None, f"the text the server searches for stop strings is not known ({exc})"
                 n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
                     else max(settings.probed, settings.seeds)
@@ -337,7 +339,9 @@ def _stop_ends_unexplained(reference: Endpoint, world: ServeWorld, runs: list[Co
     distinct = list(dict.fromkeys(wrong))[:1_000]
     try:
         full = dict(zip(distinct, reference.continuation_texts(world.prompt, distinct)))
-    except NotDeterminable as exc:
+    except (NotDeterminable, EndpointError) as exc:
+        if isinstance(exc, EndpointError) and exc.server_fault:
+            raise
         return f"{example}, and their text is not known ({exc})"
     returned = {r.tokens: r.text for r in runs if r.tokens in full}
     unlike = [t for t in distinct if returned.get(t) not in returned_text(full[t], stops)]

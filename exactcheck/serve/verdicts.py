@@ -1,6 +1,6 @@
 """The verdicts of a serve audit, one function per check: the continuation law of a (prompt,
-sampling) world, greedy identity with speculation on vs off, logprob fidelity, whether
-speculation ran, and seed reproducibility. ``exactcheck.serve.runner`` decides when each is made;
+sampling) world, several samples of one request, greedy identity with speculation on vs off,
+logprob fidelity, whether speculation ran, and seed reproducibility. ``exactcheck.serve.runner`` decides when each is made;
 ``exactcheck.core.apply_holm`` decides the statistical ones."""
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.pairs import same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
 
-__all__ = ["continuation_law_verdict", "independent_samples_verdict", "greedy_verdict", "logprob_verdict", "speculation_verdict", "seed_verdict",
-           "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "NOISE_MARGIN", "cell_indices"]
+__all__ = ["continuation_law_verdict", "independent_samples_verdict", "greedy_verdict", "logprob_verdict",
+           "speculation_verdict", "seed_verdict", "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "NOISE_MARGIN",
+           "cell_indices"]
 
 # greedy identity: a first divergence where the reference's top two tokens are closer than this
 # (in probability) is a numerical near-tie (batch-shape arithmetic), not a defect; the runner
@@ -70,13 +71,10 @@ def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completi
     pvalue = min(1.0, 2 * min(e.pvalue, pairs.pvalue))
     summary = (f"{len(flat):,} samples from {len(groups):,} requests of {max(map(len, groups), default=0)}: pooled "
                f"law TV {e.tv.estimate:.4f}, p = {e.pvalue:.3g}; {words}; Bonferroni p = {pvalue:.3g}")
-    if pairs.pvalue > min(share, e.pvalue):
-        pass  # the pair count says nothing beyond chance, or less than the pooled law does
-    elif pairs.same > pairs.expected:
+    if pairs.pvalue <= min(share, e.pvalue):  # the pair count is the evidence, and more than chance
         summary += ("; the samples of one request repeat each other: they share their random numbers (every "
-                    "sample of a request seeded alike, or one draw copied)")
-    else:
-        summary += "; the samples of one request differ more often than independent draws do (made to differ)"
+                    "sample of a request seeded alike, or one draw copied)" if pairs.same > pairs.expected else
+                    "; the samples of one request differ more often than independent draws do (made to differ)")
     return replace(pooled, summary=summary, evidence=replace(
         e, pvalue=pvalue, statistic_name="Pearson X^2 (pooled; the p-value: Bonferroni with the same-cell pair count)"))
 
