@@ -132,7 +132,7 @@ class Capabilities:
             return "sampling transforms (top-k, top-p, min-p, logit bias, bans, penalties)"
         if policy.penalized and self.penalty_conventions is not None \
                 and policy.penalty_convention not in self.penalty_conventions:
-            return (f"the {policy.penalty_convention} penalty convention (it applies "
+            return (f"{policy.penalty_convention}'s penalty convention (it applies "
                     f"{' or '.join(self.penalty_conventions)}'s)")
         return None
 
