@@ -192,6 +192,8 @@ LINES = (
     "  draft_logprobs             reports the draft model's probabilities for the tokens (a speculative server returning q instead of p)",
     '  speculation_off_for_logprobs answers every request that asks for probabilities from the target alone, without speculation (vLLM #34497)',
     '  seed_cache                 answers a request from a cache keyed without its seed: every seed gets the first answer',
+    "  copied_samples             answers a request for several samples (n, n_cmpl) with one sample copied: the children of a request seeded alike (llama.cpp PR #18700's review: each child takes seed + i)",
+    "  stop_one_late              answers a request with stop strings with one token more than the one that completed the stop (a verify step's accepted tokens not cut at the stop); llama.cpp's /completion",
     "  chat_hotter                serves the chat endpoint's answers at temperature x 1.3 of what the request asks, the completions endpoints as asked (a chat handler that maps the sampling fields its own way)",
 )
 
