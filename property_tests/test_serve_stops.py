@@ -120,3 +120,18 @@ def test_a_server_without_detokenize_is_not_judged_never_a_usage_error():
 
     law = _continuation(_audit(ToyServedModel(api="vllm"), detokenize=detokenize, api="openai"))
     assert law.outcome == Outcome.INCONCLUSIVE and "stop strings is not known" in law.summary, law.describe()
+
+
+def test_the_stop_one_late_proxy_is_found_over_http_and_keeps_several_samples():
+    """The proxy mutant in front of the toy served over HTTP (llama.cpp's /completion): one token
+    past the stop is found; its answers to n_cmpl requests (a list) are cut one by one."""
+    from exactcheck.serve.mutants import proxy
+    from toy_models.served_lm import served_model
+    model = ToyServedModel()
+    with served_model(model) as target, served_model(model.as_plain()) as plain, \
+            proxy("stop_one_late", target.url) as p:
+        result = run_serve_audit(p.url, reference=plain.url, **dict(AUDIT, max_samples=600))
+    late = _continuation(result)
+    assert late.outcome == Outcome.DEFECT and "run past the token that completed a stop string" in late.summary
+    several = next(v for v in result.verdicts if v.law == "independent_samples")
+    assert several.outcome == Outcome.DEFECT and "outcomes of exact probability 0" in several.summary

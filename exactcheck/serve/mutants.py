@@ -121,8 +121,13 @@ def _draft_probabilities(server: _Server, path: str, body: dict, answer: dict) -
             logprobs["token_logprobs"][t] = math.log(p) if p > 0 else -1e30
 
 
-def _zero(answer: dict) -> None:
-    """Every reported probability 1 (logprob 0.0), in either API's answer."""
+def _zero(answer: dict | list) -> None:
+    """Every reported probability 1 (logprob 0.0), in either API's answer (llama.cpp's list of
+    results to a request for several samples: each)."""
+    if isinstance(answer, list):
+        for one in answer:
+            _zero(one)
+        return
     entries = list(answer.get("completion_probabilities") or [])
     for choice in answer.get("choices") or []:
         logprobs = choice.get("logprobs") or {}
@@ -155,6 +160,12 @@ def _one_late(server: _Server, body: dict) -> tuple[int, dict]:
     status, answer = _forward(server.upstream, "/completion", {k: v for k, v in body.items() if k != "stop"})
     if status != 200:
         return status, answer
+    if isinstance(answer, list):  # several samples (n_cmpl): each cut
+        return status, [_cut_one_late(server, body["stop"], one) for one in answer]
+    return status, _cut_one_late(server, body["stop"], answer)
+
+
+def _cut_one_late(server: _Server, stops: list[str], answer: dict) -> dict:
     text = ""
     for j, token in enumerate(answer.get("tokens") or [], start=1):
         with server.lock:
@@ -164,11 +175,11 @@ def _one_late(server: _Server, body: dict) -> tuple[int, dict]:
             with server.lock:
                 server.cache[("piece", token)] = piece
         text += piece
-        found = next((s for s in body["stop"] if s in text), None)
+        found = next((s for s in stops if s in text), None)
         if found is not None:
-            return status, dict(answer, tokens=answer["tokens"][:j + 1], content=text[:text.find(found)],
-                                stop_type="word", stopping_word=found)
-    return status, answer
+            return dict(answer, tokens=answer["tokens"][:j + 1], content=text[:text.find(found)], stop_type="word",
+                        stopping_word=found)
+    return answer
 
 
 class _Handler(BaseHTTPRequestHandler):
