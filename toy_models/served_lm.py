@@ -37,6 +37,14 @@ body for an unknown path. It samples with the order above (mlx-lm applies top-p 
 two differ only for top-k with top-p, which the audit does not judge on mlx-lm) and has no prompt
 cache; its chat endpoint is not served (the audit sends mlx-lm no chat request).
 
+Requests for several samples (llama.cpp's ``n_cmpl`` on ``/completion``, a list of results back;
+OpenAI's ``n``, indexed ``choices``) draw sample j with the request's seed + j, as llama.cpp and vLLM
+seed their children (``several_mutant="same_seed"``: all alike). Stop strings (``stop``) end an
+answer at the first token whose text (``token_text``: its letter) completes one, every token up to
+it returned and the text cut before the stop, as llama.cpp and vLLM answer (``stop_mutant="step_end"``:
+at the end of that token's speculation step); ``/detokenize`` answers in each engine's shape, and a
+``logit_bias`` of 100 or more forces its token (what the audit reads a llama.cpp piece with).
+
 For tests and measurements only: it listens on 127.0.0.1, serves until stopped, and each request
 is bounded by its ``n_predict``.
 """
@@ -285,7 +293,7 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     (a ``str``: vLLM's ``/metrics``, mlx-lm's ``Not Found``)."""
     if model.api == "mlx-lm":
         return _mlx_respond(model, path, body)
-    several = _several(body, path, model)
+    several = _several(body, path)
     if several > 1:
         return _respond_several(model, path, body, several)
     if body is None:
@@ -333,11 +341,12 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         return 400, {"error": "prompt must be token ids"}
     sampling = _sampling(body)
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
-    tokens, drafted, accepted, found = model.generate(prompt, n_predict, sampling, int(body.get("seed", 0)),
-                                                      body.get("stop"))
     forced = [t for t, bias in body.get("logit_bias") or [] if isinstance(bias, (int, float)) and bias >= 100]
     if forced:  # a logit bias that large decides every token (what the audit uses it for: a token's piece)
         tokens, drafted, accepted, found = [int(forced[0])] * n_predict, 0, 0, None
+    else:
+        tokens, drafted, accepted, found = model.generate(prompt, n_predict, sampling, int(body.get("seed", 0)),
+                                                          body.get("stop"))
     answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
               "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
@@ -359,7 +368,7 @@ def _cut(tokens: list[int], found: str | None) -> str:
     return text[:text.find(found)] if found else text
 
 
-def _several(body: dict | None, path: str, model: ToyServedModel) -> int:
+def _several(body: dict | None, path: str) -> int:
     """How many samples a completion request asks (llama.cpp's /completion: ``n_cmpl``, or its alias
     ``n``; /v1/completions: ``n``); 1 for anything else."""
     if body is None or path not in ("/completion", "/v1/completions"):
