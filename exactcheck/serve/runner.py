@@ -1,10 +1,11 @@
 """The serve audit: a running server, black box, against a reference with speculation off.
 
 world (a prompt and the sampling settings users set) -> the reference's next-token laws -> the
-exact law of the first L tokens (``continuation_law``) -> planned requests to the audited server
--> cells -> Pearson under Holm -> verdicts; then greedy identity (speculation on vs off, each
-divergence classified by the reference's margin), logprob fidelity, whether speculation ran (the
-server's own counters), and seed reproducibility.
+exact law of the first L tokens (``continuation_law``; cut at the first stop string where the world
+has some, ``stop_law``) -> planned requests to the audited server -> cells -> Pearson under Holm
+-> verdicts; then several samples of one request (``independent_samples``), greedy identity
+(speculation on vs off, each divergence classified by the reference's margin), logprob fidelity,
+whether speculation ran (the server's own counters), and seed reproducibility.
 
 The law comes from the reference, never from the audited server's own numbers. ``reference``
 may be the audited URL itself: llama.cpp drafts only after a request's first token, so a
