@@ -108,7 +108,7 @@ class Sampling:
         return words
 
     def spec(self) -> str:
-        values = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+        values = {**{k: v for k, v in self.fields().items() if k != "stop"},
                   "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty, "repeat_last_n": self.repeat_last_n}
         parts = [f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k)]

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from exactcheck.serve.client import Client
+from exactcheck.serve.llama_cpp_api import llama_cpp_texts
 from exactcheck.serve.loopback import LoopbackServer
 
 __all__ = ["ProxyMutant", "PROXY_MUTANTS", "proxy"]
@@ -166,18 +168,14 @@ def _one_late(server: _Server, body: dict) -> tuple[int, dict]:
 
 
 def _cut_one_late(server: _Server, stops: list[str], answer: dict) -> dict:
-    text = ""
-    for j, token in enumerate(answer.get("tokens") or [], start=1):
-        with server.lock:
-            piece = server.cache.get(("piece", token))
-        if piece is None:
-            piece = _forward(server.upstream, "/detokenize", {"tokens": [token]})[1].get("content", "")
-            with server.lock:
-                server.cache[("piece", token)] = piece
-        text += piece
+    tokens = list(answer.get("tokens") or [])
+    prefixes = [tuple(tokens[:j]) for j in range(1, len(tokens) + 1)]
+    with Client() as client:  # the text llama.cpp searches, as the audit reads it
+        texts = llama_cpp_texts(client, server.upstream, prefixes) if prefixes else []
+    for j, text in enumerate(texts, start=1):
         found = next((s for s in stops if s in text), None)
         if found is not None:
-            return dict(answer, tokens=answer["tokens"][:j + 1], content=text[:text.find(found)], stop_type="word",
+            return dict(answer, tokens=tokens[:j + 1], content=text[:text.find(found)], stop_type="word",
                         stopping_word=found)
     return answer
 

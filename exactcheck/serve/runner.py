@@ -197,12 +197,13 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                            f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
                            f"only), and the completions endpoint's law knows no such stop")
                     law = None
-                if law is not None and texts is not None:
-                    why = _stop_ends_unexplained(reference, world, runs, texts)
+                wrong = _stop_ends_wrong(runs, texts, world) if law is not None else []
+                if wrong:
+                    why = _stop_ends_unexplained(reference, world, runs, wrong)
                     law = None if why else law
                 if law is not None:
                     run.add(continuation_law_verdict(law, runs, world.describe(), budget.first_share, budget.alpha,
-                                                     base, _stop_cause(runs, texts, world) if texts else None))
+                                                     base, _stop_cause(wrong, texts, world)))
                 else:
                     run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                                   "continuation"), seed, base["reproduce"],
@@ -317,24 +318,32 @@ def _independent_samples(endpoint: Endpoint, reference: Endpoint, world: ServeWo
     run.drawn += sum(map(len, groups))
     if all(len(g) < 2 for g in groups):
         return not_judged(f"the server answered one sample to each request asking {k} (it ignores the field)")
-    unexplained = _stop_ends_unexplained(reference, world, [c for g in groups for c in g], texts) if texts else None
+    samples = [c for g in groups for c in g]
+    wrong = _stop_ends_wrong(samples, texts, world)
+    unexplained = _stop_ends_unexplained(reference, world, samples, wrong) if wrong else None
     if unexplained:
         return not_judged(unexplained)
     return independent_samples_verdict(law, groups, f"{k} samples of each request: {world.describe()}",
                                        budget.first_share, budget.alpha, base)
 
 
-def _stop_ends_unexplained(reference: Endpoint, world: ServeWorld, runs: list[Completion], texts: dict) -> str | None:
-    """Why the audited answers' ends cannot be judged by the stop law, or None. Answers that end
-    where the texts the audit read put no stop (or run past one) are a finding only where each
-    came back with the text the audit reads for its tokens, cut at the stop
-    (``stop_law.returned_text``; at most 1,000 distinct answers read): the server's own text then
-    says the same. Otherwise the text the audit read may not be the one the server searches
-    (special tokens its stop search skips, a detokenizer's context): not judged, with the reason."""
+def _stop_ends_wrong(runs: list[Completion], texts: dict | None, world: ServeWorld) -> list[tuple[int, ...]]:
+    """A stop world's answers that end where the texts the audit read put no stop, or run past one
+    (``stop_law.ends_disagreeing``); none where the world has no stop strings (``texts`` None)."""
+    if texts is None:
+        return []
+    return ends_disagreeing([r.tokens for r in runs], texts, world.sampling.stop, world.length)
+
+
+def _stop_ends_unexplained(reference: Endpoint, world: ServeWorld, runs: list[Completion],
+                           wrong: list[tuple[int, ...]]) -> str | None:
+    """Why the audited answers' ends cannot be judged by the stop law, or None. The ``wrong``
+    answers (``_stop_ends_wrong``) are a finding only where each came back with the text the audit
+    reads for its tokens, cut at the stop (``stop_law.returned_text``; at most 1,000 distinct
+    answers read): the server's own text then says the same. Otherwise the text the audit read may
+    not be the one the server searches (special tokens its stop search skips, a detokenizer's
+    context): not judged, with the reason."""
     stops = world.sampling.stop
-    wrong = ends_disagreeing([r.tokens for r in runs], texts, stops, world.length)
-    if not wrong:
-        return None
     example = f"{len(wrong):,} of {len(runs):,} answers end where the text the audit read does not put a stop (e.g. " \
               f"{list(wrong[0])})"
     distinct = list(dict.fromkeys(wrong))[:1_000]
@@ -353,17 +362,16 @@ def _stop_ends_unexplained(reference: Endpoint, world: ServeWorld, runs: list[Co
     return None
 
 
-def _stop_cause(runs: list[Completion], texts: dict, world: ServeWorld) -> str | None:
-    """Words for answers that end where no stop string is: run past the token that completed one
-    (a verify step's tokens after the stop returned), or ended with none completed."""
-    wrong = ends_disagreeing([r.tokens for r in runs], texts, world.sampling.stop, world.length)
+def _stop_cause(wrong: list[tuple[int, ...]], texts: dict | None, world: ServeWorld) -> str | None:
+    """Words for the ``wrong`` answers (``_stop_ends_wrong``): run past the token that completed a
+    stop string (a verify step's tokens after the stop returned), or ended with none completed."""
     if not wrong:
         return None
-    past = [t for t in wrong if stop_depth(t, texts, world.sampling.stop) is not None]
+    past = [(t, d) for t in wrong if (d := stop_depth(t, texts, world.sampling.stop)) is not None]
     if past:
-        depth = stop_depth(past[0], texts, world.sampling.stop)
-        return (f"{len(past):,} answers run past the token that completed a stop string (e.g. {list(past[0])}: its "
-                f"text {texts[past[0][:depth]]!r} holds one after {depth} tokens): tokens after the stop returned "
+        (t, depth) = past[0]
+        return (f"{len(past):,} answers run past the token that completed a stop string (e.g. {list(t)}: its "
+                f"text {texts[t[:depth]]!r} holds one after {depth} tokens): tokens after the stop returned "
                 f"(a speculation step's accepted tokens not cut at the stop)")
     return (f"{len(wrong):,} answers end before {world.length} tokens with no stop string in their text (e.g. "
             f"{list(wrong[0])})")
