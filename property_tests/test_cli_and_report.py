@@ -308,3 +308,23 @@ def test_selftest_jobs_gives_the_serial_verdicts():
         return [(v.check, v.outcome, v.statistic, v.samples) for a in [result.reference] + [m[2] for m in result.mutants]
                 for v in a.verdicts]
     assert key(serial) == key(parallel) and parallel.passed and not parallel.interrupted
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_report_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask, mode):
+    """Reports are written through a temporary (``tempfile.mkstemp`` makes it 0o600) and renamed:
+    the file that lands has the mode a plain ``open()`` would give it, 0o666 less the umask."""
+    import os
+    import stat
+    from exactcheck.report.files import atomic_write, write_report
+    from exactcheck.report.json_md import AUDIT_SCHEMA
+    data = {"schema": AUDIT_SCHEMA, "kind": "step", "subject": "m:f", "level": "quick", "seed": 0, "alpha": 1e-3,
+            "device": "cpu", "started": "", "duration_s": 0.0, "environment": {}, "budget": {}, "verdicts": []}
+    old = os.umask(umask)
+    try:
+        paths = [atomic_write(tmp_path / "one.txt", "x"), *write_report(data, tmp_path / "r", "stem")]
+        atomic_write(tmp_path / "one.txt", "y")  # replacing a file: the same mode again
+    finally:
+        os.umask(old)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in paths} == {oct(mode)}
+    assert stat.S_IMODE((tmp_path / "one.txt").stat().st_mode) == mode

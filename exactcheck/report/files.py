@@ -73,13 +73,16 @@ def check_writable(directory: str | Path, what: str = "--report") -> Path:
 def atomic_write(path: str | Path, text: str) -> Path:
     """``text`` at ``path`` all at once: written to a temporary name beside it, flushed to disk,
     then renamed over it, so a reader sees the old file or the new one, never a part; a failed
-    write (a full disk) leaves the old file and no temporary behind."""
+    write (a full disk) leaves the old file and no temporary behind. The file gets the mode a new
+    file from ``open()`` gets, 0o666 less the umask (0o644 under the usual 022), not the
+    temporary's 0o600."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as f:  # a lone surrogate too
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(temporary, path)
     except BaseException:
@@ -87,6 +90,17 @@ def atomic_write(path: str | Path, text: str) -> Path:
             os.unlink(temporary)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask: Linux states it in /proc; elsewhere it is read by setting it and
+    setting it back."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ...]:
