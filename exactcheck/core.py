@@ -29,6 +29,7 @@ from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm, tv_certifica
 from exactcheck.stats.laws import LawComparison, LawPlan
 
 __all__ = ["resolve_device", "apply_holm", "deviating_cells", "plot_cells", "keep_plots_where_needed", "sample_law_verdict",
+           "impossible_summary",
            "failure_verdict", "not_run_verdict", "unreached_verdicts", "INTERRUPTED", "run_environment", "STATISTIC_NAME",
            "E_STATISTIC_NAME"]
 
@@ -108,6 +109,14 @@ def plot_cells(comparison: LawComparison, n: int, most: int = 32) -> tuple[CellD
     return tuple(CellDeviation(comparison.plan.label(int(i)), int(observed[i]), float(expected[i])) for i in cells)
 
 
+def impossible_summary(count: int, unit: str) -> str:
+    """"3 samples fell on outcomes of exact probability 0", "1 sample fell on an outcome ...":
+    ``unit`` is the plural ("samples", "trials", "generations")."""
+    if count == 1:
+        return f"1 {unit.removesuffix('s')} fell on an outcome of exact probability 0"
+    return f"{count:,} {unit} fell on outcomes of exact probability 0"
+
+
 def sample_law_verdict(plan: LawPlan, counts: np.ndarray, share: float, alpha: float, base: dict,
                        kind: CheckKind, unit: str, note: str | None = None, lossy: str | None = None) -> Verdict:
     """The pending verdict of a fixed-budget law: ``counts`` of ``plan.expected``'s cells tested by
@@ -118,7 +127,7 @@ def sample_law_verdict(plan: LawPlan, counts: np.ndarray, share: float, alpha: f
     ..."); ``lossy``: a lossy mode's name, whose summary prices it by its TV interval."""
     gof = goodness_of_fit(counts, plan.expected, share)
     if gof.impossible:
-        summary = f"{gof.impossible:,} {unit} fell on outcomes of exact probability 0"
+        summary = impossible_summary(gof.impossible, unit)
     else:
         summary = f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
     if note and not lossy:

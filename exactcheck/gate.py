@@ -192,7 +192,7 @@ def check_exempt(subject: GateSubject, plan) -> None:
     hint = (f"did you mean {', '.join(map(repr, close))}? " if close else "") + "valid names include " + \
         ", ".join(map(repr, list(dict.fromkeys(worlds[:3] + [c.name for c in plan.checks[:3]]))))
     raise UsageError(f"exempt ({list(unknown)!r}) names no check or world of the subject's plan "
-                     f"({len(plan.checks)} checks in {len(worlds)} world(s)): {hint}")
+                     f"({len(plan.checks)} checks in {len(worlds)} world{'s' * (len(worlds) != 1)}): {hint}")
 
 
 def read_config(path: str | Path = "pyproject.toml", level: str | None = None,

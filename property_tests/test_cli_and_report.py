@@ -328,3 +328,21 @@ def test_report_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask, m
         os.umask(old)
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in paths} == {oct(mode)}
     assert stat.S_IMODE((tmp_path / "one.txt").stat().st_mode) == mode
+
+
+def test_counts_read_in_the_singular_where_there_is_one():
+    from exactcheck.core import impossible_summary
+    from exactcheck.report.verdict import FindingEvidence, LawEvidence, Evidence, TotalVariation
+    assert impossible_summary(1, "samples") == "1 sample fell on an outcome of exact probability 0"
+    assert impossible_summary(1, "generations") == "1 generation fell on an outcome of exact probability 0"
+    assert impossible_summary(2_000, "trials") == "2,000 trials fell on outcomes of exact probability 0"
+    case = {"case": {"k": 2}, "value": "zero"}
+    lines = {n: FindingEvidence(reproducer={**case, "forced_elements": forced}).detail_lines(10, True)[1]
+             for n, forced in (("none", []), ("one", [3]), ("two", [3, 5]))}
+    assert lines["none"] == ("forced uniform: zero; fewest forced draws that still break it: none (it breaks with "
+                             "every draw left to the subject's generator)")
+    assert lines["one"].endswith("still break it: 1 (element 3 of the call's draws)")
+    assert lines["two"].endswith("still break it: 2 (elements 3, 5 of the call's draws)")
+    law = LawEvidence(Evidence.FIXED_BUDGET, tv=TotalVariation(0.9, (0.0, 1.0), 0.9))
+    assert "power: at this one sample a TV of 0.9000" in "\n".join(law.detail_lines(1, True))
+    assert "power: at these 7 samples" in "\n".join(law.detail_lines(7, True))

@@ -79,7 +79,8 @@ class GreedyIdentityResult:
                       kind=CheckKind.GREEDY_IDENTITY)
         if self.failures:
             return Verdict(outcome=Outcome.CRASHED if self.first_failure_crashed else Outcome.CONTRACT_VIOLATION,
-                           summary=f"{len(self.failures)} runs failed; first: {self.failures[0]}",
+                           summary=(f"{len(self.failures)} run{'s' * (len(self.failures) != 1)} failed; first: "
+                                    f"{self.failures[0]}"),
                            evidence=FindingEvidence(pvalue=0.0, reachability=observed_in(
                                len(self.failures), self.runs, "greedy runs that failed:")), **common)
         if self.defects:

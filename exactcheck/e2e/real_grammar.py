@@ -129,7 +129,8 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
                                 outcome=Outcome.CRASHED if isinstance(failures[0], SubjectCrashed)
                                 else Outcome.CONTRACT_VIOLATION, kind=CheckKind.CONTRACT,
                                 evidence=FindingEvidence(pvalue=0.0), samples=samples,
-                                summary=f"{len(failures)} generations failed; first: {failures[0]}", **base))
+                                summary=(f"{len(failures)} generation{'s' * (len(failures) != 1)} failed; first: "
+                                         f"{failures[0]}"), **base))
     if outputs:
         parts = [pit_and_surprisal(target, sample_policy, prompt_ids[index], [o for i, o in outputs if i == index])
                  for index in sorted({i for i, _ in outputs})]

@@ -159,7 +159,8 @@ def rollback_verdict(run: GeneratorSamples, base: dict, capabilities=None) -> Ve
         generations = len({i for i, _ in run.breaches})
         first_i, first = run.breaches[0]
         return Verdict(outcome=Outcome.DEFECT, summary=(
-            f"{len(run.breaches):,} breaches ({', '.join(kinds)}) in {generations:,} of {run.size:,} "
+            f"{len(run.breaches):,} breach{'es' * (len(run.breaches) != 1)} ({', '.join(kinds)}) in {generations:,} "
+            f"of {run.size:,} "
             f"generations; first, in generation {first_i}: {first.describe()}"), evidence=FindingEvidence(
             pvalue=0.0, reachability=observed_in(generations, run.size, "generations with a breach:")), **common)
     if run.forward_calls == 0 and run.final_caches_checked == 0:

@@ -49,9 +49,11 @@ class StateBreach:
 
     def describe(self) -> str:
         where = "final cache" if self.call < 0 else f"forward call {self.call} ({self.role}, row {self.row})"
-        after = "" if self.accepted is None else f" after a round that accepted {self.accepted} draft(s)"
+        after = "" if self.accepted is None else (f" after a round that accepted {self.accepted} "
+                                                     f"draft{'s' * (self.accepted != 1)}")
         return (f"layer {self.layer} state {self.index}: the {self.part} at {where}{after} is {self.got}, the "
-                f"recurrence over the {self.held} tokens its KV record holds gives {self.expected}")
+                f"recurrence over the {self.held} token{'s' * (self.held != 1)} its KV record holds gives "
+                f"{self.expected}")
 
 
 def _compare(states, expected, mixers, call: int, role: str, row: int, held: int, accepted) -> list[StateBreach]:

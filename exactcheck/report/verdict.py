@@ -137,7 +137,8 @@ class LawEvidence:
             low, high = self.tv.interval
             lines.append(f"total variation: {self.tv.estimate:.4f} (95% interval {low:.4f} to {high:.4f})")
             if self.tv.detectable is not None and failed:
-                lines.append(f"power: at these {samples:,} samples a TV of {self.tv.detectable:.4f} is found "
+                these = "this one sample" if samples == 1 else f"these {samples:,} samples"
+                lines.append(f"power: at {these} a TV of {self.tv.detectable:.4f} is found "
                              f"9 times in 10; smaller ones are found less often, and this one was")
             elif self.tv.detectable is not None:
                 lines.append(f"smallest TV detectable at power 0.9 with these samples: {self.tv.detectable:.4f}")
@@ -178,14 +179,24 @@ class FindingEvidence:
         if self.reproducer is not None:
             case = self.reproducer["case"]
             lines.append("minimal case: " + ", ".join(f"{k}={v}" for k, v in case.items()))
-            forced = self.reproducer.get("forced_elements")
-            lines.append(f"forced uniform: {self.reproducer['value']}" + (
-                "" if forced is None else f"; fewest forced draws that still break it: {len(forced)} "
-                f"(element {', '.join(map(str, forced[:8]))}{', ...' if len(forced) > 8 else ''} of the call's draws)"))
+            lines.append(f"forced uniform: {self.reproducer['value']}"
+                         + _fewest_forced(self.reproducer.get("forced_elements")))
         if self.traceback:
             lines.append("raised at (the subject's frames, innermost last):")
             lines += [f"  {frame}" for frame in self.traceback]
         return lines
+
+
+def _fewest_forced(forced: list[int] | None) -> str:
+    """The shrunk forced set in words: how many of the call's draws must take the forced value
+    (none: the call breaks with its own random numbers), and which."""
+    if forced is None:
+        return ""
+    if not forced:
+        return "; fewest forced draws that still break it: none (it breaks with every draw left to the subject's generator)"
+    shown = ", ".join(map(str, forced[:8])) + (", ..." if len(forced) > 8 else "")
+    return (f"; fewest forced draws that still break it: {len(forced)} "
+            f"(element{'s' * (len(forced) != 1)} {shown} of the call's draws)")
 
 
 _IMPOSSIBLE = "deterministic finding: impossible for an exact subject (p = 0); it spends none of alpha"

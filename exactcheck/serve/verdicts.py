@@ -201,7 +201,8 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
     ran = (f"{law.positive:,} of {law.unit_words()} drafted ({law.drafted:,} tokens drafted, {law.accepted:,} "
            f"accepted)")
     if law.uncounted:
-        ran += f"; {law.uncounted:,} requests not counted (answered from the journal, or a short last chunk)"
+        ran += (f"; {law.uncounted:,} request{'s' * (law.uncounted != 1)} not counted (answered from the journal, "
+                "or a short last chunk)")
     if not law.units:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"not judged: none of the {law.requests:,} requests' drafts could be counted (server-wide counters move "

@@ -133,7 +133,8 @@ def _cache_verdict(samples: TreeGenerationSamples, base: dict) -> Verdict:
         generations = len({i for i, _ in samples.breaches})
         first_i, first = samples.breaches[0]
         return Verdict(outcome=Outcome.DEFECT, summary=(
-            f"{len(samples.breaches):,} breaches ({', '.join(kinds)}) in {generations:,} of {samples.size:,} "
+            f"{len(samples.breaches):,} breach{'es' * (len(samples.breaches) != 1)} ({', '.join(kinds)}) in "
+            f"{generations:,} of {samples.size:,} "
             f"generations; first, in generation {first_i}: {first.describe()}"), evidence=FindingEvidence(
             pvalue=0.0, reachability=observed_in(generations, samples.size, "generations with a breach:")), **common)
     return Verdict(outcome=Outcome.EXACT, evidence=FindingEvidence(pvalue=1.0), summary=(

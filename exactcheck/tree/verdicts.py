@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exactcheck.core import STATISTIC_NAME, deviating_cells, plot_cells
+from exactcheck.core import STATISTIC_NAME, deviating_cells, impossible_summary, plot_cells
 from exactcheck.options import Category, CheckKind
 from exactcheck.report.verdict import Evidence, LawEvidence, Outcome, TotalVariation, Verdict
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, tv_certificate
@@ -39,7 +39,7 @@ def _law_verdict(name: str, law: str, condition: str, expected: np.ndarray, obse
     counts = np.bincount(observed, minlength=expected.size).astype(np.int64)
     gof = goodness_of_fit(counts, expected, share)
     comparison = LawComparison(LawPlan(law, condition, expected, label), counts)
-    summary = (f"{gof.impossible:,} trials fell on outcomes of exact probability 0; TV {gof.tv_estimate:.4f}"
+    summary = (f"{impossible_summary(gof.impossible, 'trials')}; TV {gof.tv_estimate:.4f}"
                if gof.impossible else f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}")
     if lossy:
         summary = f"{lossy}; the subject follows its rule: {summary}"
