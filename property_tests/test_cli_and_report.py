@@ -1,5 +1,6 @@
 """The command: exit codes, reports that round-trip, subjects importable from the cwd."""
 import json
+import re
 import textwrap
 
 import pytest
@@ -328,6 +329,89 @@ def test_report_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask, m
         os.umask(old)
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in paths} == {oct(mode)}
     assert stat.S_IMODE((tmp_path / "one.txt").stat().st_mode) == mode
+
+
+@pytest.fixture(scope="module")
+def stopped_early():
+    """A step audit stopped early on a defect after 7 trials: 14 laws not run to their budget, three
+    accepted-length laws among them drawn from 7 trials."""
+    from exactcheck import run_audit
+    from exactcheck.step.mutants import mutant
+    result = run_audit(mutant("bonus_from_draft"), subject_name="m:bonus_from_draft", level="quick",
+                       worlds=["three_token", "random_v8_k4", "random_v32_k2"], progress=False)
+    assert result.stopped_at == "random_v32_k2/bonus_token"
+    return json.loads(json.dumps(audit_to_json(result)))
+
+
+def test_the_markdown_folds_the_checks_not_run_into_one_line_as_the_terminal_does(stopped_early):
+    from exactcheck.report.ranking import not_run
+    from exactcheck.report.terminal import audit_summary
+    result = audit_from_json(stopped_early)
+    unrun = not_run(result.verdicts)
+    assert len(unrun) == 14
+    md = render_audit_markdown(stopped_early)
+    folded = [line for line in md.splitlines() if "not run to" in line]
+    assert len(folded) == 1, folded  # not one line per check
+    assert folded[0].startswith("14 checks not run to their budget (the audit stopped early on "
+                                "random_v32_k2/bonus_token); they are inconclusive, not passed; left out of this table")
+    rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["random_v32_k2/bonus_token"]  # the table holds the judged checks only
+    # the finding to act on comes before the table; the terminal says the same in its own line
+    lead = md.index("**Leading finding**: `random_v32_k2/bonus_token` (defect)")
+    assert lead < md.index("| check |")
+    terminal = audit_summary(result)
+    assert terminal.count("not run to") == 1 and "14 checks not run to their budget" in terminal
+
+
+def test_one_check_not_run_reads_in_the_singular():
+    from exactcheck.report.ranking import not_run_line
+    assert not_run_line(1, "w/law") == ("1 check not run to its budget (the audit stopped early on w/law); "
+                                        "it is inconclusive, not passed")
+    assert not_run_line(2, None, interrupted=True).startswith("2 checks not run to their budget (the audit was "
+                                                              "interrupted); they are")
+
+
+def test_no_accepted_length_plot_from_a_handful_of_samples_and_the_rule_is_stated(stopped_early):
+    from exactcheck.report.html import MIN_PLOTTED_SAMPLES, render_audit_html
+    page = render_audit_html(stopped_early)
+    assert 'id="length-plots"' not in page  # three inconclusive laws of 7 trials each: none plotted
+    assert (f"A law is plotted only when it was judged (not inconclusive) on at least {MIN_PLOTTED_SAMPLES} "
+            "samples") in page and "3 of 3 left out." in page
+    # one judged on enough samples is plotted, one judged on too few is not
+    data = json.loads(json.dumps(stopped_early))
+    lengths = [v for v in data["verdicts"] if v["law"] == "accepted_length"]
+    for v, n in zip(lengths, (MIN_PLOTTED_SAMPLES, MIN_PLOTTED_SAMPLES - 1, 5000)):
+        v.update(outcome="exact", samples=n, summary="TV 0.01, p = 0.5")
+    lengths[2]["outcome"] = "inconclusive"
+    page = render_audit_html(data)
+    plotted = re.findall(r'<h3>([^<]*): exact</h3>', page.split('id="length-plots"')[1])
+    assert plotted == [lengths[0]["check"]] and "2 of 3 left out." in page
+
+
+def _svg_ticks(svg: str, cls: str) -> list[str]:
+    return re.findall(rf'<text class="{cls}"[^>]*>([^<]*)</text>', svg)
+
+
+def test_html_axes_have_distinct_ticks_and_the_tv_axis_reaches_its_largest_bar(stopped_early):
+    """A failed law of 7 trials (counts 0 to 3) gets ticks 0, 2.5, 5, not "0, 2, 3"; a law of one
+    trial 0, 0.5, 1, not "0, 0, 1"; a detectable TV of 0.68 stretches the TV axis to 1 instead of
+    being cut at 0.1."""
+    from exactcheck.report.html import render_audit_html
+    page = render_audit_html(stopped_early)
+    plots = re.findall(r'<svg class="law-plot failed-law".*?</svg>', page)
+    assert plots and all(len(set(_svg_ticks(svg, "tick"))) == 3 for svg in plots)
+    assert _svg_ticks(plots[0], "tick") == ["0", "2.5", "5"]
+    data = json.loads(json.dumps(stopped_early))
+    failed = next(v for v in data["verdicts"] if v["outcome"] == "defect")
+    failed["law_cells"] = [{"cell": "a", "observed": 1, "expected": 0.7}, {"cell": "b", "observed": 0, "expected": 0.3}]
+    failed["detectable_tv"] = 0.68
+    page = render_audit_html(data)
+    svg = re.search(r'<svg class="law-plot failed-law".*?</svg>', page).group()
+    assert _svg_ticks(svg, "tick") == ["0", "0.5", "1"]
+    pvalues = re.search(r'<svg class="pvalue-plot".*?</svg>', page).group()
+    assert _svg_ticks(pvalues, "tv-tick") == ["0", "0.5", "1"] and "certified TV ≤ (tick), 0–1<" in pvalues
+    bar = float(re.search(r'width="([0-9.]+)" height="10" fill="#54aeff"><title>detectable TV 0.6800', pvalues).group(1))
+    assert bar == pytest.approx(350 * 0.68, abs=0.1)  # 0.68 of the axis, not all of it
 
 
 def test_counts_read_in_the_singular_where_there_is_one():

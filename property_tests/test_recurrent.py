@@ -156,3 +156,38 @@ def test_each_mutant_is_found_at_quick(name):
     from exactcheck.audit_kinds import audit_subject
     result = audit_subject("recurrent", f"recurrent-mutant:{name}", level="quick", seed=0, progress=False)
     assert not result.passed
+
+
+def test_a_state_breach_leads_every_report_ahead_of_the_law_it_bends():
+    """A mutant that restores the conv window and not the recurrent state puts its sequence law
+    off (p ~ 1e-24) and breaks the state invariant. The breach names what to fix (layer, state,
+    forward call, what it held and what it should have): the terminal's headline, its first
+    finding, the Markdown's leading finding and the HTML's first finding are the breach, and its
+    summary starts with the breach itself."""
+    import json
+    import re
+
+    from exactcheck.audit_kinds import audit_subject
+    from exactcheck.report.html import render_audit_html
+    from exactcheck.report.json_md import audit_to_json, render_audit_markdown
+    from exactcheck.report.terminal import audit_summary
+    result = audit_subject("recurrent", "recurrent-mutant:conv_restored_recurrent_not", level="quick", seed=0,
+                           progress=False, worlds=["rec2_v4_l3_k2"], generations=300, greedy=False)
+    failed = {v.law: v for v in result.failed}
+    assert set(failed) == {"sequence", "state_rollback"} and failed["sequence"].adjusted_pvalue < 1e-10
+    breach = failed["state_rollback"]
+    assert [v.law for v in result.ranked_failures()] == ["state_rollback", "sequence"]
+    assert re.match(r"layer \d state \d: the (conv window|recurrent state) at forward call \d+ \(target, row \d\) is "
+                    r".+, the recurrence over the \d+ tokens its KV record holds gives .+ \(in generation \d+; the "
+                    r"first of [\d,]+ states not rolled back: ", breach.summary), breach.summary
+    lines = audit_summary(result).splitlines()
+    assert "FAILED on rec2_v4_l3_k2/state_rollback (defect)" in lines[0]
+    assert lines[2].startswith("state_rollback law in world rec2_v4_l3_k2: defect — layer ")
+    data = json.loads(json.dumps(audit_to_json(result)))
+    md = render_audit_markdown(data)
+    assert "**Leading finding**: `rec2_v4_l3_k2/state_rollback` (defect) — layer " in md
+    assert md.index("### rec2_v4_l3_k2/state_rollback") < md.index("### rec2_v4_l3_k2/sequence")
+    page = render_audit_html(data)
+    findings = page.split("Findings</h2>", 1)[1]
+    assert findings.index("<h3>rec2_v4_l3_k2/state_rollback") < findings.index("<h3>rec2_v4_l3_k2/sequence")
+    assert '<p id="leading-finding"><b>Leading finding</b>: <code>rec2_v4_l3_k2/state_rollback</code>' in page

@@ -1,5 +1,7 @@
 """The recurrent state's verdict: every forward call and final cache held the state of its KV
-record (``exactcheck.recurrent.invariants``), or the first breach, named."""
+record (``exactcheck.recurrent.invariants``), or the first breach, named. A breach's summary
+starts with that breach (layer, state, forward call, what it held and what it should have): the
+line an engineer fixes from; the count and the parts follow."""
 from __future__ import annotations
 
 from exactcheck.options import Category, CheckKind
@@ -28,9 +30,10 @@ def state_verdict(run: RecurrentSamples, base: dict) -> Verdict:
         where = f"in generation {first_i}" if first_i >= 0 else "in a batched call"
         draft_only = "" if target else (" Only the draft's state: the output law is unaffected (q is only a proposal); "
                                         "it costs acceptance.")
+        count = len(run.state_breaches)
+        which = "the only state not rolled back" if count == 1 else f"the first of {count:,} states not rolled back"
         return Verdict(outcome=Outcome.DEFECT, summary=(
-            f"{len(run.state_breaches):,} states not rolled back ({', '.join(parts)}); first, {where}: "
-            f"{first.describe()}.{draft_only}"), evidence=FindingEvidence(
+            f"{first.describe()} ({where}; {which}: {', '.join(parts)}).{draft_only}"), evidence=FindingEvidence(
             pvalue=0.0, reachability=observed_in(max(generations, 1), run.size, "generations with a breach:")),
             category=Category.EXACTNESS if target else Category.SPECULATION, **common)
     if run.state_calls == 0 and run.final_states_checked == 0:

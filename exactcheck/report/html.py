@@ -3,9 +3,11 @@
 The HTML has no external resources (inline CSS and SVG, one tiny inline script): it opens from a
 CI artifact or an e-mail attachment as it is. It shows the verdict table, then plots where
 people would rather look than read: expected vs observed law of every failed statistical check,
-the accepted-length distributions, every statistical check's adjusted p-value against alpha, and
-its detectable and certified TV; then each finding's full text. Rendered from the JSON report,
-like the Markdown, so an old report can be re-rendered.
+the accepted-length distributions of the laws judged on enough samples to read
+(``MIN_PLOTTED_SAMPLES``), every statistical check's adjusted p-value against alpha, and its
+detectable and certified TV; then each finding's full text, the leading one first
+(``exactcheck.report.ranking``). Rendered from the JSON report, like the Markdown, so an old
+report can be re-rendered.
 """
 from __future__ import annotations
 
@@ -14,9 +16,15 @@ import math
 
 from exactcheck.report.escaping import fence, inline_code, md_text
 from exactcheck.report.json_md import audit_from_json
+from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment", "html_page"]
+__all__ = ["render_audit_html", "render_selftest_html", "render_pr_comment", "html_page", "MIN_PLOTTED_SAMPLES"]
+
+# An accepted-length law is plotted only when it was judged (not inconclusive) on at least this
+# many samples: below it, a cell's observed frequency is known only to about ±0.1 (the 95%
+# half-width 1.96·sqrt(1/4n) is 0.098 at n = 100), wider than most differences the plot would show.
+MIN_PLOTTED_SAMPLES = 100
 
 _COLOURS = {Outcome.EXACT: "#1a7f37", Outcome.DEFECT: "#cf222e", Outcome.CONTRACT_VIOLATION: "#cf222e",
             Outcome.CRASHED: "#8250df", Outcome.INCONCLUSIVE: "#9a6700", Outcome.UNREACHABLE: "#57606a",
@@ -54,10 +62,24 @@ def _p(x) -> str:
     return "0" if x == 0 else (f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}")
 
 
+def _nice_ceiling(x: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is at least ``x`` (> 0): an axis's
+    top whose half is a round number too."""
+    power = 10.0 ** math.floor(math.log10(x))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x * (1 - 1e-12))
+
+
+def _tick(value: float) -> str:
+    """An axis label: thousands separated, no trailing zeros ("0", "0.5", "2.5", "10,000")."""
+    text = f"{value:,.6f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
 def _bars(verdict: Verdict, width: int = 520, height: int = 220) -> str:
-    """Grouped bars: expected (grey) and observed (coloured) counts per cell."""
+    """Grouped bars: expected (grey) and observed (coloured) counts per cell, on an axis from 0 to
+    a round number at or above the largest (ticks at 0, its half and it: three distinct labels)."""
     cells = verdict.law_cells
-    top = max(max(c.expected for c in cells), max(c.observed for c in cells), 1e-9)
+    top = _nice_ceiling(max(max(c.expected for c in cells), max(c.observed for c in cells), 1e-9))
     left, bottom = 48, 64
     plot_w, plot_h = width - left - 8, height - bottom - 10
     step = plot_w / len(cells)
@@ -69,7 +91,8 @@ def _bars(verdict: Verdict, width: int = 520, height: int = 220) -> str:
     for frac in (0, 0.5, 1):
         y = 10 + plot_h * (1 - frac)
         parts.append(f'<line x1="{left}" x2="{width - 8}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d0d7de"/>')
-        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{top * frac:,.0f}</text>')
+        parts.append(f'<text class="tick" x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">'
+                     f'{_tick(top * frac)}</text>')
     for i, cell in enumerate(cells):
         x = left + i * step + step * 0.1
         for j, (value, fill) in enumerate(((cell.expected, "#8c959f"), (cell.observed, colour))):
@@ -96,7 +119,8 @@ def _law_plot(verdict: Verdict) -> str:
 
 def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> str:
     """Per statistical check: -log10(adjusted p) (capped at 20) against the -log10(alpha) line,
-    and the detectable and certified TV."""
+    and the detectable and certified TV on an axis from 0 to 0.1, or to a round number at or above
+    the largest of them (a TV is at most 1), so no bar is cut short."""
     rows = [v for v in verdicts if v.kind.statistical and v.statistic is not None and v.adjusted_pvalue is not None]
     if not rows:
         return ""
@@ -104,12 +128,20 @@ def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> st
     height = row_h * len(rows) + 40
     half = (width - left - 40) / 2
     cap = 20.0
+    tvs = [x for v in rows for x in (v.detectable_tv, v.tv_certificate) if x is not None]
+    tv_top = min(1.0, _nice_ceiling(max([0.1, *tvs])))
     parts = [f'<svg class="pvalue-plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
              f'<text x="{left}" y="12" font-size="11">−log10(adjusted p), capped at {cap:g}; '
              f'red line: alpha = {alpha:g}</text>',
-             f'<text x="{left + half + 40}" y="12" font-size="11">detectable TV (bar) and certified TV ≤ (tick), 0–0.1'
-             '</text>']
+             f'<text x="{left + half + 40}" y="12" font-size="11">detectable TV (bar) and certified TV ≤ (tick), '
+             f'0–{_tick(tv_top)}</text>']
     line_x = left + half * min(cap, -math.log10(alpha)) / cap if alpha > 0 else None
+    tv_left = left + half + 40
+    for frac, anchor in ((0, "start"), (0.5, "middle"), (1, "end")):  # the TV axis: 0, its half, its top
+        x = tv_left + half * frac
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="18" y2="{height - 14}" stroke="#d0d7de"/>'
+                     f'<text class="tv-tick" x="{x:.1f}" y="{height - 3}" font-size="10" text-anchor="{anchor}">'
+                     f'{_tick(tv_top * frac)}</text>')
     for i, v in enumerate(rows):
         y = 24 + i * row_h
         score = cap if v.adjusted_pvalue == 0 else min(cap, -math.log10(max(v.adjusted_pvalue, 1e-300)))
@@ -117,13 +149,12 @@ def _pvalue_plot(verdicts: list[Verdict], alpha: float, width: int = 1000) -> st
         parts.append(f'<text x="{left - 6}" y="{y + 10}" font-size="10" text-anchor="end">{_e(v.check)[:40]}</text>')
         parts.append(f'<rect x="{left}" y="{y + 3}" width="{half * score / cap:.1f}" height="{row_h - 6}" '
                      f'fill="{colour}"><title>adjusted p {_p(v.adjusted_pvalue)}</title></rect>')
-        tv_left = left + half + 40
         if v.detectable_tv is not None:
-            w = half * min(v.detectable_tv, 0.1) / 0.1
+            w = half * min(v.detectable_tv, tv_top) / tv_top
             parts.append(f'<rect x="{tv_left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="#54aeff">'
                          f'<title>detectable TV {v.detectable_tv:.4f}</title></rect>')
         if v.tv_certificate is not None:
-            x = tv_left + half * min(v.tv_certificate, 0.1) / 0.1
+            x = tv_left + half * min(v.tv_certificate, tv_top) / tv_top
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + row_h - 1}" stroke="#1f2328" '
                          f'stroke-width="2"><title>certified TV ≤ {v.tv_certificate:.4f}</title></line>')
     if line_x is not None:
@@ -183,31 +214,46 @@ def _audit_body(result, heading: str = "h1") -> tuple[str, list[str]]:
     folded = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and not result.gates(v)]
     rows = [_row(result, v) for v in result.verdicts if v not in folded]
     failed_plots = [_law_plot(v) for v in result.verdicts if v.outcome.failed and _has_samples(v)]
-    length_plots = [_law_plot(v) for v in result.verdicts if v.law == "accepted_length" and _has_samples(v)
-                    and not v.outcome.failed]
+    lengths = [v for v in result.verdicts if v.law == "accepted_length" and not v.outcome.failed]
+    readable = [v for v in lengths if _has_samples(v) and v.outcome is not Outcome.INCONCLUSIVE
+                and v.samples >= MIN_PLOTTED_SAMPLES]
+    length_plots = [_law_plot(v) for v in readable]
+    ranked = rank_failures(v for v in result.verdicts if v.outcome.failed)
     findings = [f"<h3>{_e(v.check)} <small>({_e(v.category.value)}"
                 f"{'' if result.gates(v) or not v.outcome.failed else ', not required'})</small></h3>"
                 f"<pre>{_e(v.describe())}</pre>"
-                for v in result.verdicts if v.outcome.failed or v.outcome is Outcome.UNREACHABLE]
+                for v in ranked + [v for v in result.verdicts if v.outcome is Outcome.UNREACHABLE]]
+    leading = result.ranked_failures()
     sub = "h2" if heading == "h1" else "h3"
     body = [
         f'<{heading}>exactcheck {_e(result.command)} <code>{_e(result.subject)}</code> '
         f'<span class="status" style="background:{"#1a7f37" if result.passed else "#cf222e"}">{status}</span></{heading}>',
         f"<p>{_e(head)}.</p><p>{_e(budget)}.</p>",
     ]
+    if leading:  # the finding to act on first, before any plot or table
+        body.append(f'<p id="leading-finding"><b>Leading finding</b>: <code>{_e(leading[0].check)}</code> '
+                    f"({_e(leading[0].outcome.value)}) — {_e(leading[0].summary)}</p>")
     if failed_plots:
         body += [f"<{sub}>Expected vs observed law of the failed checks</{sub}>",
                  f'<div class="plots" id="failed-law-plots">{"".join(failed_plots)}</div>']
     body += [f"<{sub}>Checks</{sub}>", _TABLE_HEAD, "".join(rows), "</table>"]
     if folded:
-        body += [f'<details id="inconclusive"><summary>{len(folded)} inconclusive checks (not run to their '
-                 f'budget, or not judged; none of them passed)</summary>', _TABLE_HEAD,
+        one = len(folded) == 1
+        body += [f'<details id="inconclusive"><summary>{len(folded)} inconclusive check{"" if one else "s"} '
+                 f'(not run to {"its" if one else "their"} budget, or not judged; '
+                 f'{"it did not pass" if one else "none of them passed"})</summary>', _TABLE_HEAD,
                  "".join(_row(result, v) for v in folded), "</table></details>"]
     pvalues = _pvalue_plot([v for v in result.verdicts if v.samples], result.alpha or 0.0)
     if pvalues:
         body += [f"<{sub}>p-values, detectable TV and certificates</{sub}>", pvalues]
-    if length_plots:
-        body += [f"<{sub}>Accepted-length distributions</{sub}>", f'<div class="plots">{"".join(length_plots)}</div>']
+    if lengths:
+        left_out = len(lengths) - len(readable)
+        rule = (f"A law is plotted only when it was judged (not inconclusive) on at least {MIN_PLOTTED_SAMPLES} "
+                "samples: with fewer, a cell's frequency is known only to about ±0.1 (95%)."
+                + (f" {left_out} of {len(lengths)} left out." if left_out else ""))
+        body += [f"<{sub}>Accepted-length distributions</{sub}>", f"<p>{_e(rule)}</p>"]
+        if length_plots:
+            body.append(f'<div class="plots" id="length-plots">{"".join(length_plots)}</div>')
     if findings:
         body += [f"<{sub}>Findings</{sub}>", *findings]
     body.append("<p><small>TV is the plug-in estimate ½Σ|p̂ − p|; detectable TV is the TV the check finds 9 times "

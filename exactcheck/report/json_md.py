@@ -8,7 +8,7 @@ from exactcheck.options import DEFAULT_REQUIRE, Category, CheckKind
 from exactcheck.report.escaping import fence, inline_code, md_cell, md_text
 from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
                                       result_type)
-from exactcheck.report.ranking import how_reachable
+from exactcheck.report.ranking import how_reachable, not_run, not_run_line, rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
 if TYPE_CHECKING:
@@ -109,29 +109,42 @@ def render_audit_markdown(data: dict) -> str:
         f"{result.duration_s:.1f} s, {versions}.",
         "",
         md_text(result.budget_text()[0].upper() + result.budget_text()[1:] + "."),
-        "",
-        "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | Holm-adjusted p |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
     ]
-    for v in result.verdicts:
+    ranked = result.ranked_failures()
+    if ranked:  # the finding to act on first (``exactcheck.report.ranking``), before any table
+        lines += ["", f"**Leading finding**: {inline_code(ranked[0].check)} ({ranked[0].outcome.value}) — "
+                  f"{md_text(ranked[0].summary)}"]
+    # the checks not run to their budget: one line, as on the terminal, not a row each
+    unrun = not_run(result.verdicts)
+    rows = [v for v in result.verdicts if v not in unrun]
+    folded = md_text(not_run_line(len(unrun), result.stopped_at, result.interrupted)
+                     + ("; left out of this table" if rows else "") + " (the JSON report has each).") if unrun else ""
+    if rows:
+        lines += ["", "| check | outcome | samples | TV (95% interval) | detectable TV | certified TV ≤ | p | "
+                  "Holm-adjusted p |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    for v in rows:
         tv = "–" if v.tv_estimate is None else (
             f"{v.tv_estimate:.4f} ({v.tv_interval[0]:.4f}–{v.tv_interval[1]:.4f})")
         outcome = v.outcome.value if not v.outcome.failed else f"**{v.outcome.value}**"
         lines.append(f"| {md_cell(v.check)} | {outcome} | {v.samples:,} | {tv} | {_fmt(v.detectable_tv)} | "
                      f"{_fmt(v.tv_certificate)} | {_p(v.pvalue)} | {_p(v.adjusted_pvalue)} |")
+    if folded:
+        lines += ["", folded]
     deterministic = [v for v in result.verdicts if v.outcome is Outcome.EXACT and not v.kind.statistical
                      and v.kind not in (CheckKind.PROPERTY, CheckKind.INPUTS)]
     if deterministic:
         lines += ["", "Deterministic checks that held:", ""]
         lines += [f"- {inline_code(v.check)} ({md_text(v.condition)}): {md_text(v.summary)}" for v in deterministic]
+    failed = rank_failures(v for v in result.verdicts if v.outcome.failed)
     for category in Category:
-        found = [v for v in result.verdicts if v.outcome.failed and v.category is category]
+        found = [v for v in failed if v.category is category]
         if found:
             gating = "" if category.value in result.require else " (not required: reported, not failing)"
             lines += ["", f"## {category.value.capitalize()} findings{gating}", ""]
             for v in found:
                 lines += [f"### {md_text(v.check)}", "", fence(v.describe()), ""]
-    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)]
+    other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)
+             and v not in unrun]
     if other:
         lines += ["", "## Not judged, and unreachable boundary behaviour", ""]
         lines += [f"- {inline_code(v.check)} ({v.outcome.value}): {md_text(v.summary)}" for v in other]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exactcheck.report.escaping import terminal_text
-from exactcheck.report.ranking import how_reachable, rank_failures
+from exactcheck.report.ranking import how_reachable, not_run, not_run_line, rank_failures
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Outcome
 
@@ -21,7 +21,6 @@ __all__ = ["audit_summary", "selftest_header", "selftest_row", "selftest_footer"
 
 DETAILED_FAILURES = 3  # failures shown in full; the rest get a line each
 OTHER_LINES = 5  # inconclusive checks listed one per line before the rest become a count
-NOT_RUN = "not run to its budget"
 
 
 def audit_summary(result: AuditResult, passing: bool = False) -> str:
@@ -43,15 +42,15 @@ def audit_summary(result: AuditResult, passing: bool = False) -> str:
     lines += [f"  {v.outcome.value:<18} {v.check}: {v.summary}" for v in failed[DETAILED_FAILURES:]]
     lines += [f"  {v.category.value} finding (not required; --require {v.category.flag} makes it fail) "
               f"{v.check}: {v.summary}" for v in result.not_required]
-    unrun = [v for v in result.verdicts if v.outcome is Outcome.INCONCLUSIVE and v.summary.startswith(NOT_RUN)]
+    unrun = not_run(result.verdicts)
     other = [v for v in result.verdicts if v.outcome in (Outcome.INCONCLUSIVE, Outcome.UNREACHABLE)
              and v not in unrun]
     lines += [f"  {v.outcome.value:<18} {v.check}: {v.summary}" for v in other[:OTHER_LINES]]
     if len(other) > OTHER_LINES:
-        lines.append(f"  ... and {len(other) - OTHER_LINES} more inconclusive checks (see the report)")
+        more = len(other) - OTHER_LINES
+        lines.append(f"  ... and {more} more inconclusive check{'s' * (more != 1)} (see the report)")
     if unrun:
-        lines.append(f"  {len(unrun)} checks not run to their budget (the audit stopped early on "
-                     f"{result.stopped_at or 'a defect'}); they are inconclusive, not passed")
+        lines.append(f"  {not_run_line(len(unrun), result.stopped_at, result.interrupted)}")
     lines.append(f"  {result.budget_text()}")
     if passing:
         lines += [f"  exact              {v.check}: {v.summary}" for v in result.verdicts if v.outcome is Outcome.EXACT]
