@@ -8,7 +8,7 @@ import argparse
 
 from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_LEVEL, REQUIRABLE, Level
 
-__all__ = ["common", "call_timeout", "isolate", "sharding", "call_size", "require", "LEVELS"]
+__all__ = ["common", "budget", "call_timeout", "isolate", "sharding", "call_size", "require", "LEVELS"]
 
 LEVELS = [lv.value for lv in Level]
 
@@ -16,16 +16,8 @@ LEVELS = [lv.value for lv in Level]
 def common(parser: argparse.ArgumentParser) -> None:
     """What a step audit and the audits planned like one take: level, budget, seed, alpha, device,
     report, early stopping, quiet, the categories required and the call timeout."""
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=LEVELS,
-                        help="the TV every law is planned to detect: quick 0.05, standard 0.01, "
-                             "release 0.003 (see `exactcheck plan`)")
-    parser.add_argument("--detect-tv", type=float, metavar="EPS",
-                        help="plan the budget to detect this TV instead of the level's")
-    parser.add_argument("--max-samples", type=int, metavar="N",
-                        help="cap on trials per world (default: the level's: 50k, 1M, 10M)")
+    budget(parser)
     parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
     parser.add_argument("--device", default="cpu", help="torch device for the subject's tensors")
     parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
     parser.add_argument("--no-stop-early", dest="stop_early", action="store_false",
@@ -34,6 +26,21 @@ def common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     require(parser)
     call_timeout(parser)
+
+
+def budget(parser: argparse.ArgumentParser) -> None:
+    """What sizes a step audit's budget: level, detectable TV, cap on trials, alpha (an audit's
+    and ``exactcheck plan``'s, declared once)."""
+    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=LEVELS,
+                        help="the TV every law is planned to detect: quick 0.05, standard 0.01, "
+                             "release 0.003 (see `exactcheck plan`)")
+    parser.add_argument("--detect-tv", type=float, metavar="EPS",
+                        help="plan the budget to detect this TV instead of the level's")
+    parser.add_argument("--max-samples", type=int, metavar="N",
+                        help="cap on trials per world (default: the level's: 50k, 1M, 10M)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help="false-alarm budget for the whole audit (default 1e-3); with early stopping, half "
+                             "goes to the early-stopping tests and half to Holm over the statistical checks")
 
 
 def call_timeout(parser: argparse.ArgumentParser) -> None:

@@ -51,6 +51,21 @@ def test_plan_command_prints_the_budget_and_refuses_nonsense(capsys):
     assert main(["plan", "--detect-tv", "0"]) == 2
 
 
+def test_the_plan_says_why_its_alpha_is_half_the_audits(capsys):
+    """With early stopping (the default) the budget is planned at Holm's half of alpha; the plan
+    names both alphas and where the other half goes, so "alpha 0.0005" in the plan and "alpha
+    0.001" in the audit do not contradict each other."""
+    assert main(["plan", "--level", "quick"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "at alpha 0.0005 over" in lines[0]
+    assert lines[1].startswith("alpha 0.0005 is half of the audit's alpha 0.001: with early stopping on (the default), "
+                               "the other half goes to the anytime-valid early-stopping tests")
+    assert main(["plan", "--level", "quick", "--alpha", "0.01", "--no-stop-early"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "at alpha 0.01 over" in lines[0] and lines[1] == ("alpha 0.01 is the audit's whole alpha: without early "
+                                                              "stopping, Holm gets all of it")
+
+
 def test_batch_schedule_covers_the_budget_exactly():
     for budget in (1, 499, 500, 5_000, 123_457, 1_000_000):
         sizes = batch_schedule(budget)

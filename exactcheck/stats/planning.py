@@ -27,7 +27,7 @@ import numpy as np
 from exactcheck.stats.laws import planned_laws
 from exactcheck.rules import RuleSpec
 from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
-from exactcheck.options import Level
+from exactcheck.options import AlphaBudget, Level
 from exactcheck.suite import default_worlds
 from toy_models import ContextWorld, StepWorld
 
@@ -74,6 +74,9 @@ class BudgetPlan:
     max_samples: int
     min_samples: int
     worlds: tuple[WorldBudget, ...]
+    # the audit's whole alpha and its split, where ``alpha`` is the Holm part of it
+    # (``exactcheck.step.plan.budget_plan``): the plan's text then says where the rest went
+    split: AlphaBudget | None = None
 
     @property
     def share(self) -> float:
@@ -95,6 +98,7 @@ class BudgetPlan:
         lines = [f"plan: detect TV >= {self.detect_tv:g} with power {self.power:g} at alpha "
                  f"{self.alpha:g} over {self.checks} statistical checks (share {self.share:.2g} "
                  f"each); {self.min_samples:,} to {self.max_samples:,} trials per world",
+                 *self._alpha_lines(),
                  f"{'world':<26} {'law':<17} {'cells':>6} {'P(cond)':>8} {'needed':>10} "
                  f"{'planned':>10} {'detects TV':>10}"]
         for w in self.worlds:
@@ -105,9 +109,25 @@ class BudgetPlan:
                              f"{law.planned_tv:>10.4f}")
         lines.append(f"total: {self.total_samples:,} trials over {len(self.worlds)} worlds")
         if self.unreached:
-            lines.append(f"{len(self.unreached)} law(s) cannot reach TV {self.detect_tv:g} within "
-                         f"the cap (their condition is rare); the column 'detects TV' says what they reach")
+            one = len(self.unreached) == 1
+            lines.append(f"{len(self.unreached)} {'law cannot' if one else 'laws cannot'} reach TV {self.detect_tv:g} "
+                         f"within the cap ({'its condition is' if one else 'their condition is'} rare); the column "
+                         f"'detects TV' says what {'it reaches' if one else 'they reach'}")
         return "\n".join(lines)
+
+    def _alpha_lines(self) -> list[str]:
+        """Why the alpha above is (or is not) the audit's: with early stopping, half of it goes
+        to the anytime-valid tests that stop an audit early and half to Holm, and the budget is
+        planned at Holm's half."""
+        split = self.split
+        if split is None:
+            return []
+        if split.stop_early:
+            return [f"alpha {self.alpha:g} is half of the audit's alpha {split.alpha:g}: with early stopping on (the "
+                    f"default), the other half goes to the anytime-valid early-stopping tests (each law's e-value "
+                    f"must reach {1 / split.e_share:,.0f}), and the budget is planned for the fixed-budget tests under "
+                    f"Holm; --no-stop-early gives Holm all of it"]
+        return [f"alpha {self.alpha:g} is the audit's whole alpha: without early stopping, Holm gets all of it"]
 
 
 def law_detectable_tv(expected: np.ndarray, trials: float, share: float,

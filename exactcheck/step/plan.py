@@ -10,6 +10,8 @@ states is the one the tests deliver for any ``--world`` set.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind, PseudoWorld
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS
@@ -47,10 +49,11 @@ def alpha_budget(options: AuditOptions) -> AlphaBudget:
 def budget_plan(options: AuditOptions) -> BudgetPlan:
     """The trials each built-in world gets (``exactcheck.stats.planning.BudgetPlan``), sized at
     the first Holm share of ``alpha_budget``; planned on every built-in world, so a world's budget
-    (and its samples) is the same when it is audited alone."""
+    (and its samples) is the same when it is audited alone. The plan carries the split, so its
+    text names both alphas: the audit's, and the Holm half it is planned at under early stopping."""
     budget = alpha_budget(options)
-    return default_plan(options.target_tv, budget.holm_alpha, options.cap, options.level.min_samples,
-                        judged_rule(options), budget.checks)
+    return replace(default_plan(options.target_tv, budget.holm_alpha, options.cap, options.level.min_samples,
+                                judged_rule(options), budget.checks), split=budget)
 
 
 def fit_to_seconds(samples: dict[str, int], seconds_per_trial: dict[str, float], seconds: float) -> dict[str, int]:
