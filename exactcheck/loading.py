@@ -17,8 +17,11 @@ def load_subject(path: str):
     """Import ``MODULE:CALLABLE`` (the current directory is importable). A class is
     instantiated with no arguments."""
     module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE")
+    if not sep:
+        raise UsageError(f"unknown subject {path!r}: not a built-in name (see `exactcheck list`) nor "
+                         f"MODULE:CALLABLE")
+    if not module_name or not attr:
+        raise UsageError(f"subject ({path!r}) must look like MODULE:CALLABLE (or a built-in name: see `exactcheck list`)")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -18,13 +18,19 @@ from exactcheck.errors import UsageError
 
 __all__ = ["Level", "chosen_worlds", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
            "derive_seed",
-           "REAL_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
+           "REAL_MODELS", "HYBRID_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
            "AuditKind", "SubjectKind"]
 
 DEFAULT_ALPHA = 1e-3
 DEFAULT_LEVEL = "quick"  # every front end's default: the CLI, the gate, the plugin, Python
 DEFAULT_REQUIRE = ("exactness", "conformance")  # always gating; --require adds the others
 REAL_MODELS = ("tiny-llama", "tiny-gpt2", "smollm2")  # the real model pairs of ``exactcheck greedy --model``
+# the real tiny hybrid transformers models (recurrent or conv state beside attention) it also takes:
+# ``exactcheck.e2e.real_models.hybrid_model_names`` builds them (a test keeps the two lists equal)
+HYBRID_MODELS = ("tiny-qwen3-next", "tiny-qwen3-5-text", "tiny-qwen3-5-moe-text", "tiny-lara-mini", "tiny-olmo-hybrid",
+                 "tiny-kimi-linear", "tiny-bailing-hybrid", "tiny-bamba", "tiny-falcon-h1", "tiny-granitemoehybrid",
+                 "tiny-nemotron-h", "tiny-zamba2", "tiny-jamba", "tiny-zamba", "tiny-lfm2", "tiny-lfm2-moe", "tiny-lfm3",
+                 "tiny-zaya")
 # the generators ``exactcheck e2e`` (and every generator audit) takes by name (``exactcheck.audit_kinds``)
 BUILTIN_GENERATORS = ("reference-loop", "batched-reference-loop", "reference-tli", "reference-slem", "transformers-assisted",
                       "transformers-prompt-lookup", "transformers-ensemble-0.9", "transformers-assisted-universal",

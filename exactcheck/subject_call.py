@@ -35,7 +35,7 @@ from typing import Callable
 from exactcheck.errors import ContractViolation, SubjectCrashed, SubjectError, SubjectTimedOut, Violation
 from exactcheck.options import DEFAULT_CALL_TIMEOUT
 
-__all__ = ["call_subject", "call_time_limit", "CallLimits", "current_call_timeout", "SnapshotInputs", "WATCH", "CallWatch"]
+__all__ = ["call_subject", "call_time_limit", "CallLimits", "CallShape", "current_call_timeout", "SnapshotInputs", "WATCH", "CallWatch"]
 
 _REALARM_S = 1.0  # after the limit, the alarm is sent again this often until the call ends
 
@@ -223,3 +223,34 @@ def _bits(t):
     if not (t.is_floating_point() or t.is_complex()):
         return t
     return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """How an audit kind calls its subject, checked before anything is drawn: ``what`` it is (a
+    verifier, a generator), the call in words (``call``) and the number of positional arguments
+    every call passes (``positional``)."""
+
+    what: str
+    call: str
+    positional: int
+
+    def check(self, subject, name: str | None = None) -> None:
+        """A ``UsageError`` naming the expected call when ``subject`` is not callable or cannot take
+        ``positional`` arguments (a subject whose signature Python cannot read is let through: its
+        first call will tell)."""
+        import inspect
+
+        from exactcheck.errors import UsageError
+        shown = name or getattr(subject, "__name__", None) or type(subject).__name__
+        if not callable(subject):
+            raise UsageError(f"{shown} is not callable: a {self.what} is called as {self.call}")
+        try:
+            signature = inspect.signature(subject)
+        except (TypeError, ValueError):
+            return
+        try:
+            signature.bind(*([None] * self.positional))
+        except TypeError as exc:
+            raise UsageError(f"{shown} cannot be called as a {self.what}: its signature is {signature} ({exc}); "
+                             f"a {self.what} is called as {self.call}") from None

@@ -10,7 +10,7 @@ import dataclasses
 
 from exactcheck import arguments
 from exactcheck.errors import UsageError
-from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, DEFAULT_LEVEL, REAL_MODELS, AuditOptions, AuditPlan
+from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, DEFAULT_LEVEL, HYBRID_MODELS, REAL_MODELS, AuditOptions, AuditPlan
 
 __all__ = ["parse_policy", "named", "show_generator_audit",
            "e2e_arguments", "e2e_settings", "plan_e2e", "run_e2e",
@@ -121,9 +121,12 @@ def run_e2e(subject, options: AuditOptions, **keywords):
 def greedy_arguments(parser) -> None:
     parser.add_argument("subject", nargs="?", default="transformers-assisted",
                         help="a built-in generator or MODULE:CALLABLE (default transformers-assisted)")
-    parser.add_argument("--model", default="tiny-llama", choices=list(REAL_MODELS))
-    parser.add_argument("--prompts", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--model", default="tiny-llama", choices=list(REAL_MODELS + HYBRID_MODELS), metavar="NAME",
+                        help=f"a real model pair: {', '.join(REAL_MODELS)} (default tiny-llama), or a tiny hybrid "
+                             f"with a recurrent or conv state, whose final cache is also checked state by state: "
+                             f"{', '.join(HYBRID_MODELS)}")
+    parser.add_argument("--prompts", type=int, default=20, help="prompts to decode (default 20)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens to decode per prompt (default 32)")
     parser.add_argument("--per-prompt", type=int, metavar="K",
                         help="run K of the draft lengths 1..8 per prompt, in rotation (default: all 8)")
     _seed_report_quiet(parser)
@@ -380,5 +383,7 @@ def catalogue() -> list[str]:
 
 
 def greedy_catalogue() -> list[str]:
-    """The greedy kind's part of ``exactcheck list``: the real model pairs."""
-    return [f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}"]
+    """The greedy kind's part of ``exactcheck list``: the real model pairs and the tiny hybrids."""
+    return [f"real models (`exactcheck greedy --model`): {', '.join(REAL_MODELS)}",
+            f"real tiny hybrids (`exactcheck greedy --model`; greedy identity and the final cache state by state): "
+            f"{', '.join(HYBRID_MODELS)}"]

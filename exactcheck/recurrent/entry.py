@@ -95,6 +95,8 @@ def catalogue() -> list[str]:
     lines = ["recurrent worlds (`exactcheck recurrent NAME`; hybrid toy LMs whose linear-attention layers keep a "
              "conv window and a recurrent state):"]
     lines += [f"  {w.name:<26} {w.world.description}" for w in recurrent_worlds()]
+    lines.append("  real tiny hybrids (greedy identity and the final cache state by state): `exactcheck greedy "
+                 "GENERATOR --model tiny-qwen3-next` (and the other hybrids listed under real models)")
     lines.append("recurrent generators (exact reference loops, and mutants from the field):")
     lines += [f"  recurrent-{name:<16} {loop.name}" for name, loop in REFERENCE_LOOPS.items()]
     for name, m in RECURRENT_MUTANTS.items():

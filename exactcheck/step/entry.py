@@ -10,11 +10,12 @@ import time
 from exactcheck import arguments
 from exactcheck.options import AuditOptions, AuditPlan
 
-__all__ = ["audit_arguments", "audit_settings", "plan", "run", "selftest_arguments", "selftest_settings", "run_selftest", "selftest_main"]
+__all__ = ["audit_arguments", "audit_settings", "load", "plan", "run", "selftest_arguments", "selftest_settings", "run_selftest", "selftest_main"]
 
 
 def audit_arguments(parser) -> None:
-    parser.add_argument("subject", help="MODULE:CALLABLE, e.g. exactcheck.step.reference:reference_verifier")
+    parser.add_argument("subject", help="MODULE:CALLABLE (e.g. my_package.sampling:verifier), or a built-in "
+                                        "verifier by the name `exactcheck list` prints (reference, trust_draft, ...)")
     parser.add_argument("--world", action="append", metavar="NAME",
                         help="only this world (repeatable); see `exactcheck list`")
     parser.add_argument("--rule", metavar="NAME[:param=value,...]",
@@ -47,6 +48,12 @@ def audit_settings(args) -> dict:
                 jobs=args.jobs)
 
 
+def load(name: str):
+    """A built-in verifier by name, or MODULE:CALLABLE (``exactcheck.step.subjects``)."""
+    from exactcheck.step.subjects import load_verifier
+    return load_verifier(name)
+
+
 def plan(subject, options: AuditOptions) -> AuditPlan:
     from exactcheck.step.plan import plan_step_audit
     from exactcheck.step.runner import judged_by
@@ -69,7 +76,7 @@ def selftest_arguments(parser) -> None:
 def selftest_settings(args) -> dict:
     return dict(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device, mutants=args.mutant,
                 stop_early=args.stop_early, detect_tv=args.detect_tv, max_samples=args.max_samples,
-                call_elements=args.call_elements, jobs=args.jobs)
+                call_elements=args.call_elements, jobs=args.jobs, progress=not args.quiet)
 
 
 def run_selftest(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
@@ -78,7 +85,8 @@ def run_selftest(subject, options: AuditOptions, *, subject_name=None, progress:
     from exactcheck.step.selftest import run_selftest as selftest
     return selftest(level=options.level.value, seed=options.seed, alpha=options.alpha, device=options.device,
                     mutants=mutants, on_audit=on_audit, stop_early=options.stop_early, detect_tv=options.detect_tv,
-                    max_samples=options.max_samples, call_elements=options.call_elements, jobs=jobs)
+                    max_samples=options.max_samples, call_elements=options.call_elements, jobs=jobs,
+                    progress=progress)
 
 
 def selftest_main(args, stem: str, audit) -> int:
@@ -88,7 +96,7 @@ def selftest_main(args, stem: str, audit) -> int:
     from exactcheck.report.json_md import selftest_to_json
     from exactcheck.report.terminal import selftest_footer, selftest_header, selftest_row
     from exactcheck.step.selftest import REFERENCE_NAME
-    print(selftest_header())
+    print(selftest_header(), flush=True)
     start = time.perf_counter()
 
     def show(name: str, result) -> None:
@@ -112,7 +120,7 @@ def selftest_main(args, stem: str, audit) -> int:
 
 def catalogue() -> list[str]:
     """This kind's part of ``exactcheck list``: the step worlds, properties and verifier mutants."""
-    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS, importable_name
+    from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
     from exactcheck.step.properties import PROPERTIES
     from exactcheck.suite import default_worlds, large_worlds
     lines = ["worlds:"]
@@ -121,9 +129,10 @@ def catalogue() -> list[str]:
     lines += [f"  {w.name:<26} {w.description}" for w in large_worlds()]
     lines.append("properties (deterministic, forced random numbers):")
     lines += [f"  properties/{name}" for name in PROPERTIES]
+    lines.append("verifiers (`exactcheck audit NAME`): reference (exactcheck's own, exact), and the mutants below")
     lines.append("mutants:")
     lines += [f"  {m.name:<26} {m.defect}" for m in MUTANTS.values()]
-    lines.append("small-bias mutants (power benchmark; not in the selftest's must-detect corpus):")
-    lines += [f"  {m.name:<26} {m.defect} (exactcheck.step.mutants:{importable_name(m.name)})"
+    lines.append("small-bias mutants (power benchmark; not in the selftest's must-detect corpus; `exactcheck audit NAME`):")
+    lines += [f"  {m.name:<26} {m.defect}"
               for m in SMALL_BIAS_MUTANTS.values()]
     return lines

@@ -106,10 +106,15 @@ def read_reproducers(path: str | Path, *, subject_given: bool = False) -> list[d
     return [validate_reproducer(data, path, subject_given=subject_given)]
 
 
+def _builtin(subject) -> bool:
+    from exactcheck.step.subjects import builtin_verifiers
+    return isinstance(subject, str) and subject in builtin_verifiers()
+
+
 def validate_reproducer(record, where: str = "reproducer", *, subject_given: bool = False) -> dict:
     """``record`` if it is a well-formed reproducer whose parts agree with each other; else a
     one-line ``UsageError`` "WHERE: FIELD (VALUE) must ...". Checked: the schema; ``subject`` a
-    string of the MODULE:CALLABLE form (any string when ``subject_given``: it is then only a
+    string of the MODULE:CALLABLE form or a built-in verifier's name (any string when ``subject_given``: it is then only a
     name); ``property`` a known property and ``value`` one of its forced values (a name of
     ``forced_values(property)`` or a finite uniform in [0, 1); None for the unforced ``same_seed``);
     ``seed`` an integer in [0, 2^63); ``rule`` a known rule; the case's fields typed (integers
@@ -132,8 +137,9 @@ def validate_reproducer(record, where: str = "reproducer", *, subject_given: boo
     subject = record["subject"]
     check.text("subject", subject, 1000)
     if not subject_given:
-        check.that("subject", subject, _module_callable(subject),
-                   "be of the MODULE:CALLABLE form (dotted Python names; or name the subject to run with --subject)")
+        check.that("subject", subject, _module_callable(subject) or _builtin(subject),
+                   "be of the MODULE:CALLABLE form (dotted Python names), or a built-in verifier's name (`exactcheck "
+                   "list`); or name the subject to run with --subject")
     prop = record["property"]
     check.that("property", prop, isinstance(prop, str) and prop in PROPERTIES, f"be one of {', '.join(PROPERTIES)}")
     value = record["value"]
