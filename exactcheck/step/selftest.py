@@ -1,7 +1,6 @@
 """The selftest: audit the reference and every mutant; the suite's power, measured."""
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
 from exactcheck.errors import UsageError
@@ -21,18 +20,18 @@ def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_
                  on_audit: Callable[[str, AuditResult], None] | None = None,
                  stop_early: bool = True, detect_tv: float | None = None,
                  max_samples: int | None = None, call_elements: int | str | None = None,
-                 jobs: int = 1) -> SelftestResult:
+                 jobs: int = 1, progress: bool = True) -> SelftestResult:
     """Audit ``reference_verifier`` and each mutant (all, or those named). With ``stop_early``
     a mutant's audit ends at the first evident defect (see ``run_audit``), and its property
     searches run first (``properties_first``): a mutant found at forced random numbers draws no
     trials. The reference runs every check in full. ``jobs`` > 1: the audits run in that many
     worker processes (``exactcheck.executors.worker_pool``), each the same seeded audit as in the
-    serial run, so the verdicts are the same; ``on_audit`` still sees them in order."""
+    serial run, so the verdicts are the same; ``on_audit`` still sees them in order. ``progress``:
+    each audit's progress on stderr (a bar on a terminal, a line every few seconds in a log)."""
     names = list(MUTANTS) if mutants is None else mutants
     unknown = [m for m in names if m not in MUTANTS]
     if unknown:
         raise UsageError(f"unknown mutant(s) {unknown}; known: {list(MUTANTS)}")
-    progress = on_audit is None and sys.stderr.isatty()
 
     def audit(verifier, name, mutant=True):
         return run_audit(verifier, subject_name=name, level=level, seed=seed, alpha=alpha,
