@@ -24,8 +24,8 @@ from pathlib import Path
 from exactcheck import arguments
 from exactcheck.console import EXIT_DEFECT, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE, LOST, lost_report
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, Level
-from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point, load_subject
+from exactcheck.options import Level
+from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point
 
 __all__ = ["main"]
 
@@ -41,6 +41,8 @@ def _executor(args):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactcheck", description=(
         "Audit a speculative-decoding verifier for exactness, with a stated false-alarm rate."))
+    from exactcheck.version import __version__
+    parser.add_argument("--version", action="version", version=f"exactcheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for entry in AUDIT_KINDS.values():  # every audit kind: its row's command and arguments
         entry.arguments(sub.add_parser(entry.command, help=entry.help))
@@ -56,10 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--live", action="store_true",
                          help="build the list from the code (imports torch) instead of the stored copy")
     plan = sub.add_parser("plan", help="print the sample budget of an audit without running it")
-    plan.add_argument("--level", default=DEFAULT_LEVEL, choices=[lv.value for lv in Level])
-    plan.add_argument("--detect-tv", type=float, metavar="EPS")
-    plan.add_argument("--max-samples", type=int, metavar="N")
-    plan.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    arguments.budget(plan)  # the audit's own --level, --detect-tv, --max-samples, --alpha
     plan.add_argument("--no-stop-early", dest="stop_early", action="store_false",
                       help="plan for an audit that spends all of alpha on Holm (default: early stopping, alpha/2)")
     replay = sub.add_parser(
@@ -127,14 +126,26 @@ def _audit_kind(args) -> int:
 def _gate(args) -> int:
     from exactcheck import gate
     from exactcheck.report.files import ReportWriteError, report_stem, write_report
-    from exactcheck.report.json_md import audit_to_json, gate_to_json
+    from exactcheck.report.json_md import audit_from_json, audit_to_json, gate_to_json
     from exactcheck.report.junit import junit_xml
+    from exactcheck.report.result import GateResult
     from exactcheck.report.terminal import gate_lines, gate_verdict
     config = Path(args.config)
     subjects = gate.read_config(config, level=args.level, device=args.device)
     results = gate.run_gate(subjects, progress=not args.quiet, root=config.resolve().parent, isolate=args.isolate)
     interrupted = bool(results) and results[-1].audit.interrupted
     written = []
+    if args.report:  # first, so every line printed below names the files written
+        for index, result in enumerate(results):
+            stem = report_stem("audit-", result.subject.name, result.audit.level, result.audit.seed)
+            data = audit_to_json(result.audit)
+            try:
+                paths = write_report(data, args.report, stem)
+            except ReportWriteError as exc:
+                lost_report(exc)
+                continue
+            results[index] = GateResult(result.subject, audit_from_json(data))
+            written += [f"report: {path}" for path in (paths[:1] if interrupted else paths)]
     if not interrupted:
         print(gate_lines(results))
     try:
@@ -144,15 +155,6 @@ def _gate(args) -> int:
             written.append(f"json: {gate.write(args.json, gate.dumps(gate_to_json(results)))}")
     except OSError as exc:
         lost_report(f"cannot write {exc.filename or 'a gate file'}: {exc.strerror or exc}")
-    if args.report:
-        for result in results:
-            stem = report_stem("audit-", result.subject.name, result.audit.level, result.audit.seed)
-            try:
-                paths = write_report(audit_to_json(result.audit), args.report, stem)
-            except ReportWriteError as exc:
-                lost_report(exc)
-                continue
-            written += [f"report: {path}" for path in (paths[:1] if interrupted else paths)]
     if interrupted:
         files = ", ".join(line.split(": ", 1)[1] for line in written)
         print(f"exactcheck: interrupted while auditing {results[-1].subject.name} ({len(results) - 1} of "
@@ -226,7 +228,7 @@ def _replay(args) -> int:
     for record in records:
         name = args.subject or record["subject"]
         if name not in loaded:
-            loaded[name] = load_subject(name)
+            loaded[name] = entry_point("verifier").load(name)
         try:
             outcome = replay(loaded[name], record, as_recorded=name == record["subject"])
         except UsageError as exc:

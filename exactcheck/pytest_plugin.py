@@ -166,10 +166,12 @@ class ExactcheckSession:
         result = audit_subject(spec.kind, spec.subject, subject_name=spec.name if named else None,
                                progress=False, **settings)
         directory = self.config.getoption("exactcheck_report")
-        if directory:
+        if directory:  # the result read back from its report: its reproduce lines name the files written
             from exactcheck.report.files import report_stem, write_report
-            from exactcheck.report.json_md import audit_to_json
-            write_report(audit_to_json(result), directory, report_stem("audit-", spec.name, result.level, result.seed))
+            from exactcheck.report.json_md import audit_from_json, audit_to_json
+            data = audit_to_json(result)
+            write_report(data, directory, report_stem("audit-", spec.name, result.level, result.seed))
+            result = audit_from_json(data)
         return result
 
     def report(self, spec: SubjectSpec, check: str) -> None:

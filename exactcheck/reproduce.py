@@ -17,7 +17,7 @@ from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQU
 
 __all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "tree_audit_line",
            "tree_loop_line", "greedy_audit_line", "grammar_audit_line", "cost_line", "served_cost_line",
-           "isolated_audit_line", "replay_line", "reproducer_path"]
+           "isolated_audit_line", "replay_line", "written_replay_line", "reproducer_path", "DEFAULT_REPORT_DIR"]
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,11 @@ def _device(device: str, always: bool = False) -> list[Setting]:
     return [Setting(f"--device {device}" if device != "cpu" else "", f"device={device!r}")]
 
 
-def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
+def step_audit_line(options: AuditOptions, subject: str, world: str, by_command: bool | None = None) -> str:
     """A step audit's line for ``world``: every option that changes what the world draws (budget,
     call size, shards, device) or how it is judged (early stopping, categories required). A
-    subject given as MODULE:CALLABLE is named on the command line; any other, in the call."""
+    subject the command can name (``by_command``; default: given as MODULE:CALLABLE) is named on
+    the command line; any other, in the call."""
     settings = _head(options, world)
     if options.rule is not None:
         settings.append(Setting(f"--rule {options.rule}", f"rule={options.rule!r}"))
@@ -87,7 +88,8 @@ def step_audit_line(options: AuditOptions, subject: str, world: str) -> str:
         settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
                                 f"call_timeout={options.call_timeout!r}"))
     settings += _device(options.device) + _required(options)
-    return reproduce_line("audit", subject, settings, "run_audit", by_command=":" in subject)
+    return reproduce_line("audit", subject, settings, "run_audit",
+                          by_command=":" in subject if by_command is None else by_command)
 
 
 def generator_audit_line(options: AuditOptions, subject: str, world: str, policies=(), greedy: bool = True,
@@ -205,16 +207,30 @@ def tree_loop_line(options: AuditOptions, subject: str, world: str, generations:
 
 
 def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str, *, api: str = "auto",
-                     model: str | None = None, reference_probabilities: str | None = None) -> str:
-    """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server)."""
-    settings = ([Setting(f"--reference {reference}", "")] if reference else []) + _head(options, world)
-    settings += [Setting(f"{flag} {value}", "") for flag, value in (("--api", None if api == "auto" else api),
-                 ("--model", model), ("--reference-probabilities", reference_probabilities)) if value]
+                     model: str | None = None, reference_probabilities: str | None = None, prompts=(),
+                     sampling: str | None = None, length: int = 3, samples_per_request: int = 2,
+                     n_probs: int = 256) -> str:
+    """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server):
+    every setting that names the world or changes what it draws: the prompts in their order
+    (``prompts``: texts or id tuples, empty for the defaults: a world's name is its prompt's index),
+    the world's sampling spec (``sampling``; None for the pseudo-worlds greedy and server), the
+    continuation length, the samples asked of one request and the probabilities asked of the
+    reference, where they differ from the defaults."""
+    settings = ([Setting(f"--reference {shlex.quote(reference)}", "")] if reference else []) + _head(options, world)
+    settings += [Setting(f"{flag} {shlex.quote(value)}", "") for flag, value in (
+        ("--api", None if api == "auto" else api), ("--model", model),
+        ("--reference-probabilities", reference_probabilities)) if value]
+    settings += [Setting(f"--prompt {shlex.quote(p)}" if isinstance(p, str)
+                         else f"--prompt-ids {','.join(str(int(t)) for t in p)}", "") for p in prompts]
+    if sampling is not None:  # the plain sampling's spec is empty: temperature 1 says the same
+        settings.append(Setting(f"--sampling {shlex.quote(sampling or 'temperature=1')}", ""))
+    settings += [Setting(f"{flag} {int(value)}" if value != default else "", "") for flag, value, default in (
+        ("--length", length, 3), ("--samples-per-request", samples_per_request, 2), ("--n-probs", n_probs, 256))]
     if options.max_samples is not None:
         settings.append(Setting(f"--max-samples {int(options.max_samples)}", ""))
     if options.detect_tv is not None:
         settings.append(Setting(f"--detect-tv {options.detect_tv!r}", ""))
-    return reproduce_line("serve", url, settings)
+    return reproduce_line("serve", shlex.quote(url), settings)
 
 
 def reproducer_path(check: str, subject: str = "", level: str | None = None, seed: int | None = None) -> str:
@@ -226,9 +242,24 @@ def reproducer_path(check: str, subject: str = "", level: str | None = None, see
     return "reproducers/" + (f"{slug}--" if slug else "") + check.replace("/", "-") + settings + ".json"
 
 
-REPORT_DIR = "REPORT_DIR"  # replaced by the report directory when the report is written
+DEFAULT_REPORT_DIR = "exactcheck-reports"  # where a printed line asks a rerun to write its reproducer
 
 
-def replay_line(check: str, subject: str) -> str:
-    """The line of a property counterexample: replay its saved reproducer."""
-    return f"exactcheck replay {REPORT_DIR}/{reproducer_path(check, subject)}"
+def replay_line(check: str, subject: str, level: str, seed: int, audit_line: str) -> str:
+    """The line of a property counterexample before its reproducer is written anywhere: the audit
+    of that check again (``audit_line``), which finds the same counterexample, with a report
+    directory where it is a command, so that the rerun writes the reproducer, then the replay of
+    that file (a shell comment, so the line pastes as it is). ``written_replay_line`` replaces it
+    when a report directory holds the file."""
+    where = reproducer_path(check, subject, level, seed)
+    if audit_line.startswith("exactcheck "):
+        return (f"{audit_line} --report {DEFAULT_REPORT_DIR}  # writes its reproducer; then: "
+                f"exactcheck replay {DEFAULT_REPORT_DIR}/{where}")
+    return (f"{audit_line}  # the same counterexample; with a report directory (pytest --exactcheck-report DIR, "
+            f"the gate's --report DIR) its reproducer is kept for: exactcheck replay DIR/{where}")
+
+
+def written_replay_line(directory, check: str, subject: str, level: str | None, seed: int | None) -> str:
+    """The line of a property counterexample whose reproducer ``directory`` holds."""
+    import os
+    return f"exactcheck replay {shlex.quote(os.path.join(str(directory), reproducer_path(check, subject, level, seed)))}"

@@ -66,6 +66,19 @@ def test_the_plan_says_why_its_alpha_is_half_the_audits(capsys):
                                                               "stopping, Holm gets all of it")
 
 
+def test_every_option_of_plan_has_the_audits_help(capsys):
+    """``plan`` takes the audit's own --level, --detect-tv, --max-samples and --alpha
+    (``exactcheck.arguments.budget``), help texts included."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option, words in (("--level", "the TV every law is planned to detect"),
+                          ("--detect-tv EPS", "plan the budget to detect this TV"),
+                          ("--max-samples N", "cap on trials per world"),
+                          ("--alpha ALPHA", "false-alarm budget for the whole audit")):
+        assert f"{option} " in text and words in text.split(option, 1)[1], option
+
+
 def test_batch_schedule_covers_the_budget_exactly():
     for budget in (1, 499, 500, 5_000, 123_457, 1_000_000):
         sizes = batch_schedule(budget)

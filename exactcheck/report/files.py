@@ -15,7 +15,7 @@ from exactcheck.errors import UsageError
 
 from exactcheck.report.formats import renderer
 from exactcheck.report.json_md import AUDIT_SCHEMA, SELFTEST_SCHEMA
-from exactcheck.reproduce import REPORT_DIR, reproducer_path
+from exactcheck.reproduce import reproducer_path, written_replay_line
 
 __all__ = ["write_report", "report_stem", "check_writable", "atomic_write", "ReportWriteError"]
 
@@ -106,8 +106,7 @@ def _umask() -> int:
 def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ...]:
     """Write ``STEM.json``, ``STEM.md`` and the self-contained ``STEM.html`` under ``directory``,
     and each reproducer under ``directory/reproducers/`` (named by subject, check, level and
-    seed); reproduce lines in ``data`` are rewritten (in place) to name that file in ``directory``
-    instead of ``REPORT_DIR``. Return the paths."""
+    seed); the reproduce line of each is rewritten (in place) to replay that file. Return the paths."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -118,18 +117,15 @@ def write_report(data: dict, directory: str | Path, stem: str) -> tuple[Path, ..
         for verdict in audit["verdicts"]:
             if verdict.get("reproducer"):
                 subject = verdict["reproducer"].get("subject", "")
-                where = reproducer_path(verdict["check"], subject, audit.get("level"), audit.get("seed"))
-                path = directory / where
+                level, seed = audit.get("level"), audit.get("seed")
+                path = directory / reproducer_path(verdict["check"], subject, level, seed)
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     atomic_write(path, json.dumps(verdict["reproducer"], indent=1) + "\n")
                 except OSError as exc:
                     raise ReportWriteError(f"cannot write the reproducer {path}: {exc.strerror or exc}") from None
-                if verdict.get("reproduce"):  # the replay line names the file of this level and seed
-                    verdict["reproduce"] = verdict["reproduce"].replace(
-                        f"{REPORT_DIR}/{reproducer_path(verdict['check'], subject)}", f"{REPORT_DIR}/{where}")
-            if verdict.get("reproduce") and REPORT_DIR in verdict["reproduce"]:
-                verdict["reproduce"] = verdict["reproduce"].replace(REPORT_DIR, str(directory))
+                if verdict.get("reproduce"):  # the replay of the file just written
+                    verdict["reproduce"] = written_replay_line(directory, verdict["check"], subject, level, seed)
     json_path, md_path, html_path = (directory / f"{stem}.{suffix}" for suffix in ("json", "md", "html"))
     texts = (json.dumps(data, indent=1) + "\n", renderer(data["schema"], "markdown")(data),
              renderer(data["schema"], "html")(data))  # rendered first: a renderer's error writes nothing

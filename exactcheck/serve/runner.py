@@ -117,8 +117,13 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
     worlds: list[ServeWorld] = []
 
     def reproduce(world: str) -> str:
+        sampling = next((w.sampling.spec() for w in worlds if w.name == world), None)
         line = serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
-                                reference_probabilities=settings.reference_probabilities)
+                                reference_probabilities=settings.reference_probabilities,
+                                prompts=() if tuple(settings.prompts) == DEFAULT_PROMPTS else
+                                [p for p in settings.prompts if not isinstance(p, ChatPrompt)],
+                                sampling=sampling, length=settings.length,
+                                samples_per_request=settings.samples_per_request, n_probs=settings.n_probs)
         conversations = [p for p in settings.prompts if isinstance(p, ChatPrompt)]
         index = world[1:].partition("-")[0]
         if world.startswith("c") and index.isdigit() and int(index) < len(conversations):
@@ -370,11 +375,13 @@ def _stop_cause(wrong: list[tuple[int, ...]], texts: dict | None, world: ServeWo
     past = [(t, d) for t in wrong if (d := stop_depth(t, texts, world.sampling.stop)) is not None]
     if past:
         (t, depth) = past[0]
-        return (f"{len(past):,} answers run past the token that completed a stop string (e.g. {list(t)}: its "
+        runs = "answer runs" if len(past) == 1 else "answers run"
+        return (f"{len(past):,} {runs} past the token that completed a stop string (e.g. {list(t)}: its "
                 f"text {texts[t[:depth]]!r} holds one after {depth} tokens): tokens after the stop returned "
                 f"(a speculation step's accepted tokens not cut at the stop)")
-    return (f"{len(wrong):,} answers end before {world.length} tokens with no stop string in their text (e.g. "
-            f"{list(wrong[0])})")
+    one = len(wrong) == 1
+    return (f"{len(wrong):,} {'answer ends' if one else 'answers end'} before {world.length} tokens with no stop "
+            f"string in {'its' if one else 'their'} text (e.g. {list(wrong[0])})")
 
 
 def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:

@@ -23,7 +23,7 @@ from exactcheck.options import AuditOptions, AuditPlan, CheckKind, PseudoWorld, 
 from exactcheck.progress import Progress
 from exactcheck.report.result import AuditResult, StepAuditResult
 from exactcheck.report.verdict import Verdict
-from exactcheck.reproduce import step_audit_line
+from exactcheck.reproduce import replay_line, step_audit_line
 from exactcheck.stats.sequential import EProcess, batch_schedule, first_look_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.step.contract import Verifier
@@ -31,6 +31,7 @@ from exactcheck.subject_call import call_time_limit
 from exactcheck.step.drive import drive
 from exactcheck.step.plan import LAW_SHARE, judged_rule, plan_step_audit
 from exactcheck.step.properties import search
+from exactcheck.step.subjects import builtin_verifiers
 from exactcheck.step.workers import shard_counts
 from exactcheck.step.verdicts import (WorldRun, chain_verdicts, drive_failure, inputs_verdict, law_alternatives,
                                       law_verdict, property_verdict, rule_note)
@@ -172,8 +173,10 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
              if stop_early else None for p in plans]))
     threshold = budget.log_e_threshold
 
+    by_command = ":" in name or builtin_verifiers().get(name) is subject  # the command names it as it is
+
     def reproduce(world: str) -> str:
-        return step_audit_line(options, name, world)
+        return step_audit_line(options, name, world, by_command)
 
     audit = AuditRun(audit_plan.checks, budget, seed, reproduce, progress=progress)
 
@@ -209,7 +212,9 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
                 deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
             result = (parallel[prop]() if prop in parallel else
                       search(subject, prop, level.property_examples, prop_seed, device, rule, deadline))
-            found.append(property_verdict(result, name, prop_seed, reproduce(f"{properties}/{prop}"), options.rule))
+            line = reproduce(f"{properties}/{prop}")
+            found.append(property_verdict(result, name, prop_seed, line, options.rule,
+                                          replay_line(f"{properties}/{prop}", name, level.value, seed, line)))
             checks_bar.step(f"{properties}/{prop}")
         return found
 

@@ -13,13 +13,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from exactcheck.core import (E_STATISTIC_NAME, STATISTIC_NAME, deviating_cells, failure_verdict, not_run_verdict,
-                             plot_cells)
+from exactcheck.core import (E_STATISTIC_NAME, STATISTIC_NAME, deviating_cells, failure_verdict, impossible_summary,
+                             not_run_verdict, plot_cells)
 from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.options import AlphaBudget, Category, Check, CheckKind, PseudoWorld, derive_seed
 from exactcheck.reachability import observed_in, structural
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, TotalVariation, Verdict
-from exactcheck.reproduce import replay_line
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests
 from exactcheck.stats.goodness_of_fit import GoodnessOfFit, goodness_of_fit, tv_certificate
 from exactcheck.stats.laws import LawComparison, LawPlan
@@ -65,7 +64,7 @@ class WorldRun:
 
 def _statistical_summary(gof: GoodnessOfFit) -> str:
     if gof.impossible:
-        return f"{gof.impossible:,} samples fell on outcomes of exact probability 0"
+        return impossible_summary(gof.impossible, "samples")
     return f"TV {gof.tv_estimate:.4f}, p = {gof.pvalue:.3g}"
 
 
@@ -204,10 +203,13 @@ def drive_failure(exc: Exception, run: WorldRun, size: int, reproduce: str) -> V
     return failure_verdict(exc, world=world.name, seed=run.seed, reproduce=reproduce, samples=size)
 
 
-def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str, rule: str | None = None) -> Verdict:
+def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce: str, rule: str | None = None,
+                     replay: str | None = None) -> Verdict:
     """A deterministic verdict: a shrunk counterexample (p = 0) with its reachability, an
     unreachable boundary behaviour (shown, not failing), or none found (p = 1). The acceptance
-    property is a conformance check; ``rule``: the rule the user named (kept in reproducers)."""
+    property is a conformance check; ``rule``: the rule the user named (kept in reproducers);
+    ``replay``: a counterexample's reproduce line (``exactcheck.reproduce.replay_line``; default
+    ``reproduce``), which a written report replaces with the replay of its reproducer file."""
     unforced = result.property == "same_seed"
     world = PseudoWorld.PROPERTIES.value
     category = (Category.REPRODUCIBILITY if unforced else Category.CONFORMANCE if result.property in RULE_PROPERTIES
@@ -241,7 +243,7 @@ def property_verdict(result: PropertyResult, subject: str, seed: int, reproduce:
     if result.property == "contract":
         outcome = Outcome.CRASHED if failure.crashed else Outcome.CONTRACT_VIOLATION
     value = f" with every uniform {failure.value}" if failure.value else ""
-    return Verdict(outcome=outcome, reproduce=replay_line(common["check"], subject),
+    return Verdict(outcome=outcome, reproduce=replay or reproduce,
                    summary=f"counterexample{value}: {failure.message}", **common, evidence=FindingEvidence(
                        pvalue=0.0, reproducer=reproducer(subject, failure, seed, rule), reachability=failure.reachability,
                        traceback=failure.frames))
