@@ -34,7 +34,8 @@ from exactcheck.report.terminal import (audit_summary, gate_lines, gate_verdict,
 from exactcheck.report.verdict import (CellDeviation, Evidence, FindingEvidence, LawEvidence, Outcome,
                                        TotalVariation, Verdict)
 
-ROOT = Path(__file__).resolve().parent.parent
+# real cost reports (records cut to 8) of `exactcheck cost` and of the served cost audit
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CONTROLS = "\x00\x07\x08\x0b\x0c\x1f\x7f\x9b\u202e\r"
 # what an exception message of a hostile (or merely unlucky) subject may say
 EVIL = ("boom\n```\n````\n~~~\n<img src=x onerror=alert(1)>\n# Injected heading\n| a | b | c |\n"
@@ -105,7 +106,7 @@ def reports(poisoned, audit) -> dict:
     selftest = selftest_to_json(types.SimpleNamespace(
         level="quick", seed=0, alpha=1e-3, passed=False, undetected=[NAME], reference=audit,
         mutants=[(NAME, EVIL, audit), (f"m:{LINE}", LINE, audit)]))
-    cost = json.loads((ROOT / "reports" / "cost-tiny-llama-transformers-assisted.json").read_text())
+    cost = json.loads((FIXTURES / "cost-tiny-llama-transformers-assisted.json").read_text())
     cost["generator"]["name"] = NAME
     cost["model"] = EVIL
     cost["reproduce"] = f"exactcheck cost {NAME} --model {LINE}"
@@ -123,7 +124,7 @@ def reports(poisoned, audit) -> dict:
 
 def _served_cost() -> dict:
     """The served cost report with what the servers said (URLs, declared settings, an error) hostile."""
-    served = json.loads((ROOT / "reports" / "cost-llama-server-served.json").read_text())
+    served = json.loads((FIXTURES / "cost-llama-server-served.json").read_text())
     for role in ("audited", "reference"):
         served["servers"][role].update(url=LINE, endpoint=EVIL, declared_settings={NAME: EVIL, "x": LINE})
     served["settings"]["samplings"] = [EVIL, LINE]
