@@ -23,7 +23,7 @@ import torch
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS, chain_rule_tests
 from exactcheck.step.drive import drive_chain
 from exactcheck.step.mutants import SMALL_BIAS_MUTANTS
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.stats.goodness_of_fit import holm
 from toy_models.zipf_world import zipf_world
 

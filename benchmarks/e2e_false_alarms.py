@@ -18,9 +18,9 @@ import math
 import numpy as np
 
 from exactcheck.core import apply_holm
-from exactcheck.e2e.drive import GeneratorSamples
-from exactcheck.e2e.generator import SAMPLING
-from exactcheck.e2e.verdicts import generation_law_verdicts
+from exactcheck.generation.drive import GeneratorSamples
+from exactcheck.contracts.generator import SAMPLING
+from exactcheck.generation.verdicts import generation_law_verdicts
 from exactcheck.options import AlphaBudget
 from toy_models.hf_toy_lm import model_worlds
 

@@ -41,8 +41,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from exactcheck.corpus.generators import KNOWN_FINDINGS
     from exactcheck.e2e.forced_draws import FORCED_CHECKS, forced_draw_verdicts
-    from exactcheck.e2e.plan import all_model_worlds
-    from exactcheck.e2e.policy import SAMPLING
+    from toy_models.suite import all_model_worlds
+    from exactcheck.contracts.policy import SAMPLING
     from exactcheck.options import derive_seed
     rows = []
     start = time.perf_counter()

@@ -49,7 +49,7 @@ from exactcheck.options import AuditOptions, derive_seed
 from exactcheck.report.html import html_page
 from exactcheck.rules import rule_spec, step_laws
 from exactcheck.stats.goodness_of_fit import goodness_of_fit
-from exactcheck.stats.laws import compare
+from exactcheck.step.laws import compare
 from exactcheck.stats.planning import trials_to_detect
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.step.drive import StepSamples

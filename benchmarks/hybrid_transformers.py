@@ -14,7 +14,7 @@ it measures:
 
 1. **greedy identity**: ``--prompts`` random prompts x draft lengths ``--draft-lengths``,
    ``--new-tokens`` tokens, against exactcheck's own incremental greedy decode of the target
-   (``exactcheck.e2e.greedy_identity``; a divergence is classified by its float64 gap);
+   (``exactcheck.generation.greedy_identity``; a divergence is classified by its float64 gap);
 2. **state invariants**: every greedy run's final target cache against a fresh recompute over
    its final sequence (``exactcheck.e2e.recurrent_cache``: conv, recurrent, keys, values per
    layer; tolerance ``TOLERANCE`` relative, 100x the float32 recompute noise measured here too);
@@ -57,8 +57,8 @@ class DefaultAssisted:
     def __call__(self, target, draft, input_ids, policy, max_new_tokens, seed):
         # as exactcheck.adapters.hf_generate calls generate, without setting the drafting options
         from exactcheck.adapters.hf_generate import policy_kwargs
-        from exactcheck.adapters.transformers_compat import output_cache
-        from exactcheck.e2e.generator import Generation
+        from exactcheck.contracts.transformers_compat import output_cache
+        from exactcheck.contracts.generator import Generation
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)
             out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
@@ -131,7 +131,7 @@ class StateChecks:
 
 
 def greedy_row(mode, target, draft, prompts, lengths, new_tokens, seed) -> dict:
-    from exactcheck.e2e.greedy_identity import greedy_identity
+    from exactcheck.generation.greedy_identity import greedy_identity
     generator = _generator(mode)
     pairs = [(i, k) for i in range(len(prompts)) for k in (lengths if mode in ("assisted", "prompt-lookup") else (None,))]
     states = StateChecks(target, prompts)
@@ -161,8 +161,8 @@ def second_token_law(target, prompt: torch.Tensor, temperature: float) -> np.nda
 def law_row(mode, target, draft, law_samples, chain_samples, new_tokens, temperature, seed, alpha) -> dict:
     from scipy import stats
 
-    from exactcheck.e2e.generator import call_generator
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.generator import call_generator
+    from exactcheck.contracts.policy import DecodingPolicy
     from exactcheck.e2e.real_grammar import pit_and_surprisal
     from exactcheck.errors import SubjectError
     from exactcheck.options import derive_seed

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from exactcheck.report.rule_tables import lossy_worlds  # noqa: E402
+from toy_models.suite import rule_worlds as lossy_worlds  # noqa: E402
 from exactcheck.rules import output_tv, rule_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

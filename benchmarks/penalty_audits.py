@@ -19,7 +19,7 @@ WORLDS = ["hf_v3_l4_k3", "hf_v4_l3_k2"]
 
 
 def policies():
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.policy import DecodingPolicy
     return (DecodingPolicy(1.0, repetition_penalty=1.8),
             DecodingPolicy(0.8, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6,
                            penalty_convention="vllm"))

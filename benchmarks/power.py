@@ -39,10 +39,10 @@ import torch
 
 from exactcheck.step.drive import drive_steps
 from exactcheck.errors import ContractViolation, SubjectCrashed
-from exactcheck.stats.laws import compare, planned_laws
+from exactcheck.step.laws import compare, planned_laws
 from exactcheck.step.mutants import (MUTANTS, SMALL_BIAS_MUTANTS, DroppedTailMass, LeakyResidual,
                                 ScaledAcceptance)
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.stats.goodness_of_fit import goodness_of_fit, holm
 from exactcheck.options import derive_seed

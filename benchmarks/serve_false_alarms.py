@@ -49,8 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exactcheck.serve.chat import ChatPrompt  # noqa: E402
-from exactcheck.serve.client import EndpointError  # noqa: E402
-from exactcheck.serve.endpoint import Sampling  # noqa: E402
+from exactcheck.endpoints.client import EndpointError  # noqa: E402
+from exactcheck.endpoints.endpoint import Sampling  # noqa: E402
 from exactcheck.serve.runner import run_serve_audit  # noqa: E402
 from toy_models.served_lm import ToyServedModel, respond  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
-from exactcheck.serve.endpoint import Sampling  # noqa: E402
+from exactcheck.endpoints.endpoint import Sampling  # noqa: E402
 from exactcheck.serve.runner import run_serve_audit  # noqa: E402
 from serve_fixtures import llama_server  # noqa: E402
 from toy_models.gguf_models import write_pair  # noqa: E402

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
 from exactcheck.cli import main as exactcheck  # noqa: E402
-from exactcheck.serve.endpoint import Sampling  # noqa: E402
+from exactcheck.endpoints.endpoint import Sampling  # noqa: E402
 from exactcheck.serve.mutants import proxy  # noqa: E402
 from exactcheck.serve.runner import run_serve_audit  # noqa: E402
 from serve_fixtures import llama_server  # noqa: E402

@@ -16,7 +16,7 @@ import time
 
 from exactcheck.step.runner import run_audit
 from exactcheck.executors import LocalExecutor, RayExecutor
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 
 
 def _timed(**settings):

@@ -33,7 +33,7 @@ import torch
 from exactcheck.corpus.verifiers import compiled_step
 from exactcheck.step.drive import drive_sequences
 from exactcheck.memory import device_max_elements, keep_freed_memory
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from toy_models import make_context_world
 
 

@@ -24,7 +24,7 @@ MUTANT_WORLDS = (("q_written_in_vocab_order", "tok_abc_l4"), ("draft_only_mass_i
 
 def references(seeds: range, names: list[str]) -> None:
     from exactcheck.e2e.runner import run_generator_audit
-    from exactcheck.loading import load_generator
+    from exactcheck.e2e.subjects import load_generator
     for name in names:
         generator = load_generator(name)
         for seed in seeds:
@@ -37,7 +37,7 @@ def references(seeds: range, names: list[str]) -> None:
 
 def mutants(level: str, names: list[str] | None = None) -> None:
     from exactcheck.e2e.runner import run_generator_audit
-    from exactcheck.loading import load_generator
+    from exactcheck.e2e.subjects import load_generator
     for name, world in MUTANT_WORLDS:
         if names and name not in names:
             continue

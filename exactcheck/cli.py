@@ -178,8 +178,9 @@ def _lossy(args) -> int:
         spec = rule_spec(args.rule, **_parameters(args.param))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    from toy_models.suite import rule_worlds
     try:
-        print(lossy_table(spec, args.world))
+        print(lossy_table(spec, rule_worlds(args.world)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return EXIT_PASS

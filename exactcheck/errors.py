@@ -57,8 +57,8 @@ def _restore(cls, args, state):
 
 # exactcheck's own driving code: frames here are not the subject's
 _DRIVER_FILES = tuple(os.path.join(os.path.dirname(__file__), *name.split("/"))
-                      for name in ("step/contract.py", "e2e/generator.py", "step/randomness.py",
-                                   "subject_call.py", "tree/contract.py"))
+                      for name in ("contracts/verifier.py", "contracts/generator.py", "forcing/randomness.py",
+                                   "subject_call.py", "contracts/tree_verifier.py"))
 MAX_FRAMES = 8
 
 
@@ -105,7 +105,7 @@ class SubjectKilled(SubjectCrashed):
 
 class Violation(enum.Enum):
     """Ways a subject's output can break its contract: the step contract (vLLM's rejection-sampler
-    layout) or the generator contract (``exactcheck.e2e.generator``)."""
+    layout) or the generator contract (``exactcheck.contracts.generator``)."""
 
     NOT_A_TENSOR = "output is not a torch.Tensor"
     WRONG_SHAPE = "output shape is not [B, k+1]"

@@ -81,37 +81,20 @@ def _finite(value) -> bool:
     return _number(value) and value - value == 0  # not inf, not nan
 
 
-_POLICY_KEYS = {"temperature": _number, "top_k": _whole, "top_p": _number, "min_p": _number}
 _POLICY_RULE = ("a list of decoding policies, each 'temperature=0.7,top_k=2' (as --policy takes it) or a table "
-                "{temperature = 0.7, top_k = 2}, keys " + ", ".join(_POLICY_KEYS))
+                "{temperature = 0.7, top_k = 2}")
 
 
 def _policies(value) -> tuple:
-    """``policies`` as ``DecodingPolicy`` objects (the e2e audit's form); a ``ValueError`` says why not."""
-    from exactcheck.e2e.policy import DecodingPolicy  # torch: only when a subject names policies
+    """``policies`` as ``DecodingPolicy`` objects, each read by ``DecodingPolicy.parse`` as ``--policy``
+    reads it (a table is the same settings as keys); a ``ValueError`` says why not."""
+    from exactcheck.contracts.policy import DecodingPolicy  # torch: only when a subject names policies
     out = []
     for item in value:
-        if isinstance(item, str):
-            table = {}
-            for part in filter(None, (p.strip() for p in item.split(","))):
-                key, sep, text = part.partition("=")
-                key = key.strip()
-                if not sep or key not in _POLICY_KEYS:
-                    raise ValueError(f"{part!r} is not KEY=VALUE with KEY one of {', '.join(_POLICY_KEYS)}")
-                try:
-                    table[key] = (int if _POLICY_KEYS[key] is _whole else float)(text)
-                except ValueError:
-                    raise ValueError(f"{part!r}: {key} must be {'an integer' if key == 'top_k' else 'a number'}") from None
-        else:
-            table = item
-            for key, setting in table.items():
-                if key not in _POLICY_KEYS:
-                    raise ValueError(f"{key!r} is not one of {', '.join(_POLICY_KEYS)}")
-                if not _POLICY_KEYS[key](setting):
-                    raise ValueError(f"{key} ({setting!r}) must be {'an integer' if key == 'top_k' else 'a number'}")
-        if not table:
+        spec = item if isinstance(item, str) else ",".join(f"{key}={setting}" for key, setting in item.items())
+        if not spec.strip(", "):
             raise ValueError(f"{item!r} sets nothing")
-        out.append(DecodingPolicy(**table))  # its own ranges: a ValueError naming the setting
+        out.append(DecodingPolicy.parse(spec))
     return tuple(out)
 
 

@@ -151,8 +151,8 @@ class AuditKind(str):
     """The name of an audit kind: the key of its row in ``exactcheck.audit_kinds.AUDIT_KINDS``, the
     key naming a subject of that kind in the gate's ``[[tool.exactcheck.subject]]`` tables and the
     ``kind`` the pytest plugin takes (``verifier``: a step-level verifier, vLLM's rejection-sampler
-    layout; ``generator``: an end-to-end generator, ``exactcheck.e2e.generator``; ``tree``: a tree
-    verifier, ``exactcheck.tree.contract``; ``tree-loop``, ``greedy``, ``grammar``, ``serve``, ``cost``,
+    layout; ``generator``: an end-to-end generator, ``exactcheck.contracts.generator``; ``tree``: a tree
+    verifier, ``exactcheck.contracts.tree_verifier``; ``tree-loop``, ``greedy``, ``grammar``, ``serve``, ``cost``,
     ``selftest``). One type for the concept: an audit's result carries its kind (``AuditResult.kind``)
     and, for the JSON schema, the word its reports have always written (``AuditResult.label``).
 

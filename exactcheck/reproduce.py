@@ -95,7 +95,7 @@ def step_audit_line(options: AuditOptions, subject: str, world: str, by_command:
 def generator_audit_line(options: AuditOptions, subject: str, world: str, policies=(), greedy: bool = True,
                          by_command: bool = True) -> str:
     """An end-to-end audit's line for ``world``: generations, device, categories required, and the
-    decoding policies other than plain sampling (``exactcheck.e2e.policy.DecodingPolicy``; () for
+    decoding policies other than plain sampling (``exactcheck.contracts.policy.DecodingPolicy``; () for
     plain sampling; a policy the command line cannot state, such as a logit bias, makes the line the
     Python call) and whether greedy identity ran."""
     settings = _head(options, world)

@@ -12,9 +12,9 @@ import torch
 
 from exactcheck import run_audit
 from exactcheck.adapters.hf_transformers import speculative_sampling_verifier
-from exactcheck.step.contract import validate_output
+from exactcheck.contracts.verifier import validate_output
 from exactcheck.memory import keep_freed_memory
-from exactcheck.step.randomness import controlled_randomness, value_probability
+from exactcheck.forcing.randomness import controlled_randomness, value_probability
 from exactcheck.report.files import write_report
 from exactcheck.report.json_md import audit_to_json
 from exactcheck.step.strategies import VerifyCase
@@ -71,7 +71,7 @@ def boundary_scenarios(verifier) -> list[dict]:
 
 def _markdown(scenarios: list[dict]) -> str:
     lines = ["", "## Boundary behaviour, measured", "",
-             "Each row: one call with explicit rows and every uniform forced (`exactcheck.step.randomness`).", "",
+             "Each row: one call with explicit rows and every uniform forced (`exactcheck.forcing.randomness`).", "",
              "| scenario | what happened |", "|---|---|"]
     for s in scenarios:
         if s["result"] == "raised":

@@ -1,7 +1,7 @@
 """A fake of SGLang's native server over the toy served model (``toy_models.served_lm``), exact by
 construction, on 127.0.0.1: ``GET /health`` (200, empty body), ``/get_model_info``,
 ``/get_server_info`` (``speculative_*`` server arguments), and ``POST /generate`` as
-``exactcheck.serve.sglang_api`` reads SGLang (``input_ids``, ``sampling_params`` with
+``exactcheck.endpoints.sglang_api`` reads SGLang (``input_ids``, ``sampling_params`` with
 ``sampling_seed``, ``return_logprob``/``top_logprobs_num``; ``output_ids``, ``meta_info`` with
 ``output_token_logprobs`` / ``output_top_logprobs`` as ``[logprob, token_id, None]`` and the
 speculation counters per request, only on a request that drafted). As SGLang does, it applies the
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from exactcheck.serve.loopback import LoopbackServer
+from exactcheck.contracts.loopback import LoopbackServer
 from toy_models.served_lm import ToyServedModel, sampler_chain
 
 DRAFT_TOKENS = 4  # speculative_num_draft_tokens: draft_max + 1

@@ -8,17 +8,17 @@ import pytest
 from exactcheck.cli import main
 from exactcheck.report.json_md import audit_from_json, audit_to_json, render_audit_markdown
 
-REFERENCE = "exactcheck.step.reference:reference_verifier"
+REFERENCE = "exactcheck.contracts.reference_verifier:reference_verifier"
 
 
 def test_passing_audit_exits_0_and_writes_reports(tmp_path, capsys):
     code = main(["audit", REFERENCE, "--level", "quick", "--world", "three_token",
                  "--report", str(tmp_path), "--quiet"])
     assert code == 0
-    data = json.loads(next(tmp_path.glob("audit-exactcheck-step-reference-reference_verifier-quick-seed0-h*.json")).read_text())
+    data = json.loads(next(tmp_path.glob("audit-exactcheck-contracts-reference_verifier-reference_verifier-quick-seed0-h*.json")).read_text())
     assert data["schema"] == "exactcheck.audit/1" and data["summary"]["passed"]
     assert len(data["verdicts"]) == 5  # first token, accepted length, bonus, correction, their joint law
-    md = next(tmp_path.glob("audit-exactcheck-step-reference-reference_verifier-quick-seed0-h*.md")).read_text()
+    md = next(tmp_path.glob("audit-exactcheck-contracts-reference_verifier-reference_verifier-quick-seed0-h*.md")).read_text()
     assert "PASSED" in md and "three_token/correction_token" in md
     assert "PASSED" in capsys.readouterr().out
 
@@ -36,8 +36,8 @@ def test_defect_exits_1_with_a_readable_message(capsys):
 @pytest.mark.parametrize("argv,words", [
     (["audit", "no_colon_here"], "MODULE:CALLABLE"),
     (["audit", "no_such_module_xyz:f"], "cannot import"),
-    (["audit", "exactcheck.step.reference:missing"], "no attribute"),
-    (["audit", "exactcheck.step.reference:__doc__"], "not callable"),
+    (["audit", "exactcheck.contracts.reference_verifier:missing"], "no attribute"),
+    (["audit", "exactcheck.contracts.reference_verifier:__doc__"], "not callable"),
     (["audit", REFERENCE, "--alpha", "1.5"], "alpha"),
     (["audit", REFERENCE, "--world", "atlantis"], "unknown world"),
     (["audit", REFERENCE, "--device", "cuda:7"], "not available"),
@@ -49,7 +49,7 @@ def test_usage_errors_exit_2(argv, words, capsys):
 
 def test_subject_from_the_current_directory_and_crash_everywhere_exits_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_verifier.py").write_text(textwrap.dedent("""
-        from exactcheck.step.reference import reference_verifier as good
+        from exactcheck.contracts.reference_verifier import reference_verifier as good
 
         def broken(target_probs, draft_probs, draft_tokens, generator):
             raise ValueError("boom")
@@ -137,7 +137,7 @@ def test_readme_figures_are_generated_from_the_committed_reports():
 def test_ctrl_c_during_an_audit_keeps_a_partial_report_marked_incomplete(tmp_path, capsys, monkeypatch):
     module = tmp_path / "interrupting_subject.py"
     module.write_text(textwrap.dedent("""
-        from exactcheck.step.reference import reference_verifier
+        from exactcheck.contracts.reference_verifier import reference_verifier
         calls = [0]
         def verify(p, q, tokens, generator):
             calls[0] += 1
@@ -172,10 +172,10 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
 
     from exactcheck.step.runner import run_audit
     from exactcheck.e2e.runner import run_generator_audit
-    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.contracts.generator import DecodingPolicy
     from exactcheck.report.json_md import audit_from_json
-    from exactcheck.step.reference import reference_verifier
-    from exactcheck.audit_kinds import load_generator
+    from exactcheck.contracts.reference_verifier import reference_verifier
+    from exactcheck.e2e.subjects import load_generator
 
     def rerun(line: str, python: dict):
         if line.startswith("exactcheck "):
@@ -210,7 +210,7 @@ def test_a_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_path):
 def test_a_policy_the_command_line_cannot_state_gets_the_python_call():
     """Bias, banned or stop tokens, a mask or a name have no ``--policy`` spelling: the reproduce
     line is then the Python call, and its policies evaluate back to the ones audited."""
-    from exactcheck.e2e.generator import DecodingPolicy
+    from exactcheck.contracts.generator import DecodingPolicy
     from exactcheck.options import AuditOptions
     from exactcheck.reproduce import generator_audit_line
     stated = (DecodingPolicy(0.7), DecodingPolicy(top_k=2, top_p=0.8))
@@ -234,7 +234,7 @@ def test_the_greedy_reproduce_line_run_as_written_gives_its_verdicts_again(tmp_p
 
     pytest.importorskip("transformers")
     from exactcheck.e2e.real_models import run_greedy_audit
-    from exactcheck.audit_kinds import load_generator
+    from exactcheck.e2e.subjects import load_generator
     report = tmp_path / "first"
     assert main(["greedy", "transformers-assisted", "--model", "tiny-gpt2", "--prompts", "2", "--new-tokens", "4",
                  "--per-prompt", "2", "--seed", "3", "--quiet", "--report", str(report)]) == 0
@@ -283,7 +283,7 @@ def test_the_grammar_and_cost_reproduce_lines_call_the_same_audit(argv, monkeypa
     if argv[0] == "grammar":
         record("exactcheck.e2e.real_grammar", "run_grammar_audit")
     else:
-        record("exactcheck.e2e.cost", "run_cost")
+        record("exactcheck.cost.generators", "run_cost")
     with pytest.raises(_Recorded) as first:
         main(argv + ["--quiet"])
     line = str(first.value)

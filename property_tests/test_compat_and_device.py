@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from exactcheck.cli import main
-from exactcheck.step.sampling import AliasTable, CdfTable, state_sampler
+from exactcheck.contracts.sampling import AliasTable, CdfTable, state_sampler
 
 
 def _law(vocab: int, states: int, seed: int) -> torch.Tensor:
@@ -32,7 +32,7 @@ def test_cdf_sampler_bisects_to_the_inverse_cdf_of_the_gathered_row():
     """The in-place bisection gives the token ``inverse_cdf`` gives on the state's gathered row,
     at u = 0, at u on a cumulative value, at u past the rounded total (the clamp to the last
     token of positive mass), with zero-mass tokens at the ends and a one-token row."""
-    from exactcheck.step.sampling import inverse_cdf
+    from exactcheck.contracts.sampling import inverse_cdf
     gen = torch.Generator().manual_seed(0)
     for vocab in (65, 128, 129, 1000, 32000):
         law = torch.rand(9, vocab, generator=gen, dtype=torch.float64) ** 4
@@ -66,7 +66,7 @@ def test_gate_reads_a_device_and_refuses_a_bad_one_before_auditing(tmp_path, cap
     from exactcheck.gate import read_config
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.exactcheck]\ndevice = "cpu"\n[[tool.exactcheck.subject]]\n'
-                      'verifier = "exactcheck.step.reference:reference_verifier"\n'
+                      'verifier = "exactcheck.contracts.reference_verifier:reference_verifier"\n'
                       '[[tool.exactcheck.subject]]\nname = "second"\ngenerator = "reference-loop"\n'
                       'device = "nonsense"\n')
     subjects = read_config(config)
@@ -81,7 +81,7 @@ def test_a_real_model_is_handed_its_cache_under_this_transformers():
     """transformers 5.17 silently drops ``cache=`` (its name is ``past_key_values`` there); the
     compat module hands the cache under the name this release reads, so it fills."""
     pytest.importorskip("transformers")
-    from exactcheck.adapters import transformers_compat as compat
+    from exactcheck.contracts import transformers_compat as compat
     from toy_models.real_models import tiny_llama_pair
     target, _ = tiny_llama_pair(vocab_size=32, hidden_size=16, layers=1)
     cache = compat.new_cache()

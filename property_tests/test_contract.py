@@ -4,7 +4,7 @@ import torch
 
 from exactcheck import (ContractViolation, Outcome, Violation, from_logits, reference_verifier,
                         run_audit, validate_output)
-from exactcheck.step.contract import rows_keep_contract
+from exactcheck.contracts.verifier import rows_keep_contract
 
 DRAFTS = torch.tensor([[1, 2], [0, 0]])
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from exactcheck.cli import main  # noqa: E402
-from exactcheck.e2e.cost import RequestCost, expected_accepted_per_round, run_cost, summarise  # noqa: E402
+from exactcheck.cost.generators import RequestCost, expected_accepted_per_round, run_cost, summarise  # noqa: E402
 from exactcheck.e2e.loop import DilutedDraft, ReferenceSpeculativeLoop  # noqa: E402
 from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 

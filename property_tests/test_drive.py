@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from exactcheck.step.drive import drive_sequences, drive_steps
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.stats.goodness_of_fit import goodness_of_fit
 from toy_models import context_worlds, step_worlds
 
@@ -67,7 +67,7 @@ def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
     assert audit_from_json(audit_to_json(small)).call_elements == 4_000
     assert all("call_elements=4000" in v.reproduce for v in small.verdicts)  # a Python call here
     assert not any("call_elements" in v.reproduce for v in default.verdicts)
-    named = run_audit(reference_verifier, subject_name="exactcheck.step.reference:reference_verifier",
+    named = run_audit(reference_verifier, subject_name="exactcheck.contracts.reference_verifier:reference_verifier",
                       call_elements=4_000, **settings)
     assert all("--call-elements 4000" in v.reproduce for v in named.verdicts)  # a command
     auto = run_audit(reference_verifier, call_elements="auto", **settings)
@@ -76,12 +76,12 @@ def test_an_audit_can_size_its_calls_and_says_which_size_it_used(capsys):
     assert AuditOptions.build(call_elements="auto").call_elements == "auto"  # resolved on the device
 
     for bad in ("0", "many"):
-        assert main(["audit", "exactcheck.step.reference:reference_verifier", "--world", "three_token",
+        assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--world", "three_token",
                      "--call-elements", bad, "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "call_elements" in err[0]
     for device in ("nonsense", "cuda:7"):  # auto on a device torch cannot use: the device's error
-        assert main(["audit", "exactcheck.step.reference:reference_verifier", "--world", "three_token",
+        assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--world", "three_token",
                      "--call-elements", "auto", "--device", device, "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "device" in err[0], err

@@ -11,16 +11,16 @@ pytest.importorskip("transformers")
 
 from exactcheck.cli import main  # noqa: E402
 from exactcheck.corpus.generators import SlotCacheLoop  # noqa: E402
-from exactcheck.e2e.drive import DraftStatistics, drive_generator  # noqa: E402
+from exactcheck.generation.drive import DraftStatistics, drive_generator  # noqa: E402
 from exactcheck.e2e.forced_draws import FORCED_CHECKS, forced_draw_verdicts  # noqa: E402
-from exactcheck.e2e.generator import (SAMPLING, Capabilities, DraftRecord, Generation,  # noqa: E402
+from exactcheck.contracts.generator import (SAMPLING, Capabilities, DraftRecord, Generation,  # noqa: E402
                                       draft_length_support)
 from exactcheck.e2e.loop import (GreedyWhenSampling, InlineRatioTest, ReferenceSpeculativeLoop,  # noqa: E402
                                  SoftmaxQGreedyDraft, SoftmaxQTopKDraft)
-from exactcheck.e2e.plan import all_model_worlds  # noqa: E402
+from toy_models.suite import all_model_worlds  # noqa: E402
 from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.report.verdict import Outcome  # noqa: E402
-from exactcheck.step.randomness import controlled_randomness  # noqa: E402
+from exactcheck.forcing.randomness import controlled_randomness  # noqa: E402
 from toy_models.hf_toy_lm import model_worlds  # noqa: E402
 
 WORLD = model_worlds()[1]  # hf_v4_l3_k2
@@ -136,7 +136,7 @@ def test_a_custom_generator_receives_draft_lengths_1_to_8_in_the_greedy_sweep():
 def test_a_generator_that_declares_no_grammar_support_passes_the_e2e_command(tmp_path, monkeypatch, capsys):
     module = tmp_path / "no_grammar_generator.py"
     module.write_text(
-        "from exactcheck.e2e.generator import Capabilities\n"
+        "from exactcheck.contracts.generator import Capabilities\n"
         "from exactcheck.e2e.loop import ReferenceSpeculativeLoop\n"
         "class NoGrammar:\n"
         "    capabilities = Capabilities(grammar_masks=False, stop_tokens=False)\n"
@@ -235,7 +235,7 @@ def test_a_generator_that_returns_a_generation_with_drafts_keeps_the_contract():
 
 
 def test_a_wrong_capabilities_declaration_is_a_usage_error():
-    from exactcheck.e2e.generator import capabilities_of
+    from exactcheck.contracts.generator import capabilities_of
     from exactcheck.errors import UsageError
 
     class Declares:

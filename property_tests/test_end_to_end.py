@@ -10,14 +10,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exactcheck.adapters import transformers_compat  # noqa: E402
+from exactcheck.contracts import transformers_compat  # noqa: E402
 from exactcheck.adapters.hf_generate import AssistedGeneration, PromptLookup  # noqa: E402
-from exactcheck.e2e.cache_invariants import check_calls  # noqa: E402
+from exactcheck.generation.cache_invariants import check_calls  # noqa: E402
 from exactcheck.cli import main  # noqa: E402
-from exactcheck.e2e.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
+from exactcheck.contracts.generator import GREEDY, SAMPLING, DecodingPolicy, call_generator  # noqa: E402
 from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
-from exactcheck.e2e.drive import drive_generator  # noqa: E402
-from exactcheck.e2e.greedy_identity import greedy_identity, target_greedy  # noqa: E402
+from exactcheck.generation.drive import drive_generator  # noqa: E402
+from exactcheck.generation.greedy_identity import greedy_identity, target_greedy  # noqa: E402
 from exactcheck.errors import ContractViolation, Violation  # noqa: E402
 from exactcheck.e2e.loop import (CACHE_MUTANTS, ReferenceSpeculativeLoop,  # noqa: E402
                                          SoftmaxQGreedyDraft, SoftmaxQTopKDraft)

@@ -10,10 +10,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exactcheck.adapters.vllm import MissingEngine, VllmGenerate, VllmRejectionSampler, audit_rejection_sampler  # noqa: E402
+from exactcheck.adapters.vllm import MissingEngine, VllmGenerate, VllmRejectionSampler  # noqa: E402
+from exactcheck.step.engines import audit_rejection_sampler  # noqa: E402
 from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.e2e.batched_loop import BatchedReferenceLoop  # noqa: E402
-from exactcheck.e2e.generator import DecodingPolicy  # noqa: E402
+from exactcheck.contracts.generator import DecodingPolicy  # noqa: E402
 from exactcheck.e2e.loop import ReferenceSpeculativeLoop  # noqa: E402
 from exactcheck.report.verdict import Outcome  # noqa: E402
 from standins import vllm_rejection_sampler as vllm_standin  # noqa: E402

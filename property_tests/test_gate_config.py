@@ -10,7 +10,7 @@ from exactcheck.gate import check_exempt, read_config
 from exactcheck.options import AuditKind
 from exactcheck.audit_kinds import plan_subject
 
-REFERENCE = "exactcheck.step.reference:reference_verifier"
+REFERENCE = "exactcheck.contracts.reference_verifier:reference_verifier"
 
 
 def _config(tmp_path, subject_lines: str = "", section_lines: str = ""):
@@ -88,7 +88,7 @@ def test_a_valid_config_still_reads(tmp_path):
 
 
 def test_generator_policies_become_decoding_policies(tmp_path):
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.policy import DecodingPolicy
     path = tmp_path / "pyproject.toml"
     path.write_text('[[tool.exactcheck.subject]]\ngenerator = "reference-loop"\ngreedy = false\ngenerations = 100\n'
                     'policies = ["temperature=0.7,top_k=2", {top_p = 0.8}]\n')

@@ -23,7 +23,7 @@ from exactcheck.step.runner import run_audit
 
 HOSTILE = textwrap.dedent("""
     import ctypes, os, signal, sys, time
-    from exactcheck.step.reference import reference_verifier
+    from exactcheck.contracts.reference_verifier import reference_verifier
 
     class Custom(BaseException):
         pass
@@ -147,7 +147,7 @@ def test_an_isolated_audit_reports_a_subject_that_killed_its_process(hostile, tm
 
 
 def test_an_isolated_audit_of_an_exact_subject_passes_as_in_process(capsys):
-    code = main(["audit", "exactcheck.step.reference:reference_verifier", *QUICK, "--isolate"])
+    code = main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", *QUICK, "--isolate"])
     assert code == 0 and "PASSED" in capsys.readouterr().out
 
 
@@ -186,7 +186,7 @@ def test_a_report_path_that_is_a_file_is_one_line_before_any_audit(tmp_path, cap
     (tmp_path / "taken").write_text("x")
     for where in ("taken", "taken/below"):
         begun = time.monotonic()
-        assert main(["audit", "exactcheck.step.reference:reference_verifier", *QUICK,
+        assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", *QUICK,
                      "--report", str(tmp_path / where)]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
@@ -194,7 +194,7 @@ def test_a_report_path_that_is_a_file_is_one_line_before_any_audit(tmp_path, cap
 
 
 def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_file(tmp_path, capsys, monkeypatch):
-    args = ["audit", "exactcheck.step.reference:reference_verifier", *QUICK, "--report", str(tmp_path)]
+    args = ["audit", "exactcheck.contracts.reference_verifier:reference_verifier", *QUICK, "--report", str(tmp_path)]
     assert main(args) == 0
     (written,) = tmp_path.glob("*.json")
     before = written.read_text()
@@ -275,7 +275,7 @@ def test_a_selftest_stopped_by_sigint_writes_what_it_finished(tmp_path):
 
 @pytest.mark.long
 def test_an_audit_stopped_by_sigterm_writes_its_partial_report(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "exactcheck", "audit", "exactcheck.step.reference:reference_verifier",
+    proc = subprocess.Popen([sys.executable, "-m", "exactcheck", "audit", "exactcheck.contracts.reference_verifier:reference_verifier",
                              "--level", "standard", "--report", "r"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(8)
@@ -290,7 +290,7 @@ def test_an_audit_stopped_by_sigterm_writes_its_partial_report(tmp_path):
 
 def test_a_max_seconds_reproduce_line_gives_the_same_statistics(tmp_path, capsys):
     first = tmp_path / "first"
-    main(["audit", "exactcheck.step.reference:reference_verifier", "--level", "standard", "--world", "nearly_equal",
+    main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--level", "standard", "--world", "nearly_equal",
           "--max-seconds", "6", "--quiet", "--report", str(first)])
     data = json.loads(next(first.glob("*.json")).read_text())
     laws = [v for v in data["verdicts"] if v["world"] == "nearly_equal"]

@@ -86,7 +86,7 @@ def test_exactchecks_own_greedy_decode_is_the_models_on_a_hybrid_model(models):
     """The reference of greedy identity (a plain incremental decode through a cache built without
     a config) equals ``generate`` and a no-cache recompute: the builder's pre-hook gives the cache
     the hybrid layout and the positions bamba does not compute itself."""
-    from exactcheck.e2e.greedy_identity import target_greedy
+    from exactcheck.generation.greedy_identity import target_greedy
     target = models["bamba"][0]
     prompt = _sequence(6)[0]
     mine = target_greedy(target, prompt, 8)

@@ -1,5 +1,6 @@
 """The house: no import circle and no import that climbs a layer (imports inside functions and
-under ``if TYPE_CHECKING:`` counted), no private name used across subpackages, a leaf every layer
+under ``if TYPE_CHECKING:`` counted, toy_models included), no audit kind importing another, the
+worlds importing only the contracts, no private name used across subpackages, a leaf every layer
 may read, light entry points, one plan every front end reads."""
 import ast
 import math
@@ -30,23 +31,30 @@ def _import_statements(tree: ast.AST):
     return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
-def _imports(path: pathlib.Path) -> list[tuple[str, str | None]]:
-    """(module imported, name imported from it or None) for every import of the package."""
+def _imports(path: pathlib.Path, roots=("exactcheck",)) -> list[tuple[str, str | None]]:
+    """(module imported, name imported from it or None) for every import of the package (and of the
+    other top-level ``roots`` named)."""
     out = []
     for node in _import_statements(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exactcheck"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in roots:
             out += [(node.module, alias.name) for alias in node.names]
         elif isinstance(node, ast.Import):
-            out += [(alias.name, None) for alias in node.names if alias.name.startswith("exactcheck")]
+            out += [(alias.name, None) for alias in node.names if alias.name.split(".")[0] in roots]
     return out
 
 
-def _package_graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+WORLDS = ROOT / "toy_models"
+
+
+def _package_graph(with_worlds: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules it imports, within exactcheck (and toy_models, ``with_worlds``)."""
+    tops = (PACKAGE, WORLDS) if with_worlds else (PACKAGE,)
+    roots = ("exactcheck", "toy_models") if with_worlds else ("exactcheck",)
+    modules = {_module_name(p): p for top in tops for p in top.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         targets = set()
-        for module, alias in _imports(path):
+        for module, alias in _imports(path, roots):
             # ``from exactcheck import arguments`` is an arrow to the submodule (running a package's
             # __init__ on the way to its submodule is not an arrow of its own)
             targets.add(f"{module}.{alias}" if f"{module}.{alias}" in modules else module)
@@ -55,22 +63,30 @@ def _package_graph() -> dict[str, set[str]]:
 
 
 # The layers, bottom up (docs/layout.md, "Which way the arrows point"): a module may import its own
-# layer and the layers below it, never one above. Within a layer the circle test keeps the order.
+# layer and the layers below it, never one above. Within a layer the circle test keeps the order,
+# except the audit kinds, which are siblings: no kind imports another (``KINDS``).
 LAYERS = (
     ("leaves", ("exactcheck.errors", "exactcheck.rules", "exactcheck.version", "exactcheck.options",
                 "exactcheck.progress", "exactcheck.memory", "exactcheck.reachability", "exactcheck.subject_call",
-                "exactcheck.executors", "exactcheck.suite", "exactcheck.reproduce", "exactcheck.arguments",
+                "exactcheck.executors", "exactcheck.reproduce", "exactcheck.arguments", "exactcheck.loading",
                 "exactcheck.catalogue_listing")),
+    ("contracts", ("exactcheck.contracts",)),
+    ("worlds", ("toy_models",)),
     ("statistics", ("exactcheck.stats",)),
     ("verdicts and reports", ("exactcheck.report", "exactcheck.core", "exactcheck.audit_run", "exactcheck.console",
                               "exactcheck.isolation")),
-    ("audit kinds: drives, runners, adapters", ("exactcheck.step", "exactcheck.e2e", "exactcheck.tree",
-                                                "exactcheck.serve", "exactcheck.recurrent", "exactcheck.adapters",
-                                                "exactcheck.corpus", "exactcheck.loading")),
+    ("shared machinery", ("exactcheck.forcing", "exactcheck.generation", "exactcheck.endpoints")),
+    ("subjects the kinds build on", ("exactcheck.adapters", "exactcheck.corpus")),
+    ("audit kinds", ("exactcheck.step", "exactcheck.tree", "exactcheck.e2e", "exactcheck.recurrent",
+                     "exactcheck.serve", "exactcheck.cost")),
     ("the kinds' registry", ("exactcheck.audit_kinds", "exactcheck.catalogue")),
     ("front ends", ("exactcheck.cli", "exactcheck.__main__", "exactcheck.gate", "exactcheck.pytest_plugin",
                     "exactcheck")),
 )
+KINDS = LAYERS[[name for name, _ in LAYERS].index("audit kinds")][1]
+# what toy_models (the worlds) may import of exactcheck: the contracts, and nothing else; and what
+# may import toy_models: nothing below the shared machinery (the statistics take laws as data)
+WORLDS_READ = ("exactcheck.contracts",)
 
 
 def layer_of(module: str) -> int:
@@ -85,11 +101,40 @@ def layer_of(module: str) -> int:
     return found
 
 
+def _kind_of(module: str) -> str | None:
+    return next((kind for kind in KINDS if module == kind or module.startswith(kind + ".")), None)
+
+
 def test_no_import_climbs_a_layer():
     climbing = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
-                for module, targets in sorted(_package_graph().items()) for target in sorted(targets)
+                for module, targets in sorted(_package_graph(with_worlds=True).items()) for target in sorted(targets)
                 if layer_of(target) > layer_of(module)]
-    assert not climbing, "\n".join(climbing)
+    assert not climbing, f"{len(climbing)} climbing imports:\n" + "\n".join(climbing)
+
+
+def test_no_audit_kind_imports_another_kind():
+    """The kinds stand side by side on what is below them: what two kinds share lives in the
+    contracts or the shared machinery, and only the registry composes kinds."""
+    crossing = [f"{module} imports {target}" for module, targets in sorted(_package_graph().items())
+                for target in sorted(targets)
+                if _kind_of(module) and _kind_of(target) and _kind_of(module) != _kind_of(target)]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_the_worlds_import_only_the_contracts_and_the_statistics_no_world():
+    graph = _package_graph(with_worlds=True)
+    worlds_out = [f"{m} imports {t}" for m, targets in sorted(graph.items()) if m.startswith("toy_models")
+                  for t in sorted(targets) if t.startswith("exactcheck") and not t.startswith(WORLDS_READ)]
+    assert not worlds_out, "\n".join(worlds_out)
+    shared = [name for name, _ in LAYERS].index("shared machinery")
+    worlds_in = [f"{m} imports {t}" for m, targets in sorted(graph.items()) if m.startswith("exactcheck")
+                 and layer_of(m) < shared for t in sorted(targets) if t.startswith("toy_models")]
+    assert not worlds_in, "\n".join(worlds_in)
+
+
+def test_the_kind_test_sees_a_kind_importing_another(tmp_path):
+    assert _kind_of("exactcheck.serve.runner") == "exactcheck.serve" and _kind_of("exactcheck.endpoints.apis") is None
+    assert _kind_of("exactcheck.cost.served") != _kind_of("exactcheck.serve.settings")
 
 
 def test_the_layer_test_sees_a_type_only_import_that_climbs(tmp_path):
@@ -99,7 +144,7 @@ def test_the_layer_test_sees_a_type_only_import_that_climbs(tmp_path):
 
 
 def test_no_import_circle_in_the_package_counting_imports_inside_functions():
-    graph = _package_graph()
+    graph = _package_graph(with_worlds=True)
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -213,7 +258,7 @@ def test_the_stored_listing_is_what_the_code_lists():
 def test_the_plan_names_every_verdict_of_the_audit_with_its_kind():
     options = AuditOptions.build(level="quick", worlds=["three_token", "ctx_v3_l5_k3", "properties/contract", "inputs"])
     plan = plan_step_audit(options)
-    from exactcheck.step.reference import reference_verifier
+    from exactcheck.contracts.reference_verifier import reference_verifier
     audit = run_audit(reference_verifier, options=options, progress=False)
     assert [(v.check, v.kind) for v in audit.verdicts] == [(c.name, c.kind) for c in plan.checks]
     assert {c.kind for c in plan.checks} == {CheckKind.LAW, CheckKind.PROPERTY, CheckKind.INPUTS}
@@ -273,7 +318,7 @@ def test_front_ends_name_no_audit_kind_and_no_runner():
     no kind or command with a string and keep no table of the audits' commands."""
     kinds = ("audit", "e2e", "tree", "greedy", "grammar", "cost", "selftest", "verifier", "generator")
     forbidden = ("exactcheck.tree.subjects", "exactcheck.e2e.real_models", "exactcheck.e2e.real_grammar",
-                 "exactcheck.e2e.cost", "exactcheck.step.selftest")
+                 "exactcheck.cost.generators", "exactcheck.step.selftest")
     for front in ("cli.py", "gate.py", "pytest_plugin.py"):
         for module, alias in _imports(PACKAGE / front):
             name = f"{module}.{alias}" if alias else module

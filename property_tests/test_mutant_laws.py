@@ -18,7 +18,7 @@ from exactcheck.step.drive import drive_steps
 from exactcheck.step.mutant_laws import (NO_LAW, exact_output_law, mutant_emission, mutant_output_law, output_cells,
                                          output_law, sampled_law)
 from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from toy_models.step_worlds import step_worlds
 
 CORPUS = dict(MUTANTS, **SMALL_BIAS_MUTANTS)

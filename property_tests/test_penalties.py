@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exactcheck.e2e.policy import DecodingPolicy  # noqa: E402
-from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
+from exactcheck.contracts.policy import DecodingPolicy  # noqa: E402
+from exactcheck.generation.laws import policy_sequence_law  # noqa: E402
 
 POLICIES = (
     DecodingPolicy(1.0, repetition_penalty=1.8),
@@ -50,7 +50,8 @@ def _direct(world, policy, sequence) -> float:
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.label())
 def test_the_exact_law_under_each_penalty_is_the_direct_computation(policy):
-    from exactcheck.e2e.plan import all_model_worlds, world_policies
+    from toy_models.suite import all_model_worlds
+    from exactcheck.e2e.plan import world_policies
     for world in all_model_worlds()[:2]:
         bound = world_policies(world, [policy])[0]
         assert bound.prompt == world.prompt

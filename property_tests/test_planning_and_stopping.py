@@ -8,7 +8,8 @@ import pytest
 from exactcheck import reference_verifier, run_audit
 from exactcheck.cli import main
 from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
-from exactcheck.stats.planning import default_plan, law_detectable_tv
+from exactcheck.step.budget import default_plan
+from exactcheck.stats.planning import law_detectable_tv
 from exactcheck.stats.sequential import EProcess, batch_schedule
 from exactcheck.stats.goodness_of_fit import tv_certificate
 from exactcheck.options import CheckKind, Level
@@ -177,7 +178,7 @@ def test_tail_merged_certificate_covers_the_truth_and_beats_plain_bhc():
 
 
 def test_audit_command_plans_for_a_requested_tv(capsys):
-    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--level", "quick",
+    assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--level", "quick",
                  "--detect-tv", "0.1", "--world", "three_token", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "budget planned to detect TV ≥ 0.1" in out and "5,000 of 5,000 planned trials" in out
@@ -231,8 +232,8 @@ def test_a_time_budget_draws_fewer_trials_states_what_they_detect_and_reproduces
 
 
 def test_a_bad_time_budget_is_one_line(capsys):
-    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--max-seconds", "0"]) == 2
-    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--trials", "three_token=x"]) == 2
+    assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--max-seconds", "0"]) == 2
+    assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--trials", "three_token=x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "max_seconds" in err[0] and "WORLD=N" in err[1]
 

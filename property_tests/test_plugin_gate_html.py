@@ -92,10 +92,10 @@ def test_gate_exemptions_and_config_errors(tmp_path):
     assert main(["gate", "--config", str(config), "--quiet"]) == 2
     assert main(["gate", "--config", str(tmp_path / "missing.toml"), "--quiet"]) == 2
     # call_elements: verifiers only, checked before any audit runs
-    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.contracts.reference_verifier:reference_verifier"\n'
                       'worlds = ["three_token"]\ncall_elements = "auto"\n')
     assert read_config(config)[0].options.call_elements == "auto"
-    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+    config.write_text('[[tool.exactcheck.subject]]\nverifier = "exactcheck.contracts.reference_verifier:reference_verifier"\n'
                       'call_elements = -5\n')
     assert main(["gate", "--config", str(config), "--quiet"]) == 2
     config.write_text('[[tool.exactcheck.subject]]\ngenerator = "reference-loop"\ncall_elements = 1000\n')
@@ -142,7 +142,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
 @pytest.mark.long
 def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, capsys):
     (tmp_path / "gate_interrupting_subject.py").write_text(
-        "from exactcheck.step.reference import reference_verifier\n"
+        "from exactcheck.contracts.reference_verifier import reference_verifier\n"
         "calls = [0]\n"
         "def verify(p, q, tokens, generator):\n"
         "    calls[0] += 1\n"
@@ -151,11 +151,11 @@ def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, ca
         "    return reference_verifier(p, q, tokens, generator)\n")
     config = tmp_path / "pyproject.toml"
     config.write_text('[tool.exactcheck]\nlevel = "quick"\n\n'
-                      '[[tool.exactcheck.subject]]\nname = "first"\nverifier = "exactcheck.step.reference:reference_verifier"\n'
+                      '[[tool.exactcheck.subject]]\nname = "first"\nverifier = "exactcheck.contracts.reference_verifier:reference_verifier"\n'
                       'worlds = ["three_token"]\n\n'
                       '[[tool.exactcheck.subject]]\nname = "second"\nverifier = "gate_interrupting_subject:verify"\n'
                       'worlds = ["three_token", "random_v8_k4", "ctx_v4_l5_k4"]\n\n'
-                      '[[tool.exactcheck.subject]]\nname = "third"\nverifier = "exactcheck.step.reference:reference_verifier"\n')
+                      '[[tool.exactcheck.subject]]\nname = "third"\nverifier = "exactcheck.contracts.reference_verifier:reference_verifier"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     xml, data = tmp_path / "gate.xml", tmp_path / "gate.json"
     code = main(["gate", "--config", str(config), "--junit-xml", str(xml), "--json", str(data), "--quiet"])

@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("transformers")
 
 from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
-from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
-from exactcheck.e2e.policy import DecodingPolicy  # noqa: E402
+from exactcheck.generation.laws import policy_sequence_law  # noqa: E402
+from exactcheck.contracts.policy import DecodingPolicy  # noqa: E402
 from exactcheck.e2e.loop import (MaskAfterAcceptance, MaskOnDraftOnly, PolicyOnBonusOnly,  # noqa: E402
                                          PolicyOnDraftOnly, ReferenceSpeculativeLoop, TemperatureTwice,
                                          TokensAfterStop)

@@ -10,8 +10,8 @@ from exactcheck import run_audit
 from exactcheck.cli import main
 from exactcheck.step.mutants import mutant
 from exactcheck.step.properties import check_property, replay_reproducer, search
-from exactcheck.step.randomness import controlled_randomness
-from exactcheck.step.reference import reference_verifier
+from exactcheck.forcing.randomness import controlled_randomness
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 from exactcheck.report.verdict import Outcome
 
@@ -90,7 +90,7 @@ def test_replay_command(tmp_path, capsys):
     assert record["schema"] == "exactcheck.reproducer/2" and record["inputs"] is not None
     assert main(["replay", str(path)]) == 1
     assert "still fails" in capsys.readouterr().out
-    assert main(["replay", str(path), "--subject", "exactcheck.step.reference:reference_verifier"]) == 0
+    assert main(["replay", str(path), "--subject", "exactcheck.contracts.reference_verifier:reference_verifier"]) == 0
     assert main(["replay", str(next(tmp_path.glob("audit-exactcheck-step-mutants-zero_residual_to_vocab-quick-seed0-h*.json")))]) == 1
 
 
@@ -189,9 +189,9 @@ from exactcheck.options import Level  # noqa: E402
 from exactcheck.reachability import ORDINARY  # noqa: E402
 from exactcheck.rules import rule_spec  # noqa: E402
 from exactcheck.step.mutants import CONVENTION_PRECISION_MUTANTS, MUTANTS  # noqa: E402
-from exactcheck.step.properties import (forced_uniform, ratio_position, with_wrong_uniforms,  # noqa: E402
-                                        wrong_interval)
-from exactcheck.step.reference import ReferenceVerifier  # noqa: E402
+from exactcheck.step.properties import forced_uniform, ratio_position, with_wrong_uniforms  # noqa: E402
+from exactcheck.forcing.boundaries import wrong_interval  # noqa: E402
+from exactcheck.contracts.reference_verifier import ReferenceVerifier  # noqa: E402
 
 
 def _two_drafts(first: float, second: float):

@@ -13,11 +13,11 @@ cache_utils = pytest.importorskip("transformers.cache_utils")
 if not hasattr(cache_utils, "LinearAttentionLayer"):  # the hybrid cache API (transformers 5.x)
     pytest.skip("this transformers has no LinearAttentionLayer (hybrid caches)", allow_module_level=True)
 
-from exactcheck.e2e.policy import SAMPLING  # noqa: E402
+from exactcheck.contracts.policy import SAMPLING  # noqa: E402
 from exactcheck.recurrent.drive import drive_recurrent  # noqa: E402
 from exactcheck.recurrent.invariants import check_state_calls  # noqa: E402
 from exactcheck.recurrent.loops import RECURRENT_MUTANTS, REFERENCE_LOOPS  # noqa: E402
-from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
+from exactcheck.generation.laws import policy_sequence_law  # noqa: E402
 from toy_models.recurrent_lm import MixerState, fresh_states, recurrent_worlds  # noqa: E402
 
 WORLDS = recurrent_worlds()

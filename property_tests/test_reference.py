@@ -5,9 +5,9 @@ import torch
 
 from exactcheck import Outcome, reference_verifier, run_audit
 from exactcheck.step.properties import PROPERTIES, search
-from exactcheck.step.randomness import controlled_randomness
+from exactcheck.forcing.randomness import controlled_randomness
 from exactcheck.step.drive import drive
-from exactcheck.stats.laws import step_law_parts
+from exactcheck.step.laws import step_law_parts
 from toy_models import step_worlds, three_token
 
 

@@ -15,23 +15,23 @@ import pytest
 from exactcheck.cli import main
 from exactcheck.step.mutants import mutant
 from exactcheck.step.properties import reproducer, search
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.step.replay import STILL_FAILS, replay, validate_reproducer
 
 # boundary findings the edge corpus meets at once: (mutant, property)
 NO_FORBIDDEN = ("accept_on_equal_uniform", "no_forbidden_token")  # forced value zero, float64 torch.rand
 CONTRACT = ("zero_residual_to_vocab", "contract")  # forced value one_minus_ulp, float64 torch.rand
-REFERENCE = "exactcheck.step.reference:reference_verifier"
+REFERENCE = "exactcheck.contracts.reference_verifier:reference_verifier"
 
 MARKER_MODULE = '''
 import pathlib
 pathlib.Path(__file__).with_name("IMPORTED").write_text("the module was imported")
-from exactcheck.step.reference import reference_verifier as verifier
+from exactcheck.contracts.reference_verifier import reference_verifier as verifier
 '''
 
 SUBJECTS = '''
 import torch
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 
 def raises(target_probs, draft_probs, draft_tokens, generator):
     raise ValueError("boom")

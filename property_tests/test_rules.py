@@ -10,7 +10,7 @@ from exactcheck.rules import (EXACT_RULES, RULES, completion_law, loop_sequence_
                               rule_spec, step_laws)
 from exactcheck.stats.goodness_of_fit import goodness_of_fit
 from exactcheck.step.drive import drive
-from exactcheck.suite import default_worlds
+from toy_models.suite import default_worlds
 from toy_models import ContextWorld
 
 STEP_WORLDS = [w for w in default_worlds() if not isinstance(w, ContextWorld)]
@@ -242,7 +242,7 @@ def test_rules_and_lossy_commands(capsys):
     assert main(["lossy", "synthetic"]) == 2  # no default rate
     assert main(["lossy", "typical", "--world", "nowhere"]) == 2
     assert main(["lossy", "typical", "--param", "oops"]) == 2
-    assert main(["audit", "exactcheck.step.reference:reference_verifier", "--rule", "nonsense"]) == 2
+    assert main(["audit", "exactcheck.contracts.reference_verifier:reference_verifier", "--rule", "nonsense"]) == 2
     err = capsys.readouterr().err
     assert "unknown rule" in err and "Traceback" not in err
 

@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-from exactcheck.serve.continuation_law import NextTokenLaw, expand
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.continuation_law import NextTokenLaw, expand
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.mutants import PROXY_MUTANTS, proxy
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, respond, sampler_chain, served_model
@@ -161,7 +161,7 @@ def test_each_proxy_mutant_is_found_through_vllms_openai_api(vllm_servers, name)
 
 
 def test_raw_probabilities_give_the_law_only_where_every_engine_agrees():
-    from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
+    from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
     raw = NextTokenLaw({0: 0.5, 1: 0.2, 2: 0.15}, 0.15)  # three listed, 0.15 spread over the rest
     assert sampling_law_from_raw(raw, Sampling()) == raw
     k2 = sampling_law_from_raw(raw, Sampling(temperature=0.5, top_k=2))
@@ -200,7 +200,7 @@ def test_a_lossy_verification_setting_the_server_exposes_is_named_with_its_exact
 
 
 def test_vllm_metrics_are_read_summed_over_their_labels():
-    from exactcheck.serve.openai_api import parse_metrics
+    from exactcheck.endpoints.openai_api import parse_metrics
     text = ('# HELP x\nvllm:spec_decode_num_draft_tokens_total{engine="0"} 10.0\n'
             'vllm:spec_decode_num_draft_tokens_total{engine="1"} 5\nvllm:spec_decode_num_draft_tokens_created 1.7e9\n'
             'vllm:num_requests_running 2\n')
@@ -244,7 +244,7 @@ def test_speculation_off_for_logprobs_is_found_on_a_rarely_drafting_server(api):
 
 
 def test_a_server_that_never_drafted_is_not_judged_and_worded_as_measured():
-    from exactcheck.serve.draft_counts import CounterSource, DraftTally
+    from exactcheck.endpoints.draft_counts import CounterSource, DraftTally
     from exactcheck.serve.verdicts import speculation_verdict
     base = dict(world="w", seed=0, reproduce="exactcheck serve URL")
     none = DraftTally(CounterSource.PER_REQUEST, (0,) * 500, 1, 500)
@@ -261,7 +261,7 @@ def test_a_server_that_never_drafted_is_not_judged_and_worded_as_measured():
 
 
 def test_the_probe_count_is_planned_to_see_speculation_off_at_the_measured_rate():
-    from exactcheck.serve.draft_counts import CounterSource, DraftTally, probes_needed
+    from exactcheck.endpoints.draft_counts import CounterSource, DraftTally, probes_needed
     from exactcheck.stats.rates import fewer_positives_pvalue
     share = 1e-3 / 12
     law = DraftTally(CounterSource.PER_REQUEST, (3,) * 161 + (0,) * 11_839, 1, 12_000)  # the issue's n-gram rate
@@ -308,3 +308,34 @@ def test_the_tiny_hf_llama_for_served_engines_loads_with_its_local_tokenizer(tmp
     assert tokenizer("w5 w6 w7").input_ids == [5, 6, 7] and tokenizer.decode([5, 6]) == "w5 w6"
     probs = torch.softmax(model(torch.tensor([[5, 6, 7]])).logits[0, -1].double(), -1)
     assert probs.shape == (VOCAB,) and probs.max() > 2 / VOCAB  # peaked enough to tell from uniform
+
+
+class _RenamedLlamaCpp:
+    """A served dialect written as a new module would write it: an ``Endpoint`` (here llama.cpp's,
+    under another name) and its ``detect``."""
+
+    @staticmethod
+    def endpoint(base, client, *, model=None, reference_kind=None):
+        from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint
+
+        class Renamed(LlamaCppEndpoint):
+            api = "toy dialect /completion"
+        return Renamed(base, client, model=model)
+
+    @staticmethod
+    def detect(client, base) -> bool:
+        return False
+
+
+def test_a_served_dialect_is_its_module_and_one_registry_row(monkeypatch):
+    """issue 66: nothing but the dialect's row in ``endpoints.apis.DIALECTS`` (and its module) is
+    needed for the serve audit to speak it: no branch in the runner, the settings or the verdicts."""
+    from exactcheck.endpoints import apis
+    monkeypatch.setitem(apis.DIALECTS, "toy-dialect", apis.Dialect(
+        "toy-dialect", __name__, _RenamedLlamaCpp.endpoint, _RenamedLlamaCpp.detect, {"prompts": "token ids"}))
+    model = ToyServedModel()
+    with served_model(model) as target:
+        result = run_serve_audit(target.url, api="toy-dialect", **SMALL)
+    assert result.passed, [v.describe() for v in result.failed]
+    assert any(v.outcome.value == "exact" and v.law == "continuation" for v in result.verdicts)
+    assert "--api toy-dialect" in result.verdicts[0].reproduce

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from exactcheck.serve.chat import ChatPrompt
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.mutants import PROXY_MUTANTS, proxy
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, chat_template_ids, served_model

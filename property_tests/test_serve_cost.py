@@ -24,10 +24,10 @@ from scipy import stats
 
 from exactcheck.cli import main
 from exactcheck.errors import UsageError
-from exactcheck.serve import client as client_module
-from exactcheck.serve.cost import plan_requests, run_served_cost
-from exactcheck.serve.loopback import LoopbackServer
-from exactcheck.serve.endpoint import GREEDY_SAMPLING, Sampling
+from exactcheck.endpoints import client as client_module
+from exactcheck.cost.served import plan_requests, run_served_cost
+from exactcheck.contracts.loopback import LoopbackServer
+from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, Sampling
 from exactcheck.stats.timing import mean_interval, median_interval, ratio_of_rates, ratio_of_sums
 from toy_models.served_lm import ToyServedModel, served_model
 

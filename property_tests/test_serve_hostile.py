@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from exactcheck.report.verdict import Outcome
-from exactcheck.serve import client as client_module
-from exactcheck.serve.endpoint import Sampling
-from exactcheck.serve.loopback import LoopbackServer
+from exactcheck.endpoints import client as client_module
+from exactcheck.endpoints.endpoint import Sampling
+from exactcheck.contracts.loopback import LoopbackServer
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, served_model
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from exactcheck.core import Outcome
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.runner import run_serve_audit
 from exactcheck.stats.pairs import same_cell_pairs
 from toy_models.served_lm import ToyServedModel, respond
@@ -54,7 +54,7 @@ def test_an_api_without_the_field_a_refusing_server_and_one_sample_per_request_a
 
     def refusing(base, path, body):
         if body is not None and body.get("n_cmpl", 1) > 1:
-            from exactcheck.serve.client import EndpointError
+            from exactcheck.endpoints.client import EndpointError
             raise EndpointError("400: n_cmpl must be <= 1 (the server's slots)")
         return respond(model, path, body)[1]
 

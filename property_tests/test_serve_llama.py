@@ -16,7 +16,7 @@ from serve_fixtures import llama_server, llama_server_binary
 
 pytest.importorskip("gguf")
 
-from exactcheck.serve.endpoint import Sampling  # noqa: E402
+from exactcheck.endpoints.endpoint import Sampling  # noqa: E402
 from exactcheck.serve.mutants import PROXY_MUTANTS, proxy  # noqa: E402
 from exactcheck.serve.runner import run_serve_audit  # noqa: E402
 from toy_models.gguf_models import write_pair  # noqa: E402
@@ -159,8 +159,8 @@ def test_the_target_against_itself_passes_under_penalties(target):
     # the penalty reads the prompt: a one-token request's only history is its prompt; its tokens'
     # probabilities fall under a frequency penalty over the last 8 tokens, and not at all with a
     # window of 0 (llama.cpp: penalties off)
-    from exactcheck.serve.client import Client
-    from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint
+    from exactcheck.endpoints.client import Client
+    from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint
     client = Client(None, concurrency=1)
     try:
         endpoint = LlamaCppEndpoint(target, client)

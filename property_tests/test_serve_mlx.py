@@ -35,9 +35,9 @@ import pytest
 
 from serve_fixtures import HOST, cache_root, free_port, started_server
 
-from exactcheck.serve.apis import detect_api, open_endpoint
-from exactcheck.serve.client import Client, EndpointError
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.apis import detect_api, open_endpoint
+from exactcheck.endpoints.client import Client, EndpointError
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.runner import run_serve_audit
 
 pytestmark = pytest.mark.long

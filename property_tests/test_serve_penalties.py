@@ -13,10 +13,10 @@ import math
 import pytest
 
 from exactcheck.core import Outcome
-from exactcheck.serve.continuation_law import NextTokenLaw
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.continuation_law import NextTokenLaw
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.runner import run_serve_audit
-from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw, with_output_penalties
+from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw, with_output_penalties
 from toy_models.served_lm import Penalties, ToyServedModel, respond
 
 LLAMA_PENALTIES = Sampling(repetition_penalty=1.6, presence_penalty=0.4, frequency_penalty=0.7, repeat_last_n=3)
@@ -34,9 +34,9 @@ def _continuation(result):
 
 
 def test_each_dialect_sends_the_penalties_under_its_own_field_names():
-    from exactcheck.serve.client import EndpointError
-    from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint
-    from exactcheck.serve.openai_api import OpenAICompletionsEndpoint
+    from exactcheck.endpoints.client import EndpointError
+    from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint
+    from exactcheck.endpoints.openai_api import OpenAICompletionsEndpoint
     s = Sampling.parse("temperature=0.7,repetition_penalty=1.3,presence_penalty=0.5,frequency_penalty=0.25,"
                        "repeat_last_n=16")
     assert Sampling.parse(s.spec()) == s and "repetition penalty 1.3" in s.describe()
@@ -108,7 +108,7 @@ def test_vllms_repetition_penalty_from_raw_log_probabilities_is_not_judged_with_
 
 
 def test_mlx_lms_penalties_are_not_judged_with_their_reason():
-    from exactcheck.serve.mlx_lm_api import PENALTIES_NOT_JUDGED, MlxLmEndpoint
+    from exactcheck.endpoints.mlx_lm_api import PENALTIES_NOT_JUDGED, MlxLmEndpoint
     endpoint = MlxLmEndpoint("http://x", None)
     with pytest.raises(NotDeterminable) as caught:  # before any request
         endpoint.next_token_laws([1], [()], Sampling(presence_penalty=0.5), 11)
@@ -116,7 +116,7 @@ def test_mlx_lms_penalties_are_not_judged_with_their_reason():
 
 
 def test_vllms_processed_log_probabilities_hold_the_repetition_penalty_but_not_presence_or_frequency():
-    from exactcheck.serve.openai_api import OpenAICompletionsEndpoint
+    from exactcheck.endpoints.openai_api import OpenAICompletionsEndpoint
     processed = OpenAICompletionsEndpoint("http://x", None, model="m", reference_kind="post-sampling")
     law = NextTokenLaw({0: 0.7, 1: 0.3})
     assert processed.penalised(law, Sampling(repetition_penalty=1.4), (1, 0)) is law  # prompt | output: one set

@@ -1,4 +1,4 @@
-"""SGLang's native dialect (``exactcheck.serve.sglang_api``) against a faithful fake of its server
+"""SGLang's native dialect (``exactcheck.endpoints.sglang_api``) against a faithful fake of its server
 (``property_tests/sglang_fake.py``: the toy served model behind SGLang's ``/generate``, exact by
 construction): ``auto`` finds it, an exact speculative server passes a quick audit, a server that
 samples hotter is found, the per-request counters are read, and what the dialect lacks is not judged
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from exactcheck.serve.apis import DIALECTS, detect_api, open_endpoint
-from exactcheck.serve.client import Client, EndpointError
-from exactcheck.serve.draft_counts import CounterSource, send_counted
-from exactcheck.serve.endpoint import RAW, Sampling
+from exactcheck.endpoints.apis import DIALECTS, detect_api, open_endpoint
+from exactcheck.endpoints.client import Client, EndpointError
+from exactcheck.endpoints.draft_counts import CounterSource, send_counted
+from exactcheck.endpoints.endpoint import RAW, Sampling
 from exactcheck.serve.runner import run_serve_audit
-from exactcheck.serve.sglang_api import SGLangEndpoint, tempered_kind
+from exactcheck.endpoints.sglang_api import SGLangEndpoint, tempered_kind
 from sglang_fake import SGLangToy, sglang_server
 from toy_models.served_lm import ToyServedModel, served_model
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from exactcheck.core import Outcome
-from exactcheck.serve.continuation_law import NextTokenLaw, expand
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.continuation_law import NextTokenLaw, expand
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.runner import run_serve_audit
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stopped_law
 from toy_models.served_lm import ToyServedModel, respond, token_text
@@ -113,7 +113,7 @@ def test_stop_strings_parse_percent_encoded_and_unjudged_fields_are_refused_with
 
 def test_a_server_without_detokenize_is_not_judged_never_a_usage_error():
     """SGLang's /v1/completions speaks OpenAI's dialect without vLLM's /detokenize: a 404 there."""
-    from exactcheck.serve.client import EndpointError
+    from exactcheck.endpoints.client import EndpointError
 
     def detokenize(body):
         raise EndpointError("HTTP 404 from http://ref/detokenize: not found")

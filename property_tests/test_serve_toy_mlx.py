@@ -1,5 +1,5 @@
 """mlx-lm's dialect on the toy served model (``ToyServedModel(api="mlx-lm")``): what the real
-``mlx_lm.server`` 0.32.2 answers, as ``exactcheck.serve.mlx_lm_api`` reads it (property_tests/
+``mlx_lm.server`` 0.32.2 answers, as ``exactcheck.endpoints.mlx_lm_api`` reads it (property_tests/
 test_serve_mlx.py audits the real server, long), served over HTTP on 127.0.0.1. ``auto`` finds the
 dialect, an exact draft-model path passes, and a proxy that samples hotter is found through it.
 The word-level tokenizer of ``toy_models.hf_served_models.write_llama`` reads the text prompts
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from exactcheck.serve.apis import detect_api, open_endpoint
-from exactcheck.serve.client import Client, EndpointError
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.apis import detect_api, open_endpoint
+from exactcheck.endpoints.client import Client, EndpointError
+from exactcheck.endpoints.endpoint import Sampling
 from exactcheck.serve.mutants import PROXY_MUTANTS, proxy
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, served_model

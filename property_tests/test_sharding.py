@@ -9,8 +9,8 @@ from exactcheck.options import AuditOptions
 from exactcheck.step.plan import plan_step_audit
 from exactcheck.step.drive import drive
 from exactcheck.step.mutants import MUTANTS
-from exactcheck.step.reference import reference_verifier
-from exactcheck.stats.laws import compare
+from exactcheck.contracts.reference_verifier import reference_verifier
+from exactcheck.step.laws import compare
 
 SUBJECTS = {"reference": reference_verifier, "bonus_argmax": MUTANTS["bonus_argmax"].verifier,
             "resample_from_target": MUTANTS["resample_from_target"].verifier}

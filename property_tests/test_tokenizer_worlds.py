@@ -14,8 +14,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from exactcheck.e2e.generator import SAMPLING, takes_different_tokenizers  # noqa: E402
-from exactcheck.e2e.generator import Capabilities  # noqa: E402
+from exactcheck.contracts.generator import SAMPLING, takes_different_tokenizers  # noqa: E402
+from exactcheck.contracts.generator import Capabilities  # noqa: E402
 from exactcheck.e2e.plan import TEXT_ONLY_MISSING, plan_generator_audit, planned_generator_checks  # noqa: E402
 from exactcheck.e2e.string_rejection import (SlrsCanonicalOnly, SlrsDrawnTokenisationQ,  # noqa: E402
                                              StringLevelRejectionSampling, covering_paths)
@@ -24,8 +24,8 @@ from exactcheck.e2e.runner import run_generator_audit  # noqa: E402
 from exactcheck.e2e.two_vocab_loop import (CommittedTokensRetokenised, DraftOnlyMassInQ, DraftStopInTargetIds,  # noqa: E402
                                            QWrittenInVocabOrder, StringLevelExactMatch, TargetOnlyTokensInQ,
                                            TokenLevelIntersection, shared_token_map)
-from exactcheck.loading import load_generator  # noqa: E402
-from exactcheck.stats.laws import policy_sequence_law  # noqa: E402
+from exactcheck.e2e.subjects import load_generator  # noqa: E402
+from exactcheck.generation.laws import policy_sequence_law  # noqa: E402
 from toy_models.tokenizer_worlds import tokenizer_worlds  # noqa: E402
 
 

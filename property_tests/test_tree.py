@@ -14,13 +14,13 @@ from exactcheck.cli import main
 from exactcheck.errors import ContractViolation, Violation
 from exactcheck.rules import rule_spec
 from exactcheck.stats.goodness_of_fit import goodness_of_fit
-from exactcheck.tree.contract import children_table, validate_tree_output
+from exactcheck.contracts.tree_verifier import children_table, validate_tree_output
 from exactcheck.tree.drive import drive_tree
 from exactcheck.tree.laws import RULE_SIBLINGS, first_token_law, step_law
 from exactcheck.corpus.trees import TREE_CORPUS
 from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only
 from exactcheck.tree.properties import TREE_PROPERTY, edge_trees, forbidden_emission, tree_boundary_verdict
-from exactcheck.tree.reference import REFERENCE_TREE_VERIFIERS
+from exactcheck.contracts.tree_reference import REFERENCE_TREE_VERIFIERS
 from exactcheck.tree.runner import run_tree_audit
 from toy_models.tree_worlds import tree_topology, tree_worlds
 
@@ -281,7 +281,7 @@ def test_every_exact_tree_rule_gives_the_target_law_through_the_loop_on_every_wo
 
 
 def test_ragged_and_dynamic_worlds_have_leaves_at_several_depths_and_shapes_per_state():
-    from exactcheck.tree.contract import tree_depths
+    from exactcheck.contracts.tree_verifier import tree_depths
     ragged, dynamic = WORLDS["tree_topk_ragged_v4_medusa7"], WORLDS["tree_topk_dynamic_v5_eagle2"]
     parents, depths = ragged.topology
     leaves = {depths[i] for i in range(1, len(parents)) if i not in parents}
@@ -305,7 +305,7 @@ def test_a_lossy_tree_rule_is_judged_by_its_own_law_and_says_what_it_costs():
     """``typical`` follows its declared rule: lossy-by-design verdicts with the exact TV; judged by
     the other typical rule (argmax bonus), the same verifier is found: the check can fail."""
     from exactcheck.tree.laws import lossy_tv
-    from exactcheck.tree.reference import typical
+    from exactcheck.contracts.tree_reference import typical
     worlds = ["tree_topk_v4_3x1", "tree_topk_ragged_v4_medusa7"]
     result = run_tree_audit(typical, level="quick", seed=5, progress=False, worlds=worlds, max_samples=5_000)
     assert result.passed, [v.describe() for v in result.failed]
@@ -333,7 +333,7 @@ def test_the_greedy_tree_rule_is_exact_on_greedy_targets_and_its_own_law_elsewhe
     """``greedy`` (the argmax child, else the argmax): its walk follows its registered law on a
     sampled target (lossy, with the exact TV) and is exact on a greedy target."""
     from exactcheck.tree.laws import lossy_tv
-    from exactcheck.tree.reference import greedy
+    from exactcheck.contracts.tree_reference import greedy
     worlds = ["tree_topk_v4_3x1", "tree_topk_dynamic_v5_eagle2", "tree_topk_greedy_v8_4x2x1"]
     result = run_tree_audit(greedy, level="quick", seed=7, progress=False, worlds=worlds, max_samples=4_000)
     assert result.passed, [v.describe() for v in result.failed]

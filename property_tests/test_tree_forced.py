@@ -16,13 +16,13 @@ import torch
 from exactcheck.adapters.sglang_tree import SglangTreeTargetOnly
 from exactcheck.corpus.trees import TREE_CORPUS
 from exactcheck.options import AuditOptions
-from exactcheck.step.randomness import controlled_randomness
-from exactcheck.tree.contract import call_tree_verifier
+from exactcheck.forcing.randomness import controlled_randomness
+from exactcheck.contracts.tree_verifier import call_tree_verifier
 from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS
 from exactcheck.tree.plan import plan_tree_audit
 from exactcheck.tree.properties import (DECISIONS_PROPERTY, PROBE_VALUES, ROW_PROPERTY, TREE_PROPERTY, TreeCase,
                                         decision_probes, tree_decisions_verdict, tree_row_verdict)
-from exactcheck.tree.reference import LOSSY_TREE_VERIFIERS, REFERENCE_TREE_VERIFIERS, multi_round, target_only
+from exactcheck.contracts.tree_reference import LOSSY_TREE_VERIFIERS, REFERENCE_TREE_VERIFIERS, multi_round, target_only
 from exactcheck.tree.rules import TREE_RULES
 from exactcheck.tree.runner import run_tree_audit
 

@@ -17,7 +17,7 @@ from exactcheck.report.verdict import Outcome
 from exactcheck.tree.cache_checks import TREE_INVARIANTS, check_tree_calls
 from exactcheck.tree.cached_loop import TREE_CACHE_MUTANTS, ReferenceTreeLoop, attention_mask, path_nodes
 from exactcheck.tree.generation_audit import drive_tree_generator, generation_tree_worlds, run_tree_generation_audit
-from exactcheck.tree.generator import call_tree_generator
+from exactcheck.contracts.tree_generator import call_tree_generator
 from toy_models.tree_cache_lm import TreeCacheLM, tree_model_pair, tree_prompt
 from toy_models.tree_worlds import tree_worlds
 

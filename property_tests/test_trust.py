@@ -15,14 +15,14 @@ import torch
 
 from exactcheck import run_audit
 from exactcheck.cli import main
-from exactcheck.step.contract import from_logits
+from exactcheck.contracts.verifier import from_logits
 from exactcheck.corpus.other_rules import FITS, OTHER_RULE_VERIFIERS
 from exactcheck.corpus.verifiers import (CORRECT_VERIFIERS, REPRODUCIBILITY_ONLY, float32_ratio_strict,
                                          gumbel_max_residual, jit_residual, mirrored_uniform_product,
                                          numpy_unseeded)
 from exactcheck.step.mutants import mutant
 from exactcheck.step.properties import check_property, search
-from exactcheck.step.randomness import (RNGSnapshot, mt19937_state_view, controlled_randomness,
+from exactcheck.forcing.randomness import (RNGSnapshot, mt19937_state_view, controlled_randomness,
                                          deliverable)
 from exactcheck.reachability import FLOOR
 from exactcheck.step.strategies import VerifyCase

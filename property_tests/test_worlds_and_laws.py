@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from exactcheck.stats.laws import planned_laws, step_law_parts
+from exactcheck.step.laws import planned_laws, step_law_parts
 from toy_models import context_worlds, make_context_world, step_worlds, three_token
 
 

@@ -95,7 +95,7 @@ def key_values(output) -> tuple:
 def grammar_world() -> ModelWorld:
     """The JSON world: target and draft toy LMs over the 13 tokens, the grammar as the policy's
     mask and ``<eos>`` as its stop token."""
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.policy import DecodingPolicy
     world = make_context_world("json_v13_k3", vocab=len(TOKENS), num_states=97, length=LENGTH, draft_length=3,
                                agreement=0.3, seed=41, concentration=1.0)
     prompt, state = prompt_for_state(world, 4, seed=41)

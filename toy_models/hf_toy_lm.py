@@ -11,7 +11,7 @@ whose single layer stores, per cached position, the token id and the position id
 (as keys; values mirror them). A generator that leaves a rejected token in the cache, skips or
 repeats a position, or forgets to trim the draft's cache therefore gets wrong rows, exactly as a
 real transformer with a stale KV cache would, and the recorded calls (``ForwardCall``) show
-which invariant broke (``exactcheck.e2e.cache_invariants``).
+which invariant broke (``exactcheck.generation.cache_invariants``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from exactcheck.adapters.transformers_compat import causal_lm_output, given_cache
+from exactcheck.contracts.transformers_compat import causal_lm_output, given_cache
 
 from toy_models.context_lm import ContextWorld, ToyLM, make_context_world
 

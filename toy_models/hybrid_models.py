@@ -220,7 +220,7 @@ def _hybrid_layout(module, args, kwargs):
     """Forward pre-hook of every model built here (it changes no call that ``generate`` makes):
 
     - an empty cache built without a config (``DynamicCache()``, what
-      ``exactcheck.adapters.transformers_compat.new_cache`` returns for exactcheck's plain
+      ``exactcheck.contracts.transformers_compat.new_cache`` returns for exactcheck's plain
       incremental decode and final-cache recompute) gets the layer layout of ``module.config``, as
       ``DynamicCache(config=...)`` builds it (linear-attention layers where the model has them);
       a cache that already has layers (every cache ``generate`` builds) is left untouched;
@@ -251,7 +251,7 @@ def hybrid_pair(name: str, seed: int = 0, draft_noise: float = 0.3, state_matter
 
 
 def hybrid_prompts(vocab_size: int = 256, count: int = 24, seed: int = 0) -> list[torch.Tensor]:
-    """``count`` random prompts of 4..11 tokens (as ``exactcheck.e2e.real_models.load_models``)."""
+    """``count`` random prompts of 4..11 tokens (as ``toy_models.model_pairs.model_pair``)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(vocab_size, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g)
             for _ in range(count)]

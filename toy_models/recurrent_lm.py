@@ -334,7 +334,7 @@ class RecurrentLMForCausalLM(ToyLMForCausalLM):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask=None,
                 position_ids: torch.LongTensor | None = None, cache=None, use_cache: bool | None = None,
                 logits_to_keep: int | torch.Tensor = 0, past_key_values=None, **kwargs):
-        from exactcheck.adapters.transformers_compat import causal_lm_output, given_cache
+        from exactcheck.contracts.transformers_compat import causal_lm_output, given_cache
         cache = given_cache(cache, past_key_values)
         if input_ids is None:
             raise ValueError("RecurrentLMForCausalLM takes input_ids only")

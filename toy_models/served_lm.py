@@ -26,7 +26,7 @@ tokenizes ``messages`` on ``/tokenize`` and returns ``prompt_token_ids`` and ``t
 (no chat template: every chat request and rendering answers 400).
 
 ``api="mlx-lm"`` speaks mlx-lm 0.32.2's server (``mlx_lm/server.py``) as far as
-``exactcheck.serve.mlx_lm_api`` reads it: text prompts read into ids by the tokenizer of
+``exactcheck.endpoints.mlx_lm_api`` reads it: text prompts read into ids by the tokenizer of
 ``tokenizer_dir`` (a model directory: ``toy_models.hf_served_models.write_llama``'s word-level
 tokenizer, so ``vocab`` 64), ``logprobs`` a bool (``logprobs: 1`` is a 400 before anything is
 generated), ids back only as ``logprobs.content[*].id``, raw log-probabilities, ``top_logprobs`` <= 11
@@ -60,7 +60,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from exactcheck.serve.loopback import LoopbackServer
+from exactcheck.contracts.loopback import LoopbackServer
 
 __all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids", "token_text"]
 

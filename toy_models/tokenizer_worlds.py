@@ -15,7 +15,7 @@ transformers' ``PreTrainedTokenizerFast``; nothing is downloaded) and a context 
   world's ``<eos>`` is in both at different ids).
 
 The exact law is the target's law of ``length`` target tokens from the prompt, enumerated in float64
-(``exactcheck.stats.laws.policy_sequence_law``); the draft never enters it. Each world also has a
+(``exactcheck.generation.laws.policy_sequence_law``); the draft never enters it. Each world also has a
 ``text`` marginal: the law of the text those tokens spell, the law a string-level algorithm is
 judged by (several token sequences spell one text). The draft LM conditions
 on its own token ids (its own rolling-hash state), so an implementation must translate the
@@ -28,7 +28,7 @@ one-hot state, so transformers' universal speculative decoding can prune and re-
 (``assistant_prune_lm_head``) as it does a real model's, and the rows stay exactly the table's.
 
 ``generator_keywords()`` builds a fresh tokenizer pair with each call: a generator call in this
-world gets ``target_tokenizer=`` and ``draft_tokenizer=`` (``exactcheck.e2e.generator``).
+world gets ``target_tokenizer=`` and ``draft_tokenizer=`` (``exactcheck.contracts.generator``).
 """
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def _rows(rng, states: int, vocabulary: Vocabulary, concentration: float, specia
 
 def _world(name: str, target: Vocabulary, draft: Vocabulary, target_states: int, draft_states: int, length: int,
            draft_length: int, seed: int, prompt: tuple[str, ...], features: str, stop: bool = False) -> TokenizerWorld:
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.policy import DecodingPolicy
     rng = np.random.default_rng(seed)
     special_mass = {target.eos: 0.12} if stop and target.eos else {}
     p = _rows(rng, target_states, target, 0.6, special_mass)

@@ -4,7 +4,7 @@ are a fresh forward's on each node's path.
 ``tiny_llama`` builds a 2-layer Llama (vocabulary 8 by default) from a ``LlamaConfig`` with random
 weights from a fixed seed (under ``torch.random.fork_rng``: the global stream is left as it was);
 nothing is downloaded. ``HFTreeModel`` wraps any transformers causal LM into the tree-model
-interface of ``exactcheck.tree.generator`` (``forward(input_ids, position_ids, tree_mask)``,
+interface of ``exactcheck.contracts.tree_generator`` (``forward(input_ids, position_ids, tree_mask)``,
 ``cache_length``, ``keep``, ``crop``): a ``DynamicCache``, the boolean tree mask turned into a 4D
 float mask [1, 1, n, cache + n] (0 where attending, the dtype's minimum elsewhere; transformers
 5.x passes a 4D mask through unchanged, ``masking_utils._preprocess_mask_arguments``), and
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.adapters.transformers_compat import forward as hf_forward, new_cache
+from exactcheck.contracts.transformers_compat import forward as hf_forward, new_cache
 from toy_models.tree_cache_lm import TreeForwardCall
 
 __all__ = ["tiny_llama", "HFTreeModel", "path_mismatches"]

@@ -72,7 +72,7 @@ from contextlib import contextmanager
 
 import torch
 
-from exactcheck.tree.contract import tree_depths
+from exactcheck.contracts.tree_verifier import tree_depths
 
 __all__ = ["EagleTree", "EagleGithubTree", "eagle_available", "eagle_choices", "FIXES"]
 

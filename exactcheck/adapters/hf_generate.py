@@ -1,4 +1,4 @@
-"""transformers' own ``generate`` loop as end-to-end generators (``exactcheck.e2e.generator``).
+"""transformers' own ``generate`` loop as end-to-end generators (``exactcheck.contracts.generator``).
 
 - ``AssistedGeneration``: ``target.generate(assistant_model=draft)``, greedy or sampling. The
   drafting settings are set where transformers reads them, on ``draft.generation_config``
@@ -8,12 +8,12 @@
   the generator declares itself lossy.
 - ``AssistedDifferentTokenizers``: the same with a draft of another vocabulary
   (``tokenizer=``, ``assistant_tokenizer=``): universal speculative decoding when sampling,
-  re-tokenised text when greedy (``exactcheck.e2e.generator``: two vocabularies).
+  re-tokenised text when greedy (``exactcheck.contracts.generator``: two vocabularies).
 - ``PromptLookup``: ``generate(prompt_lookup_num_tokens=draft_length)``; the draft model is
   not used (candidates come from n-grams of the prompt).
 - ``TargetGenerate``: plain ``target.generate`` without a draft, the baseline.
 
-The decoding policy (``exactcheck.e2e.policy``) becomes transformers' own settings: temperature,
+The decoding policy (``exactcheck.contracts.policy``) becomes transformers' own settings: temperature,
 ``top_k`` (0 when unset), ``top_p`` (1.0 when unset), ``min_p``, ``sequence_bias`` for the
 logit bias, ``bad_words_ids`` for banned tokens, ``eos_token_id`` for stop tokens, and a
 ``LogitsProcessor`` (``PolicyMask``) for a state-dependent mask. ``top_k`` and ``top_p`` are
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.adapters.transformers_compat import output_cache, prompt_lookup_kwargs, require_ensemble_weight
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, Generation
+from exactcheck.contracts.transformers_compat import output_cache, prompt_lookup_kwargs, require_ensemble_weight
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, Generation
 
 __all__ = ["AssistedGeneration", "AssistedDifferentTokenizers", "PromptLookup", "TargetGenerate", "PolicyMask", "policy_kwargs"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.step.contract import PADDING, Verifier, from_logits
+from exactcheck.contracts.verifier import PADDING, Verifier, from_logits
 
 __all__ = ["speculative_sampling_verifier"]
 

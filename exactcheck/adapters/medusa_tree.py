@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.tree.contract import children_table, tree_depths
+from exactcheck.contracts.tree_verifier import children_table, tree_depths
 
 __all__ = ["MedusaTree", "medusa_available", "leaf_paths"]
 

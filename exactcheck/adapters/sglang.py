@@ -33,10 +33,9 @@ from typing import Any
 import torch
 
 from exactcheck.adapters.vllm import MissingEngine, load_module
-from exactcheck.step.contract import PADDING
+from exactcheck.contracts.verifier import PADDING
 
-__all__ = ["SglangChainVerifier", "SglangTritonChainVerifier", "MissingEngine", "KERNEL_MODULE", "TRITON_MODULE",
-           "audit_chain_verifier"]
+__all__ = ["SglangChainVerifier", "SglangTritonChainVerifier", "MissingEngine", "KERNEL_MODULE", "TRITON_MODULE"]
 
 KERNEL_MODULE = "sgl_kernel"
 
@@ -162,14 +161,3 @@ class SglangTritonChainVerifier:
         options = {"block_verification": True} if self.block_verification else {}
         return _verify(self.kernel, draft_tokens, generator, row_generators, target_probs=_softmaxed(target_probs),
                        draft_probs=_softmaxed(draft_probs), threshold_single=1.0, threshold_acc=1.0, **options)
-
-
-def audit_chain_verifier(kernel=None, *, level: str = "quick", device: str | None = None, **options):
-    """Audit the installed sgl-kernel's chain verification (or ``kernel``) at ``level`` and return
-    the ``StepAuditResult``; ``device`` defaults to CUDA when available (the kernel needs it);
-    ``options`` are ``run_audit``'s."""
-    from exactcheck.step.runner import run_audit
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    subject = SglangChainVerifier(kernel)
-    return run_audit(subject, subject_name=subject.name, level=level, device=device, **options)

@@ -1,4 +1,4 @@
-"""SGLang's tree verification through exactcheck's tree contract (``exactcheck.tree.contract``).
+"""SGLang's tree verification through exactcheck's tree contract (``exactcheck.contracts.tree_verifier``).
 
 SGLang 0.5.23 lays a tree out per request as ``candidates`` [B, N+1] (node tokens; node 0 the last
 verified token), ``retrive_index`` [B, N+1] (each node's flat index into ``predicts``),
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.tree.contract import children_table, tree_depths
+from exactcheck.contracts.tree_verifier import children_table, tree_depths
 
 __all__ = ["sglang_tree_layout", "layout_target_only", "SglangTreeTargetOnly", "cuda_kernel_available",
            "layout_greedy", "SglangTreeGreedy"]

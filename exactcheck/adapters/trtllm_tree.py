@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.adapters.sglang_tree import sglang_tree_layout
-from exactcheck.tree.contract import tree_depths
+from exactcheck.contracts.tree_verifier import tree_depths
 
 __all__ = ["trtllm_tree_layout", "dynamic_tree_rejection_walk", "TrtllmDynamicTree", "MAX_TRIED"]
 

@@ -21,13 +21,14 @@ the request's generator, which is exact, so a defect found is in vLLM's part.
 temperature scaling and softmax must give back ``p`` and ``q``. ``greedy=True`` runs the greedy
 path (``all_greedy``): the emitted tokens are the target's argmax up to the first mismatch.
 
-``audit_rejection_sampler()`` is the one call a vLLM developer puts in a test. Without vLLM it
+``exactcheck.step.engines.audit_rejection_sampler()`` is the one call a vLLM developer puts in a test.
+Without vLLM it
 raises ``MissingEngine`` naming what is missing; ``module=`` takes any module with the same
 functions (our tests pass a pure-torch stand-in with vLLM's semantics, because vLLM's Triton
 kernels need a full vLLM install and, in practice, a GPU).
 
 **LLM.generate.** ``VllmGenerate`` wraps an ``LLM`` built with a speculative config as a batched
-generator (``exactcheck.e2e.generator.BatchedGenerator``): one ``generate`` call for many
+generator (``exactcheck.contracts.generator.BatchedGenerator``): one ``generate`` call for many
 prompts, each request with its own seed and the policy's temperature, top-k, top-p and min-p.
 vLLM holds its own models, so the audit's target and draft arguments are not used by it.
 """
@@ -42,11 +43,11 @@ import torch
 
 from exactcheck.adapters import triton_interpreter
 from exactcheck.errors import UsageError
-from exactcheck.step.contract import PADDING
-from exactcheck.step.sampling import inverse_cdf
+from exactcheck.contracts.verifier import PADDING
+from exactcheck.contracts.sampling import inverse_cdf
 
 __all__ = ["MissingEngine", "VllmRejectionSampler", "VllmV2RejectionSampler", "SamplingMetadataView", "top_k_decoys",
-           "audit_rejection_sampler", "VllmGenerate", "REJECTION_SAMPLER_MODULE", "V2_REJECTION_MODULE"]
+           "VllmGenerate", "REJECTION_SAMPLER_MODULE", "V2_REJECTION_MODULE"]
 
 REJECTION_SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
 GREEDY_RULE = "relaxed:topk=1,delta=0"  # greedy decoding as a rule (exactcheck.rules): the argmax
@@ -226,26 +227,6 @@ def top_k_decoys(logits: torch.Tensor, batch: int, k: int) -> tuple[torch.Tensor
     floor = torch.where(finite, logits, torch.full_like(logits, torch.inf)).min(-1, keepdim=True).values - 1.0
     decoyed = torch.where(finite | ~full[:, None], logits, floor.expand_as(logits))
     return decoyed, top.to(torch.int32)
-
-
-def audit_rejection_sampler(module=None, *, level: str = "quick", temperature: float | None = None,
-                            greedy: bool = False, top_k: bool = False, device: str | None = None, **options):
-    """Audit the installed vLLM's rejection sampler (or ``module``) at ``level`` and return the
-    ``StepAuditResult``. For a vLLM test::
-
-        from exactcheck.adapters.vllm import audit_rejection_sampler
-
-        def test_rejection_sampler_is_exact():
-            result = audit_rejection_sampler(level="quick")
-            assert result.passed, "\\n".join(v.describe() for v in result.failed)
-
-    ``device`` defaults to CUDA when available; ``options`` are ``run_audit``'s (``seed``,
-    ``worlds``, ``alpha``, ``require``, ...)."""
-    from exactcheck.step.runner import run_audit
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    subject = VllmRejectionSampler(module, temperature=temperature, greedy=greedy, top_k=top_k)
-    return run_audit(subject, subject_name=subject.name, level=level, device=device, **options)
 
 
 V2_REJECTION_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"

@@ -2,7 +2,7 @@
 transformers tokenizer (SmolLM2's 49,152-token vocabulary here).
 
 ``XGrammarMask(tokenizer, schema, vocab_size)`` is a callable ``mask(prefix) -> bool tensor [V]``
-of allowed tokens for ``exactcheck.e2e.policy.DecodingPolicy``: it replays the generated prefix through an xgrammar
+of allowed tokens for ``exactcheck.contracts.policy.DecodingPolicy``: it replays the generated prefix through an xgrammar
 ``GrammarMatcher`` and reads the allowed tokens from the matcher's token bitmask. Results are
 memoised per prefix, so a generation costs one replay per step. ``stop_tokens`` are the
 tokenizer's stop tokens (the only tokens the grammar allows once the object is complete).

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.adapters.transformers_compat import forward, new_cache
+from exactcheck.contracts.transformers_compat import forward, new_cache
 from exactcheck.corpus.verifiers import exponential_race, float64_nonstrict_guarded, mirrored_uniform_product
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
 
 __all__ = ["CacheFreeLoop", "DraftRecomputeLoop", "SlotCache", "SlotCacheLoop", "CORRECT_GENERATORS",
            "correct_generators", "KNOWN_FINDINGS"]

@@ -1,5 +1,5 @@
 """Exact tree verifiers written differently from exactcheck's references
-(``exactcheck.tree.reference``), so that a tree check that fails one of them is shown to fail exact
+(``exactcheck.contracts.tree_reference``), so that a tree check that fails one of them is shown to fail exact
 code: every coin convention the multi-round rule allows, and the walk written node by node.
 
 * ``multi_round_float32_coins``: coins drawn in float32 and compared strictly, ``coin * q < r``;
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.tree.contract import children_table, tree_depths
-from exactcheck.tree.reference import multi_round_deciding, walk_tree
+from exactcheck.contracts.tree_verifier import children_table, tree_depths
+from exactcheck.contracts.tree_reference import multi_round_deciding, walk_tree
 
 __all__ = ["TREE_CORPUS"]
 

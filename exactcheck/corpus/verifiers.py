@@ -1,4 +1,4 @@
-"""Exact verifiers written differently from ``exactcheck.step.reference``.
+"""Exact verifiers written differently from ``exactcheck.contracts.reference_verifier``.
 
 Each one is a correct speculative-sampling step (Leviathan et al.) that an engine engineer might
 write: other uniform conventions (u or 1 - u, strict or not), dtypes (float32, float64 uniforms;
@@ -23,7 +23,7 @@ import functools
 import numpy as np
 import torch
 
-from exactcheck.step.contract import PADDING, from_logits
+from exactcheck.contracts.verifier import PADDING, from_logits
 
 __all__ = ["CORRECT_VERIFIERS", "REPRODUCIBILITY_ONLY", "fused_step"]
 

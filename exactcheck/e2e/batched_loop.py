@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.generator import DecodingPolicy
+from exactcheck.contracts.generator import DecodingPolicy
 from exactcheck.e2e.loop import stop_at
-from exactcheck.step.reference import ReferenceVerifier
+from exactcheck.contracts.reference_verifier import ReferenceVerifier
 
 __all__ = ["BatchedReferenceLoop"]
 

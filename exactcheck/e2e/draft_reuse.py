@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.e2e.generator import SAMPLING, Capabilities, call_generator
-from exactcheck.e2e.greedy_identity import greedy_identity
-from exactcheck.e2e.policy import greedy_variant
+from exactcheck.contracts.generator import SAMPLING, Capabilities, call_generator
+from exactcheck.generation.greedy_identity import greedy_identity
+from exactcheck.contracts.policy import greedy_variant
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import observed_in

@@ -1,7 +1,7 @@
 """Forced random numbers inside an end-to-end generator: boundary values reach a verifier written
 inline in a generate loop.
 
-The step audit forces a verifier's draws (``exactcheck.step.randomness``); a generator whose
+The step audit forces a verifier's draws (``exactcheck.forcing.randomness``); a generator whose
 verification lives inside its loop (``r > p/q`` on float32 uniforms, as one popular package
 writes it) cannot be audited at step level, and its sampled laws cannot show a trigger of
 probability 2^-24. Here a whole generation runs inside ``controlled_randomness``: every
@@ -16,11 +16,11 @@ draw can return, so a failure spends none of alpha):
 
 * ``forced_no_forbidden_token``: under sampled policies that truncate the target (top-k, top-p, or
   the world's own grammar mask) no generated token has probability 0 under the policy at its
-  prefix (the exact float64 law of ``exactcheck.stats.laws.policy_sequence_law``);
+  prefix (the exact float64 law of ``exactcheck.generation.laws.policy_sequence_law``);
 * ``forced_no_crash``: no generation crashes or breaks the generator contract (a zero residual
   after a forced rejection, an all-masked row);
 * ``forced_greedy``: greedy generations equal the target's own greedy decode
-  (``exactcheck.e2e.greedy_identity.target_greedy``; a float64 tie is not a defect).
+  (``exactcheck.generation.greedy_identity.target_greedy``; a float64 tie is not a defect).
 
 These are judged on outputs alone, so a draw that escaped the forcing does not void them: every
 value it took was one a real draw returns. A failure is re-run forcing fewer draws
@@ -35,16 +35,16 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, call_generator
-from exactcheck.e2e.greedy_identity import classify_divergence, target_greedy
-from exactcheck.e2e.policy import greedy_variant
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, call_generator
+from exactcheck.generation.greedy_identity import classify_divergence, target_greedy
+from exactcheck.contracts.policy import greedy_variant
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import Reachability, wrong_uniforms
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
-from exactcheck.stats.laws import policy_sequence_law
-from exactcheck.step.properties import fewest_forced, wrong_interval
-from exactcheck.step.randomness import DrawLog, controlled_randomness
+from exactcheck.generation.laws import policy_sequence_law
+from exactcheck.forcing.boundaries import fewest_forced, wrong_interval
+from exactcheck.forcing.randomness import DrawLog, controlled_randomness
 from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
 
 __all__ = ["FORCED_CHECKS", "FORCED_VALUES", "FORCED_PROMPTS", "TRUNCATING_POLICIES", "forced_policies",

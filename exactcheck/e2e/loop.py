@@ -1,6 +1,6 @@
 """exactcheck's reference speculative loop over real model objects, and its cache-level mutants.
 
-``ReferenceSpeculativeLoop`` is an end-to-end ``Generator`` (``exactcheck.e2e.generator``): it drives
+``ReferenceSpeculativeLoop`` is an end-to-end ``Generator`` (``exactcheck.contracts.generator``): it drives
 a target and a draft causal LM (transformers-style ``forward(input_ids, position_ids, cache)``)
 with one transformers ``DynamicCache`` each, and verifies with a step ``Verifier`` (the
 reference verifier unless told otherwise). Each round:
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.adapters.transformers_compat import forward, new_cache
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
-from exactcheck.e2e.policy import greedy_variant
-from exactcheck.step.reference import ReferenceVerifier
+from exactcheck.contracts.transformers_compat import forward, new_cache
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
+from exactcheck.contracts.policy import greedy_variant
+from exactcheck.contracts.reference_verifier import ReferenceVerifier
 
 __all__ = ["ReferenceSpeculativeLoop", "DilutedDraft", "NoCropAfterRejection", "CropOffByOne", "PositionsNotRewound",
            "DraftCacheNotTrimmed", "SoftmaxQGreedyDraft", "SoftmaxQTopKDraft", "LOOP_MUTANTS",

@@ -9,35 +9,19 @@ from __future__ import annotations
 from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind
 from exactcheck.e2e.forced_draws import FORCED_CHECKS
-from exactcheck.e2e.generator import Capabilities
-from exactcheck.e2e.policy import SAMPLING, DecodingPolicy, greedy_variant
-from toy_models.hf_toy_lm import ModelWorld, model_worlds
+from exactcheck.contracts.generator import Capabilities
+from exactcheck.contracts.policy import SAMPLING, DecodingPolicy, greedy_variant
+from exactcheck.generation.verdicts import policy_suffix
+from toy_models.hf_toy_lm import ModelWorld
+from toy_models.suite import all_model_worlds
 
-__all__ = ["all_model_worlds", "policy_suffix", "plan_generator_audit", "plan_greedy_audit", "plan_grammar_audit",
+__all__ = [ "plan_generator_audit", "plan_greedy_audit", "plan_grammar_audit",
            "planned_generator_checks", "GRAMMAR_WORLD", "TEXT_ONLY_MISSING"]
 
 GRAMMAR_WORLD = "smollm2-json"
 # why a text-law-only generator's laws over target token sequences are not judged
 TEXT_ONLY_MISSING = ("law over target token sequences (it declares text_law_only: the law of its decoded text, "
                      "WORLD/text, judges it)")
-
-
-def all_model_worlds(different_tokenizers: bool = False) -> list[ModelWorld]:
-    """The toy model worlds, then the grammar world (generated under its own policy); for a
-    generator that drafts in another vocabulary, the tokenizer worlds
-    (``toy_models.tokenizer_worlds``)."""
-    if different_tokenizers:
-        from toy_models.tokenizer_worlds import tokenizer_worlds
-        return list(tokenizer_worlds())
-    from toy_models.grammar import grammar_world
-    return [*model_worlds(), grammar_world()]
-
-
-def policy_suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
-    """Check-name suffix of a policy: none for plain sampling or the world's own policy."""
-    if policy == SAMPLING or (world is not None and policy is world.policy):
-        return ""
-    return "_" + policy.label()
 
 
 def world_policies(world: ModelWorld, policies) -> tuple[DecodingPolicy, ...]:

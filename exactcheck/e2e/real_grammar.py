@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from scipy import stats
 
-from exactcheck.e2e.generator import call_generator, generator_name
+from exactcheck.contracts.generator import call_generator, generator_name
 from exactcheck.e2e.plan import GRAMMAR_WORLD, plan_grammar_audit
-from exactcheck.e2e.policy import DecodingPolicy
+from exactcheck.contracts.policy import DecodingPolicy
 from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import DEFAULT_ALPHA, CheckKind, derive_seed

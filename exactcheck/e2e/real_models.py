@@ -8,7 +8,7 @@ models (``toy_models.hybrid_models``: recurrent or conv state beside attention) 
 their final caches are checked state by state (``exactcheck.e2e.recurrent_cache``).
 
 ``run_greedy_audit`` runs the generator greedily on each (prompt, draft length) pair, compares
-each output with the target's own greedy decode (``exactcheck.e2e.greedy_identity``, divergences
+each output with the target's own greedy decode (``exactcheck.generation.greedy_identity``, divergences
 classified with their top-2 margin and a float64 recompute), and compares the final target
 cache the generator hands back (transformers returns it with ``return_dict_in_generate``) with
 a fresh recompute on the final sequence. The result is a ``GreedyAuditResult``.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.e2e.cache_invariants import final_cache
-from exactcheck.e2e.generator import generator_name
+from exactcheck.generation.cache_invariants import final_cache
+from exactcheck.contracts.generator import generator_name
 from exactcheck.e2e.plan import plan_greedy_audit
 from exactcheck.e2e.recurrent_cache import TOLERANCE, final_state_breaches, is_hybrid_cache
 from exactcheck.e2e.real_runner import RealModelRun
@@ -27,49 +27,16 @@ from exactcheck.options import REAL_MODELS, CheckKind
 from exactcheck.report.result import GreedyAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.reproduce import greedy_audit_line
+from toy_models.model_pairs import SMOLLM2_PROMPTS, hybrid_model_names, model_pair
 
 __all__ = ["REAL_MODELS", "hybrid_model_names", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]
-SMOLLM2_DRAFT_LAYERS = 4
-
-SMOLLM2_PROMPTS = (
-    "The capital of France is", "Water boils at a temperature of", "The three primary colours are",
-    "Once upon a time, in a small village,", "def fibonacci(n):", "The main difference between a cat and a dog is",
-    "To make a cup of tea, first", "The largest planet in the solar system is", "In 1969, the first person to",
-    "A haiku about the sea:", "The square root of 144 is", "Photosynthesis is the process by which",
-    "The best way to learn a new language is", "import numpy as np\n", "The opposite of hot is",
-    "My favourite book is", "The speed of light is approximately", "Here is a list of fruits: apple,",
-    "The French word for cat is", "Machine learning is", "The human heart has", "SELECT * FROM users WHERE",
-    "The Great Wall of China was built", "Q: What is 7 times 8?\nA:",
-)
-
-
-def hybrid_model_names() -> dict[str, str]:
-    """``tiny-<architecture>`` (underscores as dashes) -> architecture, for every hybrid
-    architecture that builds here (``toy_models.hybrid_models.BUILDS_HERE``)."""
-    from toy_models.hybrid_models import BUILDS_HERE
-    return {"tiny-" + arch.replace("_", "-"): arch for arch in BUILDS_HERE}
-
-
 def load_models(name: str, seed: int = 0):
-    """(target, draft, prompts as [P] id tensors) for a real model name."""
-    from toy_models import real_models
-    if name.startswith("tiny-") and name in hybrid_model_names():
-        from toy_models import hybrid_models
-        target, draft = hybrid_models.hybrid_pair(hybrid_model_names()[name], seed=seed)
-        return target, draft, hybrid_models.hybrid_prompts(target.config.vocab_size, 24, seed)
-    if name in ("tiny-llama", "tiny-gpt2"):
-        make = real_models.tiny_llama_pair if name == "tiny-llama" else real_models.tiny_gpt2_pair
-        target, draft = make(seed=seed)
-        g = torch.Generator().manual_seed(seed)
-        prompts = [torch.randint(target.config.vocab_size, (int(torch.randint(4, 12, (1,), generator=g)),),
-                                 generator=g) for _ in range(24)]
-        return target, draft, prompts
-    if name == "smollm2":
-        target, tokenizer = real_models.smollm2()
-        draft = real_models.first_layers_draft(target, SMOLLM2_DRAFT_LAYERS)
-        prompts = [tokenizer(text, return_tensors="pt").input_ids[0] for text in SMOLLM2_PROMPTS]
-        return target, draft, prompts
-    raise UsageError(f"unknown model {name!r}; known: {list(REAL_MODELS) + sorted(hybrid_model_names())}")
+    """(target, draft, prompts as [P] id tensors) for a real model name
+    (``toy_models.real_models.model_pair``); an unknown name is a one-line ``UsageError``."""
+    try:
+        return model_pair(name, seed)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
 
 
 def default_pairs(prompts: int, draft_lengths=tuple(range(1, 9)), per_prompt: int | None = None):

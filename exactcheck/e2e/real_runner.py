@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from exactcheck.audit_run import AuditRun
 from exactcheck.core import run_environment
-from exactcheck.e2e.greedy_identity import GreedyIdentityResult, greedy_identity
+from exactcheck.generation.greedy_identity import GreedyIdentityResult, greedy_identity
 from exactcheck.options import AuditPlan
 from exactcheck.report.result import AuditResult
 from exactcheck.report.verdict import Verdict
@@ -29,7 +29,7 @@ class RealModelRun(AuditRun):
 
     def greedy_identity(self, generator, target, draft, prompts, draft_lengths, new_tokens: int, seed: int,
                         vocab: int, **options) -> GreedyIdentityResult:
-        """``exactcheck.e2e.greedy_identity.greedy_identity`` with the bar advanced per run."""
+        """``exactcheck.generation.greedy_identity.greedy_identity`` with the bar advanced per run."""
         done = [0]
 
         def show(finished, _total, _name):

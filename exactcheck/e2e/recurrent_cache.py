@@ -54,7 +54,7 @@ class StateBreach:
     scale: float  # max |recompute|
     detail: str = ""
     invariant: str = "final state"
-    call: int = -1  # the final cache (the shape of exactcheck.e2e.cache_invariants.Breach)
+    call: int = -1  # the final cache (the shape of exactcheck.generation.cache_invariants.Breach)
     role: str = "target"
 
     @property

@@ -5,12 +5,12 @@ For every model world (``toy_models.hf_toy_lm.model_worlds``):
 - ``sequence``: ``n`` sampled generations (the level's count) against the world's exact float64
   law of the first ``length`` tokens under the policy (pooled Pearson; Holm over all sequence
   checks at alpha; an impossible sequence is a deterministic finding);
-- ``cache_rollback``: the invariants of ``exactcheck.e2e.cache_invariants`` on every forward call of
+- ``cache_rollback``: the invariants of ``exactcheck.generation.cache_invariants`` on every forward call of
   those generations, and any final cache the generator hands back (deterministic: an exact
   generator never breaks them, so a breach spends none of alpha);
 - ``greedy_identity``: greedy generations from several prompts at draft lengths 1..8 (passed as
-  the generator takes them: ``exactcheck.e2e.generator.draft_length_support``) equal the target's
-  own greedy decode (``exactcheck.e2e.greedy_identity``); a divergence that float64 shows to be a
+  the generator takes them: ``exactcheck.contracts.generator.draft_length_support``) equal the target's
+  own greedy decode (``exactcheck.generation.greedy_identity``); a divergence that float64 shows to be a
   numerical tie is reported, not failed;
 - ``draft_follows_q`` (a generator that declares ``reports_draft_q``): its drafted tokens follow
   the q it reported for them (a failure names the cause in the world's law verdicts);
@@ -33,13 +33,14 @@ import dataclasses
 
 from exactcheck.audit_run import AuditRun
 from exactcheck.core import not_run_verdict, resolve_device, run_environment
-from exactcheck.e2e.drive import drive_generator, drive_generator_sharded
+from exactcheck.generation.drive import drive_generator, drive_generator_sharded
 from exactcheck.e2e.forced_draws import forced_draw_verdicts
 from exactcheck.e2e.draft_reuse import draft_reuse_verdict
-from exactcheck.e2e.generator import (SAMPLING, DecodingPolicy, capabilities_of, generator_name, is_lossy,
+from exactcheck.contracts.generator import (SAMPLING, DecodingPolicy, capabilities_of, generator_name, is_lossy,
                                       takes_different_tokenizers)
-from exactcheck.e2e.plan import plan_generator_audit, policy_suffix, world_policies
-from exactcheck.e2e.verdicts import (draft_q_verdict, generation_law_verdicts, greedy_verdict, name_causes,
+from exactcheck.e2e.plan import plan_generator_audit, world_policies
+from exactcheck.generation.verdicts import policy_suffix
+from exactcheck.generation.verdicts import (draft_q_verdict, generation_law_verdicts, greedy_verdict, name_causes,
                                     rollback_verdict, validity_verdict)
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import Executor, LocalExecutor

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy
 from exactcheck.e2e.loop import stop_at
 from exactcheck.e2e.two_vocab_loop import TwoVocabularyLoop, draft_policy
 

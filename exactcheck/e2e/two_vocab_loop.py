@@ -23,7 +23,7 @@ The draft is driven on its own ids: the committed target tokens are decoded to t
 (special tokens skipped) and that text encoded with the draft's tokenizer, every round. No KV cache
 (each forward recomputes its prefix), so only the laws judge these loops.
 
-Both follow the two-vocabulary generator contract (``exactcheck.e2e.generator``:
+Both follow the two-vocabulary generator contract (``exactcheck.contracts.generator``:
 ``different_tokenizers = True``, keywords ``target_tokenizer`` and ``draft_tokenizer``).
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, DraftRecord, Generation
 from exactcheck.e2e.loop import stop_at
-from exactcheck.step.reference import ReferenceVerifier
+from exactcheck.contracts.reference_verifier import ReferenceVerifier
 
 __all__ = ["TwoVocabularyLoop", "TokenLevelIntersection", "StringLevelExactMatch", "shared_token_map", "draft_policy",
            "last_logits", "TWO_VOCAB_MUTANTS",
@@ -97,7 +97,7 @@ class TwoVocabularyLoop:
 @dataclass(frozen=True)
 class TokenLevelIntersection(TwoVocabularyLoop):
     """TLI: the draft restricted to the shared tokens, its q mapped into target ids, verified by
-    standard speculative sampling (``exactcheck.step.reference.ReferenceVerifier``)."""
+    standard speculative sampling (``exactcheck.contracts.reference_verifier.ReferenceVerifier``)."""
 
     name: str = "exactcheck TLI reference (token-level intersection, Timor et al. 2025)"
     capabilities = Capabilities(cache=False, reports_draft_q=True, grammar_masks=False)

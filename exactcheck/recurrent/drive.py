@@ -2,10 +2,10 @@
 state invariants of every forward call and of every final cache handed back.
 
 ``drive_recurrent`` calls the generator ``n`` times (batch-1, or through the batched contract in
-batches), each generation with the seed it has in the whole run (``exactcheck.e2e.drive
+batches), each generation with the seed it has in the whole run (``exactcheck.generation.drive
 .generation_seed``), records every forward call of both models (``RecurrentForwardCall``: the KV
 record and, per row, the state each mixer read) and checks, per generation, the KV invariants of
-``exactcheck.e2e.cache_invariants`` (batch-1 only: a batched call serves many generations) and
+``exactcheck.generation.cache_invariants`` (batch-1 only: a batched call serves many generations) and
 the state invariants of ``exactcheck.recurrent.invariants`` (every call: they are local to it).
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.e2e.cache_invariants import check_calls
-from exactcheck.e2e.drive import GeneratorSamples, generation_seed
-from exactcheck.e2e.generator import DecodingPolicy, call_generator, call_generator_batch, is_batched
+from exactcheck.generation.cache_invariants import check_calls
+from exactcheck.generation.drive import GeneratorSamples, generation_seed
+from exactcheck.contracts.generator import DecodingPolicy, call_generator, call_generator_batch, is_batched
 from exactcheck.errors import SubjectError
 from exactcheck.recurrent.invariants import StateBreach, check_state_calls, final_states
 

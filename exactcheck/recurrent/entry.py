@@ -49,14 +49,15 @@ def builtin_generators() -> dict:
 
 
 def load(name: str):
-    """A reference loop or mutant by name, a built-in generator, or MODULE:CALLABLE."""
+    """A reference loop or mutant by name (``recurrent-...``), or MODULE:CALLABLE (the registry
+    offers the end-to-end audit's built-in generators too: ``exactcheck.audit_kinds``)."""
     if name.startswith("recurrent-"):
         builtin = builtin_generators()
         if name not in builtin:
             raise UsageError(f"unknown recurrent generator {name!r}; built in: {', '.join(builtin)}")
         return builtin[name]
-    from exactcheck.loading import load_generator
-    return load_generator(name)
+    from exactcheck.loading import load_subject
+    return load_subject(name)
 
 
 def plan(subject, options: AuditOptions, greedy: bool = True) -> AuditPlan:

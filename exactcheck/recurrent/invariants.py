@@ -5,7 +5,7 @@ state ``index``: its conv window and its recurrent state), the state the model c
 equal a fresh recurrence over exactly the tokens its KV record holds (``fresh_states``): the
 accepted prefix, nothing rejected, nothing accepted left out. A call that starts from an empty
 record must start from the initial state. The KV record itself is judged by the KV invariants
-(``exactcheck.e2e.cache_invariants.check_calls``: committed prefix, positions); this module judges
+(``exactcheck.generation.cache_invariants.check_calls``: committed prefix, positions); this module judges
 the part a KV crop cannot roll back.
 
 The invariant is local to a call (no final sequence is needed), so it holds for batched

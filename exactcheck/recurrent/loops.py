@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exactcheck.e2e.generator import Capabilities, DecodingPolicy, Generation
-from exactcheck.step.reference import ReferenceVerifier
+from exactcheck.contracts.generator import Capabilities, DecodingPolicy, Generation
+from exactcheck.contracts.reference_verifier import ReferenceVerifier
 
 __all__ = ["SnapshotRestoreLoop", "RecomputeLoop", "StateTableLoop", "REFERENCE_LOOPS", "RejectedDraftsLeftInState",
            "AcceptedStatesNeverCommitted", "NoDraftStepReadsColumnZero", "ConvRestoredRecurrentNot",

@@ -6,7 +6,7 @@ token (pooled Pearson, Holm over the laws of every world), the KV record's rollb
 (``cache_rollback``, the generator audit's invariants), the recurrent state's rollback
 (``state_rollback``: every forward call, every row, layer and state part, and every final cache),
 and greedy identity against the target's own greedy decode. The generator takes the world's draft
-length where it can (``exactcheck.e2e.generator.with_draft_length``). ``--jobs N`` draws each
+length where it can (``exactcheck.contracts.generator.with_draft_length``). ``--jobs N`` draws each
 world's generations in N worker processes, every generation with its seed: the serial verdicts.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 
 from exactcheck.audit_run import AuditRun
 from exactcheck.core import resolve_device, run_environment
-from exactcheck.e2e.drive import GeneratorSamples
-from exactcheck.e2e.generator import SAMPLING, draft_length_support, generator_name, with_draft_length
-from exactcheck.e2e.verdicts import generation_law_verdicts, greedy_verdict, rollback_verdict
+from exactcheck.generation.drive import GeneratorSamples
+from exactcheck.contracts.generator import SAMPLING, draft_length_support, generator_name, with_draft_length
+from exactcheck.generation.verdicts import generation_law_verdicts, greedy_verdict, rollback_verdict
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import split
 from exactcheck.options import AuditOptions, derive_seed

@@ -1,5 +1,5 @@
 """The served cost report (``exactcheck cost URL --reference URL2``; measured by
-``exactcheck.serve.cost``): Markdown and a self-contained HTML page (every request's latency in the
+``exactcheck.cost.served``): Markdown and a self-contained HTML page (every request's latency in the
 order sent, both servers, and the ratio per setting with its interval), both rendered from the JSON.
 Everything a server said (its URL, its declared settings, its error) is data, escaped."""
 from __future__ import annotations

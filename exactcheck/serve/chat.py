@@ -30,10 +30,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from exactcheck.serve.client import EndpointError, Exchange
-from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
-from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
-from exactcheck.serve.sampler_law import NotDeterminable
+from exactcheck.endpoints.client import EndpointError, Exchange
+from exactcheck.endpoints.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.endpoints.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
+from exactcheck.endpoints.sampler_law import NotDeterminable
 
 __all__ = ["ChatPrompt", "ChatDialect", "ChatAnswer", "ChatRequests", "CHAT_DIALECTS", "CHAT_PATH", "DEFAULT_CHAT",
            "reproduce_flags", "template_tokens"]
@@ -167,7 +167,7 @@ def _vllm_template(endpoint: Endpoint, messages: list[dict]) -> list[int]:
 
 def _vllm_body(endpoint: Endpoint, messages: list[dict], n_predict: int, sampling: Sampling, seed: int,
                n_probs: int, cache: bool) -> dict:
-    from exactcheck.serve.openai_api import VLLM_PENALTY_FIELDS, openai_sampling_body
+    from exactcheck.endpoints.openai_api import VLLM_PENALTY_FIELDS, openai_sampling_body
     body = {"model": endpoint.model, "messages": messages, **openai_sampling_body(n_predict, sampling, seed),
             **sampling.penalty_fields(VLLM_PENALTY_FIELDS)}
     if n_probs:
@@ -236,7 +236,7 @@ def template_tokens(endpoint: Endpoint, prompt: ChatPrompt, tokenizer: str | Non
 
 
 def _tokenizer_template(directory: str, messages: list[dict]) -> list[int]:
-    from exactcheck.serve.mlx_lm_api import load_tokenizer
+    from exactcheck.endpoints.mlx_lm_api import load_tokenizer
     tokenizer = load_tokenizer(directory)
     if not getattr(tokenizer, "chat_template", None):
         raise EndpointError(f"the tokenizer of {directory} has no chat template (--chat-template-tokenizer)")

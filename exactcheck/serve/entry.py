@@ -3,7 +3,6 @@ command-line arguments, its settings from the parsed command line, the subject (
 be one), its plan and its run. Light: the runner is imported when an audit runs."""
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
 
 from exactcheck import arguments
@@ -78,10 +77,8 @@ def serve_settings(args) -> dict:
 
 def load(name: str) -> str:
     """The audited server's URL (a subject of this kind is where it listens)."""
-    parsed = urllib.parse.urlparse(name)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UsageError(f"serve URL ({name!r}) must look like http://HOST:PORT")
-    return name.rstrip("/")
+    from exactcheck.endpoints.requests import check_url
+    return check_url(name)
 
 
 def plan(subject, options: AuditOptions, **own) -> AuditPlan:

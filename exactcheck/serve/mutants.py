@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from exactcheck.serve.client import Client
-from exactcheck.serve.llama_cpp_api import llama_cpp_texts
-from exactcheck.serve.loopback import LoopbackServer
+from exactcheck.endpoints.client import Client
+from exactcheck.endpoints.llama_cpp_api import llama_cpp_texts
+from exactcheck.contracts.loopback import LoopbackServer
 
 __all__ = ["ProxyMutant", "PROXY_MUTANTS", "proxy"]
 

@@ -24,12 +24,12 @@ from exactcheck.reproduce import serve_audit_line
 from exactcheck.report.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.serve.chat import ChatPrompt, ChatRequests, reproduce_flags, template_tokens
-from exactcheck.serve.client import Client, EndpointError
-from exactcheck.serve.continuation_law import ContinuationLaw, expand
-from exactcheck.serve.draft_counts import probes_needed, send_counted
-from exactcheck.serve.apis import open_endpoint
-from exactcheck.serve.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
-from exactcheck.serve.sampler_law import NotDeterminable
+from exactcheck.endpoints.client import Client, EndpointError
+from exactcheck.endpoints.continuation_law import ContinuationLaw, expand
+from exactcheck.endpoints.draft_counts import probes_needed, send_counted
+from exactcheck.endpoints.apis import open_endpoint
+from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
+from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,

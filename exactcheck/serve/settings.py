@@ -10,15 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from exactcheck.serve.apis import APIS
+from exactcheck.endpoints.apis import APIS
 from exactcheck.serve.chat import DEFAULT_CHAT, ChatPrompt
-from exactcheck.serve.endpoint import Sampling
+from exactcheck.endpoints.requests import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, parse_prompts, parse_samplings
 
 __all__ = ["parse_prompts", "parse_samplings", "Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
            "DEFAULT_CHAT", "ChatPrompt", "add_arguments", "from_args"]
 
-DEFAULT_PROMPTS = ("The", "Once upon a time", "1, 2, 3,")
-DEFAULT_SAMPLINGS = (Sampling(), Sampling(temperature=0.7, top_k=8), Sampling(top_p=0.9, min_p=0.05))
 
 
 def _positive_int(v) -> bool:
@@ -103,31 +101,6 @@ ServeSettings = dataclasses.make_dataclass(
 NAMES = tuple(s.name for s in SETTINGS if s.public)
 # how the gate checks a [[tool.exactcheck.subject]] serve = "URL" entry's own settings
 FIELDS = {s.name: (s.valid, s.rule) for s in SETTINGS if s.valid is not None and s.name in NAMES}
-
-
-def parse_prompts(texts, id_specs) -> list:
-    """``--prompt TEXT`` (kept as text) then ``--prompt-ids ID,ID,...`` (a tuple of ids each); a
-    malformed id list is a one-line ``UsageError``."""
-    from exactcheck.errors import UsageError
-    prompts = list(texts or [])
-    for spec in id_specs or []:
-        try:
-            prompts.append(tuple(int(t) for t in spec.split(",") if t.strip()))
-        except ValueError:
-            raise UsageError(f"--prompt-ids {spec!r}: expected integers like 1,2,3") from None
-    return prompts
-
-
-def parse_samplings(specs) -> list[Sampling]:
-    """``--sampling SPEC`` each (``Sampling.parse``); a malformed one is a one-line ``UsageError``."""
-    from exactcheck.errors import UsageError
-    samplings = []
-    for spec in specs or []:
-        try:
-            samplings.append(Sampling.parse(spec))
-        except ValueError as exc:
-            raise UsageError(f"--sampling {spec!r}: {exc}") from None
-    return samplings
 
 
 def add_arguments(parser) -> None:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactcheck.serve.continuation_law import ContinuationLaw
+from exactcheck.endpoints.continuation_law import ContinuationLaw
 
 __all__ = ["stopped_law", "stop_depth", "ends_disagreeing", "returned_text"]
 

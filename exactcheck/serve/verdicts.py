@@ -12,9 +12,9 @@ from exactcheck.core import sample_law_verdict
 from exactcheck.options import Category, CheckKind, PseudoWorld
 from exactcheck.reachability import observed_in
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
-from exactcheck.serve.continuation_law import ContinuationLaw
-from exactcheck.serve.draft_counts import DraftTally
-from exactcheck.serve.endpoint import Completion
+from exactcheck.endpoints.continuation_law import ContinuationLaw
+from exactcheck.endpoints.draft_counts import DraftTally
+from exactcheck.endpoints.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.pairs import same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
@@ -39,7 +39,7 @@ def cell_indices(law: ContinuationLaw, completions: list[Completion]) -> np.ndar
 def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion], condition: str, share: float,
                              alpha: float, base: dict, cause: str | None = None) -> Verdict:
     """The law of the first ``law.length`` tokens of the audited server's answers against the law
-    the reference's next-token laws give (``exactcheck.serve.continuation_law``); ``cause``: words
+    the reference's next-token laws give (``exactcheck.endpoints.continuation_law``); ``cause``: words
     the caller knows for what went wrong (answers ending where no stop string is), else read from
     the counts."""
     indices = cell_indices(law, completions)
@@ -189,7 +189,7 @@ def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float,
 
 
 def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base: dict) -> Verdict:
-    """Whether the server speculated, by its own counters (``exactcheck.serve.draft_counts``):
+    """Whether the server speculated, by its own counters (``exactcheck.endpoints.draft_counts``):
     on the law requests, and on the requests that asked for probabilities against the law
     requests (vLLM #34497: asking for logprobs silently switched speculation off), by the test of
     ``exactcheck.stats.rates`` at the audit's Holm share. A count is evidence only through that
@@ -271,7 +271,7 @@ def settings_verdict(settings: dict, base: dict) -> Verdict:
 
 def _largest_tv(spec) -> float:
     from exactcheck.rules import output_tv
-    from exactcheck.suite import default_worlds
+    from toy_models.suite import default_worlds
     return max(output_tv(spec, world) for world in default_worlds())
 
 
@@ -297,7 +297,7 @@ def server_failed_verdict(error, server: str, role: str, sent: int, seed: int, j
     connections after every retry, a time-out storm, an answer that is not JSON, too large or never
     ending. The most severe finding a server can have: a crash verdict (exit 1), never a usage
     error; the requests in flight are named as ``curl`` lines that send them again."""
-    from exactcheck.serve.client import curl_line
+    from exactcheck.endpoints.client import curl_line
     lines = [curl_line(url, body) for url, body in error.requests[:4]]
     resume = f"; the answers so far are in {journal}: rerun with --resume against a restarted server" if journal \
         else "; give --journal (or --report) to resume against a restarted server"

@@ -18,21 +18,16 @@ release 0.003 on every law whose condition is not too rare for the level's cap.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from exactcheck.stats.laws import planned_laws
-from exactcheck.rules import RuleSpec
 from exactcheck.stats.goodness_of_fit import POWER, detectable_tv, pooling
-from exactcheck.options import AlphaBudget, Level
-from exactcheck.suite import default_worlds
-from toy_models import ContextWorld, StepWorld
+from exactcheck.options import AlphaBudget
 
-__all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "plan_budget", "default_plan", "law_detectable_tv", "trials_to_detect",
-           "MIN_SAMPLES"]
+__all__ = ["LawBudget", "WorldBudget", "BudgetPlan", "law_detectable_tv", "trials_to_detect", "MIN_SAMPLES",
+           "round_up", "needed_trials"]
 
 # Fewest trials planned for any world by default: below this the conditional laws drop out of
 # the plan and the chi-square approximation on pooled cells gets coarse.
@@ -140,7 +135,7 @@ def law_detectable_tv(expected: np.ndarray, trials: float, share: float,
     return detectable_tv(n, max(groups - 1, 0), share, power)
 
 
-def _needed(expected: np.ndarray, rate: float, eps: float, share: float, power: float,
+def needed_trials(expected: np.ndarray, rate: float, eps: float, share: float, power: float,
             cap: int) -> int | None:
     """Fewest trials (within 2%) at which the law, seen on a fraction ``rate`` of them,
     detects ``eps``; None when even ``cap`` trials do not."""
@@ -159,50 +154,10 @@ def _needed(expected: np.ndarray, rate: float, eps: float, share: float, power: 
 def trials_to_detect(expected: np.ndarray, eps: float, share: float, cap: int, power: float = POWER) -> int | None:
     """Fewest trials (within 2%) at which a pooled chi-square of a law ``expected`` seen on every
     trial detects TV ``eps`` with ``power`` at its ``share`` of alpha; None when ``cap`` do not."""
-    return _needed(expected, 1.0, eps, share, power, cap)
+    return needed_trials(expected, 1.0, eps, share, power, cap)
 
 
-def _round_up(n: int) -> int:
+def round_up(n: int) -> int:
     """Up to two significant figures, so plans print readably."""
     scale = 10 ** max(int(math.log10(max(n, 1))) - 1, 0)
     return -(-n // scale) * scale
-
-
-def plan_budget(worlds: list[StepWorld | ContextWorld], detect_tv: float, alpha: float,
-                power: float = POWER, max_samples: int = Level.RELEASE.max_samples,
-                checks: int | None = None, min_samples: int = MIN_SAMPLES,
-                rule: RuleSpec | None = None) -> BudgetPlan:
-    """Trials per world so that each law detects ``detect_tv`` with ``power`` at its Holm share.
-
-    ``checks`` is the number of statistical checks alpha is split over; by default the laws the
-    worlds would check at ``max_samples`` (the most there can be, so the share is conservative)."""
-    if not 0 < detect_tv <= 1:
-        raise ValueError(f"detect_tv ({detect_tv}) must be in (0, 1]")
-    laws_at_cap = {w.name: planned_laws(w, max_samples, rule) for w in worlds}
-    m = checks if checks is not None else sum(len(v) for v in laws_at_cap.values())
-    share = alpha / max(m, 1)
-    out = []
-    for world in worlds:
-        rows = []
-        for law in laws_at_cap[world.name]:
-            rate = law.condition_probability
-            rows.append((law, rate, _needed(law.expected, rate, detect_tv, share, power, max_samples)))
-        # A law that cannot reach the target within the cap gets the cap: as close as allowed.
-        wanted = [max_samples if needed is None else needed for _, _, needed in rows]
-        samples = min(max_samples, _round_up(max([min_samples, *wanted])))
-        # Laws checked at the planned size (conditional laws may drop out when rare).
-        kept = {law.law for law in planned_laws(world, samples, rule)}
-        out.append(WorldBudget(world.name, samples, tuple(
-            LawBudget(world.name, law.law, law.condition, rate, law.expected.size, needed,
-                      law_detectable_tv(law.expected, samples * rate, share, power))
-            for law, rate, needed in rows if law.law in kept)))
-    return BudgetPlan(detect_tv, alpha, power, m, max_samples, min_samples, tuple(out))
-
-
-@functools.lru_cache(maxsize=16)
-def default_plan(detect_tv: float, alpha: float, max_samples: int, min_samples: int = MIN_SAMPLES,
-                 rule: RuleSpec | None = None, checks: int | None = None) -> BudgetPlan:
-    """The plan over every built-in world (what an audit uses, whichever worlds it runs), at the
-    share alpha / ``checks`` (``exactcheck.step.plan.alpha_budget`` gives the audit's family)."""
-    return plan_budget(default_worlds(), detect_tv, alpha, max_samples=max_samples, checks=checks,
-                       min_samples=min(min_samples, max_samples), rule=rule)

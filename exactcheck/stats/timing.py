@@ -1,5 +1,5 @@
 """Times and rates measured over requests, each with its interval: what ``exactcheck cost`` reports
-of a served system (``exactcheck.serve.cost``). Pure numpy and scipy; nothing here sends a request.
+of a served system (``exactcheck.cost.served``). Pure numpy and scipy; nothing here sends a request.
 
 - ``mean_interval``: the mean with Student's t interval, mean ± t(n - 1) · s / √n (the requests
   independent draws of one latency law; with few requests the t quantile widens it);

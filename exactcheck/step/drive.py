@@ -21,11 +21,11 @@ from typing import Callable
 import torch
 
 from exactcheck.options import DEFAULT_CALL_ELEMENTS
-from exactcheck.step.contract import Verifier, call_verifier, rows_keep_contract
+from exactcheck.contracts.verifier import Verifier, call_verifier, rows_keep_contract
 from exactcheck.step.speculative_loop import Proposal, run_speculative_loop
-from exactcheck.step.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
+from exactcheck.contracts.sampling import AliasTable, CdfTable, inverse_cdf, state_sampler
 from exactcheck.stats.chain_rule import ChainWorld
-from exactcheck.stats.samples import Samples, SequenceSamples, StepSamples
+from exactcheck.step.samples import Samples, SequenceSamples, StepSamples
 from toy_models import ContextWorld, StepWorld, ToyLM
 
 __all__ = ["StepSamples", "SequenceSamples", "Samples", "drive_steps", "drive_sequences", "drive", "step_inputs",

@@ -122,7 +122,7 @@ def catalogue() -> list[str]:
     """This kind's part of ``exactcheck list``: the step worlds, properties and verifier mutants."""
     from exactcheck.step.mutants import MUTANTS, SMALL_BIAS_MUTANTS
     from exactcheck.step.properties import PROPERTIES
-    from exactcheck.suite import default_worlds, large_worlds
+    from toy_models.suite import default_worlds, large_worlds
     lines = ["worlds:"]
     lines += [f"  {w.name:<26} {w.description}" for w in default_worlds()]
     lines.append("large worlds (audited when named with --world; chain-rule tests):")

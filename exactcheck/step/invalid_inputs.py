@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.step.contract import Verifier, validate_output
+from exactcheck.contracts.verifier import Verifier, validate_output
 from exactcheck.errors import ContractViolation, SubjectError
 from exactcheck.subject_call import call_subject
 from exactcheck.step.strategies import VerifyCase

@@ -29,8 +29,8 @@ import torch
 
 from exactcheck.rules import all_drafts, chain_law, normalised_rows, draft_ratios, block_stop_probabilities, rule_spec
 from exactcheck.step import mutants as m
-from exactcheck.step.reference import ReferenceVerifier
-from exactcheck.step.sampling import inverse_cdf
+from exactcheck.contracts.reference_verifier import ReferenceVerifier
+from exactcheck.contracts.sampling import inverse_cdf
 
 __all__ = ["Emission", "mutant_emission", "NO_LAW", "output_law", "exact_output_law", "mutant_output_law",
            "output_cells", "sampled_law", "reference_emission", "cell_offsets"]
@@ -41,7 +41,7 @@ Emission = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.n
 # ---- pieces shared by the laws --------------------------------------------------------------
 
 def sampled_law(rows: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None) -> np.ndarray:
-    """The law of the token ``exactcheck.step.sampling.inverse_cdf`` returns from the float64
+    """The law of the token ``exactcheck.contracts.sampling.inverse_cdf`` returns from the float64
     cumulative sums of ``rows`` [R, V] (any rows: negative entries, totals other than 1) for a
     uniform u on [low, high) (default [0, 1)). The token is a step function of u that can change
     only at a cumulative value, so evaluating the sampler at every cumulative value in the

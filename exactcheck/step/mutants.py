@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.step.reference import ReferenceVerifier, final_pq, row_at
+from exactcheck.contracts.reference_verifier import ReferenceVerifier, final_pq, row_at
 from exactcheck.step.rule_references import BlockVerifier, ThresholdVerifier
 
 __all__ = ["Mutant", "MUTANTS", "SMALL_BIAS_MUTANTS", "CONVENTION_PRECISION_MUTANTS", "mutant"]

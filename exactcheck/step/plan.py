@@ -15,11 +15,12 @@ from dataclasses import replace
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind, PseudoWorld
 from exactcheck.stats.chain_rule import CHAIN_RULE_TESTS
-from exactcheck.stats.laws import planned_laws
-from exactcheck.stats.planning import BudgetPlan, default_plan
+from exactcheck.step.laws import planned_laws
+from exactcheck.stats.planning import BudgetPlan
+from exactcheck.step.budget import default_plan
 from exactcheck.rules import RuleSpec, rule_spec
 from exactcheck.step.properties import PROPERTIES
-from exactcheck.suite import default_worlds, large_worlds
+from toy_models.suite import default_worlds, large_worlds
 
 __all__ = ["alpha_budget", "budget_plan", "plan_step_audit", "planned_checks", "judged_rule", "fit_to_seconds",
            "LAW_SHARE", "MIN_FITTED_TRIALS"]

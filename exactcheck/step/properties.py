@@ -3,7 +3,7 @@
 Each property is checked first on a fixed corpus of small edge cases (one per row kind and draft
 relation; case by case under the two boundary uniforms, then under the three ratio values), then
 on cases hypothesis generates, with the subject's random numbers forced to one
-boundary value (``exactcheck.step.randomness``: the value is one the draw can return in its dtype). A
+boundary value (``exactcheck.forcing.randomness``: the value is one the draw can return in its dtype). A
 counterexample is shrunk by hypothesis to a minimal case and kept as a reproducer that
 ``exactcheck replay`` re-runs. No sampling luck is involved.
 
@@ -36,7 +36,6 @@ for a reachable one.
 from __future__ import annotations
 
 import inspect
-import math
 import random
 import time
 from collections import Counter
@@ -53,8 +52,10 @@ FlakyFailure = getattr(_hypothesis_errors, "FlakyFailure", Flaky)
 
 from exactcheck.errors import ContractViolation, SubjectCrashed
 from exactcheck.rules import EXACT_RULES, RuleSpec, declared_rule, rule_spec
-from exactcheck.step.contract import PADDING, Verifier, call_verifier
-from exactcheck.step.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
+from exactcheck.contracts.verifier import PADDING, Verifier, call_verifier
+from exactcheck.forcing.boundaries import (CONVENTION_GRID, RATIO_STEP, TIE_MARGIN, UNIFORM_FLOOR, fewest_forced,
+                                          wrong_interval)
+from exactcheck.forcing.randomness import DrawLog, controlled_randomness, value_probability, watched_randomness
 from exactcheck.reachability import ORDINARY, Reachability, forced_draws, structural, wrong_uniforms
 from exactcheck.step.strategies import VerifyCase, edge_corpus, verify_cases
 
@@ -79,17 +80,9 @@ RULE_PROPERTIES = ("acceptance",)  # judged by the subject's rule: conformance c
 NEED_COMPLETE = ("acceptance", "row_independence", "seeded_rows")  # judged only if every draw was forced
 SHRUNK = ("contract", "no_forbidden_token")  # judged on outputs alone: the forced set can shrink
 VACUOUS = "not judged"
-RATIO_STEP = 2.0 ** -14  # ratio_minus / ratio_plus sit this far (relative) from the threshold probed
-TIE_MARGIN = 2.0 ** -18  # smallest relative margin around a tie (float32 and float64 rows)
-# An exact subject may raise a tiny uniform to a floor before it compares (vLLM clamps its
-# acceptance uniforms to at least 2^-31; float32 uniforms are multiples of 2^-24): a delivered
-# uniform below this stands for any value up to it.
-UNIFORM_FLOOR = 2.0 ** -24
-SHRINK_CALLS = 160  # budget of subject calls for shrinking one forced set
 REPEATS = 4  # identical forced calls a NEED_COMPLETE finding must reproduce before it is judged
 UNSEEN_SOURCE = ("its output changed between identical forced calls (a random source exactcheck "
                  "does not see: fresh OS entropy, a generator the subject keeps)")
-CONFIRM_SEEDS = 4  # the shrunk set is re-run with this many generator seeds
 UNREACHABLE_ENOUGH = 3  # after this many unreachable counterexamples under one value, move on
 # the edge corpus is searched before any generated case, case by case under each value of a group,
 # the boundary uniforms first: a boundary behaviour of any edge class is met within twice the
@@ -286,42 +279,6 @@ def _convention_fails(out, tensors, log: DrawLog, rule: RuleSpec | None, mirrore
     return True
 
 
-BISECTIONS = 56  # at most this many halvings per side
-RESOLUTION = 2.0 ** -40  # an end is pinned to this (absolute), or to 2^-6 of the interval grown so far
-CONTIGUITY_POINTS = 8  # points inside a found interval re-checked before its measure is claimed
-
-
-def wrong_interval(fails, d: float, resolution: float = RESOLUTION,
-                   checks: int = CONTIGUITY_POINTS) -> tuple[float, float]:
-    """[a, b], with a <= d <= b: every uniform checked in it gives a wrong call (``fails(c)``,
-    every uniform forced to c), its ends found by bisection from d towards 0 and towards 1 (each
-    end is a uniform checked wrong: the measure is a lower bound, within 2^-6 of the set's or
-    ``resolution``), and ``checks`` points inside re-checked (an end is pulled in to below the
-    first point that is not wrong). [d, d] when only d itself is known to fail. Shared by the
-    acceptance property and the end-to-end forced draws (``exactcheck.e2e.forced_draws``)."""
-    def side(end: float) -> float:
-        good, bad = d, end  # good: known wrong; bad: not known wrong
-        if fails(end):
-            good = end
-        else:
-            for _ in range(BISECTIONS):
-                mid = (good + bad) / 2
-                if mid in (good, bad) or abs(bad - good) <= max(resolution, abs(good - d) / 64):
-                    break
-                if fails(mid):
-                    good = mid
-                else:
-                    bad = mid
-        for i in range(1, checks + 1):  # every point between d and good must be wrong
-            c = d + (good - d) * i / (checks + 1)
-            if c not in (d, good) and not fails(c):
-                good = d + (good - d) * (i - 1) / (checks + 1)
-                break
-        return good
-    return side(0.0), side(1.0 - 2.0 ** -53)
-
-
-CONVENTION_GRID = 32  # uniforms (i + 1/2) / 32 at which each convention's wrong calls are counted
 
 
 def _point_reach(log: DrawLog, d: float) -> Reachability:
@@ -389,25 +346,6 @@ def _broken_output(name: str, out, tensors, log) -> tuple[int | None, str] | Non
     return _no_forbidden_token(out, tensors, log)
 
 
-def _reachability_of(log: DrawLog, chosen, minimal: bool, confirmed: float) -> Reachability:
-    """The per-call probability that the forced elements ``chosen`` take their values."""
-    probabilities, dtypes, functions, value = [], [], [], None
-    offset = 0
-    chosen = sorted(chosen)
-    for draw in log.draws:
-        inside = [i for i in chosen if offset <= i < offset + draw.numel]
-        if inside:
-            probabilities += [draw.element_probability] * len(inside)
-            dtypes += [str(draw.dtype).replace("torch.", "")] * len(inside)
-            functions.append(draw.entry)
-            value = draw.value
-        offset += draw.numel
-    reach = forced_draws(probabilities, dtypes, functions, value, minimal)
-    if reach.draws and confirmed < 1:
-        reach = replace(reach, probability=reach.probability * confirmed)
-    return reach
-
-
 def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: DrawLog,
                    options: dict, device="cpu") -> tuple[tuple[int, ...], Reachability]:
     """The fewest forced elements that still break ``name`` (the other draws coming from the
@@ -419,48 +357,6 @@ def _shrink_forced(subject, name: str, case: VerifyCase, c, seed: int, full: Dra
         return _broken_output(name, out, tensors, log) is not None
 
     return fewest_forced(fails, full, seed)
-
-
-def fewest_forced(fails, full: DrawLog, seed: int, budget: int = SHRINK_CALLS) -> tuple[tuple[int, ...], Reachability]:
-    """Delta debugging over the element indices of a fully forced call (``full``): the fewest
-    forced elements ``only`` such that ``fails(only, seed)`` still holds (the other draws come
-    from the subject's generator seeded ``seed``), confirmed under ``CONFIRM_SEEDS - 1`` more
-    seeds; and that set's reachability (``exactcheck.reachability``). Shared by the step
-    properties and the end-to-end forced draws (``exactcheck.e2e.forced_draws``)."""
-    calls = [0]
-
-    def attempt(only, s=seed) -> bool:
-        calls[0] += 1
-        return fails(only, s)
-
-    if attempt(()):
-        return (), forced_draws([], [], [], None)
-    current = list(range(full.elements))
-    n = 2
-    while len(current) >= 2 and calls[0] < budget:
-        size = math.ceil(len(current) / n)
-        chunks = [current[i:i + size] for i in range(0, len(current), size)]
-        for chunk in chunks:
-            if calls[0] >= budget:
-                break
-            if attempt(chunk):
-                current, n = chunk, 2
-                break
-        else:
-            for chunk in chunks if n > 2 else ():
-                if calls[0] >= budget:
-                    break
-                rest = [i for i in current if i not in set(chunk)]
-                if attempt(rest):
-                    current, n = rest, max(n - 1, 2)
-                    break
-            else:
-                if n >= len(current):
-                    break
-                n = min(2 * n, len(current))
-    minimal = len(current) <= 1 or calls[0] < budget
-    confirmed = (1 + sum(attempt(current, seed + 1 + i) for i in range(CONFIRM_SEEDS - 1))) / CONFIRM_SEEDS
-    return tuple(current), _reachability_of(full, current, minimal, confirmed)
 
 
 def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | None,

@@ -36,11 +36,11 @@ import torch
 from exactcheck.errors import ContractViolation, SubjectCrashed, UsageError
 from exactcheck.report.json_md import AUDIT_SCHEMA
 from exactcheck.rules import declared_rule, rule_spec
-from exactcheck.step.contract import call_verifier
+from exactcheck.contracts.verifier import call_verifier
 from exactcheck.step.properties import (forced_values, FROM_SUBJECT, NEED_COMPLETE, PROPERTIES,
                                         REPRODUCER_SCHEMA, UNFORCED, UNSEEN_SOURCE, check_property,
                                         forced_uniform)
-from exactcheck.step.randomness import CONTROLLED, DrawLog, boundary_value, controlled_randomness, deliverable
+from exactcheck.forcing.randomness import CONTROLLED, DrawLog, boundary_value, controlled_randomness, deliverable
 from exactcheck.step.strategies import DRAFT_CHOICES, INPUT_DTYPES, RELATIONS, ROW_KINDS, VerifyCase
 
 __all__ = ["validate_reproducer", "read_reproducers", "replay", "ReplayOutcome", "SCHEMAS", "MAX_CASE_ELEMENTS",

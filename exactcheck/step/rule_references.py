@@ -1,5 +1,5 @@
 """Reference verifiers of two more registered rules (``exactcheck.rules``), one method per step
-like ``exactcheck.step.reference``, so each mutant of ``exactcheck.step.mutants`` that follows one
+like ``exactcheck.contracts.reference_verifier``, so each mutant of ``exactcheck.step.mutants`` that follows one
 of these rules overrides exactly one step:
 
 - ``BlockVerifier``: block verification (Sun et al. 2024; vLLM 0.33 ``rejection_sample_method =
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.step.reference import ReferenceVerifier, _checked, _smallest, at_drafts, row_at
+from exactcheck.contracts.reference_verifier import ReferenceVerifier, at_drafts, checked_probabilities, row_at, smallest_probability
 
 __all__ = ["BlockVerifier", "ThresholdVerifier"]
 
@@ -31,9 +31,9 @@ class BlockVerifier(ReferenceVerifier):
         batch, k = draft_tokens.shape
         device = draft_tokens.device
         target = self.target_rows(target_probs)
-        p_draft = _checked(at_drafts(target, draft_tokens).double(), "target_probs")
+        p_draft = checked_probabilities(at_drafts(target, draft_tokens).double(), "target_probs")
         q_draft = at_drafts(draft_probs, draft_tokens).double()
-        if _smallest(q_draft, "draft_probs") == 0:
+        if smallest_probability(q_draft, "draft_probs") == 0:
             raise ValueError("a draft token has draft probability 0: it cannot have been proposed")
         u = self.acceptance_uniforms(batch, k, generator, device, row_generators)
         w = self.weights(p_draft, q_draft)
@@ -70,8 +70,8 @@ class BlockVerifier(ReferenceVerifier):
         """max(w_n p_n - q_n, 0) normalised after a stop at n < k (p_n if that is all zero, a case
         of probability 0), p_k at n = k."""
         k = draft_probs.shape[1]
-        p = _checked(row_at(target, n), "target_probs").double()
-        q = _checked(row_at(draft_probs, n.clamp(max=k - 1)), "draft_probs").double() * (n < k)[:, None]
+        p = checked_probabilities(row_at(target, n), "target_probs").double()
+        q = checked_probabilities(row_at(draft_probs, n.clamp(max=k - 1)), "draft_probs").double() * (n < k)[:, None]
         scale = torch.where(n < k, w.gather(1, n[:, None])[:, 0], torch.ones_like(w[:, 0]))
         residual = (scale[:, None] * p - q).clamp(min=0)
         mass = residual.sum(1, keepdim=True)
@@ -92,7 +92,7 @@ class ThresholdVerifier(ReferenceVerifier):
         device = draft_tokens.device
         target = self.target_rows(target_probs)
         u = self.acceptance_uniforms(batch, k, generator, device, row_generators)
-        p_draft = _checked(at_drafts(target, draft_tokens).double(), "target_probs")
+        p_draft = checked_probabilities(at_drafts(target, draft_tokens).double(), "target_probs")
         n = self.accepted_length(self.accept(u, p_draft, None))
         rows = self.rows_without_draft(target, draft_tokens, n)
         last = self.sample_final(rows, self.final_uniforms(batch, generator, device, u, n, row_generators))
@@ -105,7 +105,7 @@ class ThresholdVerifier(ReferenceVerifier):
         """p_n without the rejected draft d_n, normalised (p_n if nothing is left); p_k after k
         acceptances."""
         k = draft_tokens.shape[1]
-        p = _checked(row_at(target, n), "target_probs").double()
+        p = checked_probabilities(row_at(target, n), "target_probs").double()
         rows = p.clone()
         rejected = (n < k).nonzero()[:, 0]
         rows[rejected, draft_tokens[rejected, n[rejected]]] = 0.0

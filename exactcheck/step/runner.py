@@ -26,7 +26,7 @@ from exactcheck.report.verdict import Verdict
 from exactcheck.reproduce import replay_line, step_audit_line
 from exactcheck.stats.sequential import EProcess, batch_schedule, first_look_schedule
 from exactcheck.rules import declared_rule
-from exactcheck.step.contract import Verifier
+from exactcheck.contracts.verifier import Verifier
 from exactcheck.subject_call import call_time_limit
 from exactcheck.step.drive import drive
 from exactcheck.step.plan import LAW_SHARE, judged_rule, plan_step_audit

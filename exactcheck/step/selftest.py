@@ -7,12 +7,12 @@ from exactcheck.errors import UsageError
 from exactcheck.options import DEFAULT_ALPHA
 from exactcheck.report.result import AuditResult, SelftestResult
 from exactcheck.step.mutants import MUTANTS
-from exactcheck.step.reference import reference_verifier
+from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.step.runner import run_audit
 
 __all__ = ["SelftestResult", "run_selftest", "REFERENCE_NAME"]
 
-REFERENCE_NAME = "exactcheck.step.reference:reference_verifier"
+REFERENCE_NAME = "exactcheck.contracts.reference_verifier:reference_verifier"
 
 
 def run_selftest(level: str = "standard", seed: int = 0, alpha: float = DEFAULT_ALPHA,

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from exactcheck.step.contract import PADDING, Verifier, call_verifier
+from exactcheck.contracts.verifier import PADDING, Verifier, call_verifier
 
 __all__ = ["Proposal", "Proposer", "run_speculative_loop"]
 

@@ -10,7 +10,7 @@ def builtin_verifiers() -> dict:
     """Name -> verifier: ``reference``, then every mutant by the name ``exactcheck list`` prints it
     (``trust_draft``, ``acceptance_x0.98``) and by its importable spelling (``acceptance_x0_98``)."""
     from exactcheck.step.mutants import CONVENTION_PRECISION_MUTANTS, MUTANTS, SMALL_BIAS_MUTANTS, importable_name
-    from exactcheck.step.reference import reference_verifier
+    from exactcheck.contracts.reference_verifier import reference_verifier
     out = {"reference": reference_verifier}
     for m in (*MUTANTS.values(), *SMALL_BIAS_MUTANTS.values(), *CONVENTION_PRECISION_MUTANTS.values()):
         out[m.name] = m.verifier

@@ -22,7 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 from exactcheck.errors import ContractViolation, SubjectCrashed, SubjectKilled, UsageError
 from exactcheck.executors import Executor, worker_pool
 from exactcheck.options import DEFAULT_CALL_ELEMENTS, AuditOptions
-from exactcheck.stats.laws import compare
+from exactcheck.step.laws import compare
 from exactcheck.step.drive import drive
 
 __all__ = ["shard_counts", "PlanWorkers"]

@@ -5,7 +5,7 @@ shared, ordered list (``TreeForwardCall``: the cache before the call as tokens a
 the inputs, their position ids and the tree mask). With F = prompt + the generated tokens, N the
 tree's candidates and (parents, depths) the round's breadth-first tree (``tree.topology``; in a
 dynamic world, the tree worked out from the draft's own rows, below), an exact tree generator
-that keeps the conventions of ``exactcheck.tree.generator`` keeps, at every call:
+that keeps the conventions of ``exactcheck.contracts.tree_generator`` keeps, at every call:
 
 1. ``committed_cache`` (every target call: each verify sees the previous verify's compaction;
    the first draft call of each round; the target's cache after the last verify): the cache

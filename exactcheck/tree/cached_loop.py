@@ -1,6 +1,6 @@
 """exactcheck's reference tree loop over cached models, and its tree-cache mutants.
 
-``ReferenceTreeLoop`` is a tree generator (``exactcheck.tree.generator``). With F the committed
+``ReferenceTreeLoop`` is a tree generator (``exactcheck.contracts.tree_generator``). With F the committed
 sequence (prompt + tokens generated so far, T = len(F)), each round:
 
 1. **draft** (``draft_tree``): the draft is fed the committed tokens its cache lacks (F[known:],
@@ -21,7 +21,7 @@ sequence (prompt + tokens generated so far, T = len(F)), each round:
    in breadth-first order (the round's tree: ``tree.topology``, or the dynamic tree drafted): node
    0, the root, is F's last token;
 3. **verify** (``verify``): the reference verifier of the sibling mode (``multi_round``,
-   ``without_replacement``, ``deterministic`` from ``exactcheck.tree.reference``) on
+   ``without_replacement``, ``deterministic`` from ``exactcheck.contracts.tree_reference``) on
    target_probs [1, N+1, V] (row i: the target's row after the path to node i; row 0 after F),
    draft_probs likewise, tokens (root -1) and parents; it emits the accepted path's tokens and
    one correction or bonus token;
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.tree.reference import deterministic, multi_round, without_replacement
+from exactcheck.contracts.tree_reference import deterministic, multi_round, without_replacement
 from toy_models.tree_worlds import TreeWorld
 
 __all__ = ["DraftedTree", "ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactcheck.tree.contract import call_tree_verifier
+from exactcheck.contracts.tree_verifier import call_tree_verifier
 from toy_models.tree_worlds import TreeWorld
 
 __all__ = ["TreeSamples", "drive_tree"]

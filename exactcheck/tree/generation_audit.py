@@ -4,7 +4,7 @@ Per tree world (every built-in one: a fixed topology, ``tree.topology``, or EAGL
 ``tree.expansion``, which the generator drafts from the draft's rows each round), ``trials``
 generations of ``world.length`` tokens: each starts from empty caches on the
 world's prompt (``toy_models.tree_cache_lm.tree_prompt``: it leads to the world's prompt state)
-and is called through the contract (``exactcheck.tree.generator.call_tree_generator``), with the
+and is called through the contract (``exactcheck.contracts.tree_generator.call_tree_generator``), with the
 models recording every forward. Verdicts per world:
 
 - ``sequence``: the law of the generated tokens against ``TreeWorld.sequence_law()`` (float64,
@@ -37,7 +37,7 @@ from exactcheck.report.result import TreeLoopAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.stats.laws import LawPlan
 from exactcheck.tree.cache_checks import TreeBreach, check_tree_calls
-from exactcheck.tree.generator import call_tree_generator
+from exactcheck.contracts.tree_generator import call_tree_generator
 from toy_models.tree_cache_lm import tree_model_pair, tree_prompt
 from toy_models.tree_worlds import TreeWorld, tree_worlds
 
@@ -171,7 +171,7 @@ def run_tree_generation_audit(generator, *, worlds=None, trials: int | dict[str,
                               reproduce: Callable[[str, int], str] | None = None, level: str | None = None,
                               require: tuple[str, ...] | None = None,
                               progress: bool = False, jobs: int = 1) -> TreeGenerationAuditResult:
-    """Audit a tree generator (``exactcheck.tree.generator``) end to end on ``worlds`` (names or
+    """Audit a tree generator (``exactcheck.contracts.tree_generator``) end to end on ``worlds`` (names or
     ``TreeWorld``s; default ``generation_tree_worlds()``), ``trials`` generations per world (one
     number, or per world name). ``name``: the subject's name in the result; ``reproduce(world,
     trials)``: each world's reproduce line (default: this call); ``level``, ``require``: as the

@@ -3,7 +3,7 @@ SUBJECT``, the plugin's ``audit_tests("tree-loop", ...)``): its command-line arg
 settings from the parsed command line, how a tree generator is loaded by name, planned and
 audited. Subjects: ``tree-loop-reference`` (``exactcheck.tree.cached_loop.ReferenceTreeLoop``),
 ``tree-loop-mutant:NAME`` (its tree-cache and randomness mutants) or MODULE:CALLABLE (the tree-generator
-contract, ``exactcheck.tree.generator``). Light: the audit is imported when it runs
+contract, ``exactcheck.contracts.tree_generator``). Light: the audit is imported when it runs
 (``exactcheck.tree.generation_audit.run_tree_generation_audit``)."""
 from __future__ import annotations
 

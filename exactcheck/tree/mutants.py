@@ -39,14 +39,14 @@ import functools
 
 import torch
 
-from exactcheck.tree.reference import (_deterministic_children, gather, _multi_round_children, multi_round_deciding,
-                                       normalised, _target_only_children, inverse_cdf, walk_tree)
+from exactcheck.contracts.tree_reference import (deterministic_children, gather, multi_round_children, multi_round_deciding,
+                                       normalised, target_only_children, inverse_cdf, walk_tree)
 
 __all__ = ["TREE_MUTANTS", "BOUNDARY_TREE_MUTANTS", "first_branch_only", "pruned_by_target_top_k"]
 
 
 def _residual_from_draft_q(target_probs, draft_probs, tokens, parents, generator):
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children)
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, multi_round_children)
 
 
 _residual_from_draft_q.sibling_sampling = "top_k"
@@ -54,7 +54,7 @@ _residual_from_draft_q.sibling_sampling = "top_k"
 
 def _duplicates_double_counted(target_probs, draft_probs, tokens, parents, generator):
     return walk_tree(target_probs, None, tokens, parents, generator,
-                     functools.partial(_target_only_children, count_duplicates=True))
+                     functools.partial(target_only_children, count_duplicates=True))
 
 
 _duplicates_double_counted.sibling_sampling = "iid"
@@ -63,7 +63,7 @@ _duplicates_double_counted.takes_draft_probs = False
 
 def _lone_child_children(p, q, kid_tokens, valid, generator):
     alone = valid[:, 0] & ~valid[:, 1:].any(1) if valid.shape[1] > 1 else valid[:, 0]
-    slot, r = _multi_round_children(p, q, kid_tokens, valid & ~alone[:, None], generator)
+    slot, r = multi_round_children(p, q, kid_tokens, valid & ~alone[:, None], generator)
     greedy = alone & (kid_tokens[:, 0] == p.argmax(1))
     slot = torch.where(greedy, torch.zeros_like(slot), slot)
     r = torch.where((alone & ~greedy)[:, None], normalised(p.scatter(1, kid_tokens[:, :1], 0.0), p), r)
@@ -110,14 +110,14 @@ _tree_read_as_chain.sibling_sampling = "iid"
 
 def _mask_of_32_slots(target_probs, draft_probs, tokens, parents, generator):
     return walk_tree(target_probs, draft_probs, tokens, parents, generator,
-                     functools.partial(_deterministic_children, tried_slots=32))
+                     functools.partial(deterministic_children, tried_slots=32))
 
 
 _mask_of_32_slots.sibling_sampling = "top_k"
 
 
 def _ignoring_residual_children(p, q, kid_tokens, valid, generator):
-    slot, _ = _multi_round_children(p, q, kid_tokens, valid, generator)
+    slot, _ = multi_round_children(p, q, kid_tokens, valid, generator)
     return slot, p
 
 
@@ -129,7 +129,7 @@ _correction_ignores_residual.sibling_sampling = "iid"
 
 
 def _correction_from_parent_row(target_probs, draft_probs, tokens, parents, generator):
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children,
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, multi_round_children,
                      correction_row=lambda residual, parent_row: parent_row)
 
 
@@ -139,7 +139,7 @@ _correction_from_parent_row.sibling_sampling = "iid"
 def _first_branch_children(p, q, kid_tokens, valid, generator):
     only_first = valid.clone()
     only_first[:, 1:] = False
-    return _multi_round_children(p, q, kid_tokens, only_first, generator)
+    return multi_round_children(p, q, kid_tokens, only_first, generator)
 
 
 def _pruned_children(rule_children, ratio: float):
@@ -157,7 +157,7 @@ def _pruned_children(rule_children, ratio: float):
 
 def _siblings_pruned_by_target(target_probs, draft_probs, tokens, parents, generator):
     return walk_tree(target_probs, draft_probs, tokens, parents, generator,
-                     _pruned_children(_multi_round_children, 0.5))
+                     _pruned_children(multi_round_children, 0.5))
 
 
 _siblings_pruned_by_target.sibling_sampling = "iid"
@@ -168,7 +168,7 @@ def pruned_by_target_top_k(target_probs, draft_probs, tokens, parents, generator
     sibling the target gives less than half its draft mass. Point-mass siblings are exact for any
     set of siblings, chosen from anything but the coins, the target included."""
     return walk_tree(target_probs, draft_probs, tokens, parents, generator,
-                     _pruned_children(_deterministic_children, 0.5))
+                     _pruned_children(deterministic_children, 0.5))
 
 
 pruned_by_target_top_k.sibling_sampling = "top_k"

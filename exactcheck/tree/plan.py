@@ -11,7 +11,7 @@ from __future__ import annotations
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, Check, CheckKind, PseudoWorld
 from exactcheck.stats.planning import trials_to_detect
-from exactcheck.tree.contract import sibling_sampling
+from exactcheck.contracts.tree_verifier import sibling_sampling
 from exactcheck.tree.laws import RULE_SIBLINGS
 from exactcheck.tree.properties import RULE_TREE_PROPERTIES, TREE_PROPERTIES
 from toy_models.tree_worlds import TreeWorld, tree_worlds

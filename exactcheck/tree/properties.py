@@ -3,7 +3,7 @@
 A tree verifier's law cannot show a 2^-24 event: a walk that accepts a sibling the target forbids
 only when its coin is exactly 0 (a non-strict ``coin <= prob_acc`` on float32 coins, as read in
 TensorRT-LLM's tree walk) passes every law at every level. Here every controlled draw of one call
-(``exactcheck.step.randomness.controlled_randomness``: ``torch.rand``, ``uniform_``,
+(``exactcheck.forcing.randomness.controlled_randomness``: ``torch.rand``, ``uniform_``,
 ``multinomial``, ...) is forced to a boundary value, on an edge corpus of trees and on trees drawn
 from the tree worlds of the subject's sibling mode, and the output is judged:
 
@@ -50,9 +50,9 @@ from exactcheck.errors import ContractViolation, SubjectError
 from exactcheck.options import Category, CheckKind
 from exactcheck.reachability import Reachability, forced_draws, structural, wrong_uniforms
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
-from exactcheck.step.properties import CONVENTION_GRID, RATIO_STEP, TIE_MARGIN, UNIFORM_FLOOR, wrong_interval
-from exactcheck.step.randomness import controlled_randomness
-from exactcheck.tree.contract import call_tree_verifier, sibling_sampling
+from exactcheck.forcing.boundaries import CONVENTION_GRID, RATIO_STEP, TIE_MARGIN, UNIFORM_FLOOR, wrong_interval
+from exactcheck.forcing.randomness import controlled_randomness
+from exactcheck.contracts.tree_verifier import call_tree_verifier, sibling_sampling
 from exactcheck.tree.rules import TreeDecision, TreeRule, tree_rule
 from toy_models.tree_worlds import tree_worlds
 

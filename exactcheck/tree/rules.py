@@ -28,7 +28,7 @@ acceptance draws no coin for acceptance: its path is the same at every u, and th
 reports are of p(x) with its threshold).
 
 A new rule is one entry here (its ``TreeRule`` subclass and its row in ``TREE_RULES``) and its
-proofs: a reference walk in ``exactcheck.tree.reference`` (Monte Carlo against the law in
+proofs: a reference walk in ``exactcheck.contracts.tree_reference`` (Monte Carlo against the law in
 ``property_tests/test_tree.py``), docs. Numpy only.
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ __all__ = ["run_tree_audit"]
 
 def run_tree_audit(subject, *, options: AuditOptions | None = None, subject_name: str | None = None,
                    progress: bool = True, **settings) -> TreeAuditResult:
-    """Audit a tree verifier (``exactcheck.tree.contract``) on the tree worlds of its sibling mode.
+    """Audit a tree verifier (``exactcheck.contracts.tree_verifier``) on the tree worlds of its sibling mode.
     ``subject_name`` is how the ``exactcheck tree`` command names it; given, reproduce lines are
     commands. The device is resolved here, once; the loop below gets the ``torch.device``."""
     options = AuditOptions.of(options, settings)

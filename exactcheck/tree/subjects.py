@@ -9,7 +9,7 @@ __all__ = ["load_tree_verifier", "builtin_tree_verifiers"]
 def builtin_tree_verifiers() -> dict:
     from exactcheck.adapters.sglang_tree import SglangTreeGreedy, SglangTreeTargetOnly
     from exactcheck.tree.mutants import BOUNDARY_TREE_MUTANTS, TREE_MUTANTS, first_branch_only, pruned_by_target_top_k
-    from exactcheck.tree.reference import LOSSY_TREE_VERIFIERS, REFERENCE_TREE_VERIFIERS
+    from exactcheck.contracts.tree_reference import LOSSY_TREE_VERIFIERS, REFERENCE_TREE_VERIFIERS
     out = {f"tree-reference:{name}": v for name, v in REFERENCE_TREE_VERIFIERS.items()}
     out.update({f"tree-lossy:{name}": v for name, v in LOSSY_TREE_VERIFIERS.items()})
     from exactcheck.corpus.trees import TREE_CORPUS

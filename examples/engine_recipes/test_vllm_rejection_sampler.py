@@ -1,7 +1,7 @@
 """Drop into a vLLM checkout's tests (with exactcheck installed) to audit the rejection sampler
 vLLM ships, on the GPU when there is one. A failure prints each finding with its evidence,
 reachability and a reproduce line."""
-from exactcheck.adapters.vllm import audit_rejection_sampler
+from exactcheck.step.engines import audit_rejection_sampler
 
 
 def test_rejection_sampler_is_exact():

@@ -11,18 +11,18 @@ import numpy as np
 import torch
 
 from exactcheck.core import sample_law_verdict
-from exactcheck.e2e.drive import GeneratorSamples
-from exactcheck.e2e.generator import draft_length_support
-from exactcheck.e2e.greedy_identity import greedy_identity
-from exactcheck.e2e.policy import greedy_variant
-from exactcheck.e2e.plan import policy_suffix
+from exactcheck.generation.drive import GeneratorSamples
+from exactcheck.contracts.generator import draft_length_support
+from exactcheck.generation.greedy_identity import greedy_identity
+from exactcheck.contracts.policy import SAMPLING, DecodingPolicy, greedy_variant
 from exactcheck.options import CheckKind, derive_seed
 from exactcheck.reachability import observed_in
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
-from exactcheck.stats.laws import LawPlan, policy_sequence_law
+from exactcheck.stats.laws import LawPlan
+from exactcheck.generation.laws import policy_sequence_law
 from toy_models.hf_toy_lm import ModelWorld, prompt_for_state
 
-__all__ = ["generation_law_verdicts", "validity_verdict", "rollback_verdict", "greedy_verdict", "draft_q_verdict",
+__all__ = ["policy_suffix", "generation_law_verdicts", "validity_verdict", "rollback_verdict", "greedy_verdict", "draft_q_verdict",
            "name_causes", "DRAFT_Q_CAUSE", "GREEDY_PROMPTS",
            "GREEDY_DRAFT_LENGTHS", "GREEDY_NEW_TOKENS"]
 
@@ -30,6 +30,13 @@ __all__ = ["generation_law_verdicts", "validity_verdict", "rollback_verdict", "g
 GREEDY_PROMPTS = 6
 GREEDY_DRAFT_LENGTHS = tuple(range(1, 9))
 GREEDY_NEW_TOKENS = 8
+
+
+def policy_suffix(policy: DecodingPolicy, world: ModelWorld | None = None) -> str:
+    """Check-name suffix of a policy: none for plain sampling or the world's own policy."""
+    if policy == SAMPLING or (world is not None and policy is world.policy):
+        return ""
+    return "_" + policy.label()
 
 
 def generation_law_verdicts(run: GeneratorSamples, share: float, alpha: float, base: dict, lossy: str | None) -> list[Verdict]:

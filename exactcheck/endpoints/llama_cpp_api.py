@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from exactcheck.serve.client import Client, EndpointError, Exchange
-from exactcheck.serve.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
-from exactcheck.serve.sampler_law import NotDeterminable
+from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.endpoints.sampler_law import NotDeterminable
 
 __all__ = ["LlamaCppEndpoint", "is_llama_cpp", "llama_cpp_texts", "PENALTY_FIELDS"]
 

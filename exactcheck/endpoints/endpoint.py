@@ -5,14 +5,14 @@ prompt (token ids), a length, the ``Sampling`` settings and a seed; answers read
 ``Completion``s; the next-token law after a prefix (``next_token_laws``) in the kind asked for
 ("post-sampling": what the sampler chain leaves; "raw": the model's softmax). Two APIs implement it:
 
-- llama.cpp's native ``POST /completion`` (``exactcheck.serve.llama_cpp_api``): token ids, ``n_probs``
+- llama.cpp's native ``POST /completion`` (``exactcheck.endpoints.llama_cpp_api``): token ids, ``n_probs``
   with ``post_sampling_probs``, the server's speculation counters per request in ``timings``;
-- OpenAI's ``POST /v1/completions`` (``exactcheck.serve.openai_api``), as vLLM, SGLang and
+- OpenAI's ``POST /v1/completions`` (``exactcheck.endpoints.openai_api``), as vLLM, SGLang and
   llama.cpp serve it: token-id prompts, ids back (vLLM ``return_token_ids``; llama.cpp through
   ``logprobs``), ``logprobs`` top lists, speculation counters from ``/metrics`` where the server
   has them.
 
-``exactcheck.serve.apis.open_endpoint`` picks one. Anything an endpoint cannot use is an ``EndpointError`` naming the field (one line, exit 2).
+``exactcheck.endpoints.apis.open_endpoint`` picks one. Anything an endpoint cannot use is an ``EndpointError`` naming the field (one line, exit 2).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote
 from typing import Sequence
 
-from exactcheck.serve.client import Client, EndpointError, Exchange
-from exactcheck.serve.continuation_law import NextTokenLaw
-from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
+from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.continuation_law import NextTokenLaw
+from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
 
 __all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING", "POST_SAMPLING", "RAW", "probability_of"]
 
@@ -253,7 +253,7 @@ class Endpoint:
         """The law of the token after each prefix (one-token requests: the target alone), of ``kind``:
         ``POST_SAMPLING``, the law ``sampling`` gives (the engine's own sampler chain where the server
         reports it, else derived from the raw probabilities where that is determinable:
-        ``exactcheck.serve.sampler_law``); ``RAW``, the model's softmax (asked at temperature 1, no
+        ``exactcheck.endpoints.sampler_law``); ``RAW``, the model's softmax (asked at temperature 1, no
         truncation, where the server reports post-sampling probabilities)."""
         if kind not in (POST_SAMPLING, RAW):  # another dialect's kind (SGLang's tempered probabilities)
             raise NotDeterminable(f"{self.api} reports no probabilities of the kind {kind!r}")

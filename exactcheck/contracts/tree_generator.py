@@ -36,9 +36,17 @@ import torch
 
 from exactcheck.errors import ContractViolation, Violation
 from exactcheck.subject_call import call_subject
-from toy_models.tree_worlds import TreeWorld
 
 __all__ = ["TreeGenerator", "TreeModel", "call_tree_generator", "validate_generation"]
+
+
+class TreeWorld(Protocol):
+    """What a tree generator reads of the world it is handed (``toy_models.tree_worlds.TreeWorld`` is
+    one): the tree's shape and how its siblings are drawn."""
+
+    topology: object
+    siblings: str
+    vocab_size: int
 
 
 class TreeModel(Protocol):

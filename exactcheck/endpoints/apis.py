@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from exactcheck.serve.client import Client, EndpointError
-from exactcheck.serve.endpoint import Endpoint
-from exactcheck.serve import mlx_lm_api, sglang_api
-from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp
-from exactcheck.serve.openai_api import OpenAICompletionsEndpoint
+from exactcheck.endpoints.client import Client, EndpointError
+from exactcheck.endpoints.endpoint import Endpoint
+from exactcheck.endpoints import mlx_lm_api, sglang_api
+from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp
+from exactcheck.endpoints.openai_api import OpenAICompletionsEndpoint
 
 __all__ = ["APIS", "DIALECTS", "Dialect", "open_endpoint", "detect_api"]
 
@@ -38,20 +38,19 @@ def _llama_cpp(base: str, client: Client, *, model: str | None = None, reference
 
 # in the order ``auto`` asks them; the one without ``detect`` is what is left
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (
-    Dialect("llama.cpp", "exactcheck.serve.llama_cpp_api", _llama_cpp, is_llama_cpp, dict(
+    Dialect("llama.cpp", "exactcheck.endpoints.llama_cpp_api", _llama_cpp, is_llama_cpp, dict(
         prompts="token ids", ids="tokens (return_tokens)", probabilities="post-sampling (n_probs, post_sampling_probs)",
         counters="per request (timings.draft_n)", settings="/slots", cache_switch="cache_prompt")),
-    Dialect("mlx-lm", "exactcheck.serve.mlx_lm_api", mlx_lm_api.MlxLmEndpoint, mlx_lm_api.detect, mlx_lm_api.GIVES),
-    Dialect("sglang", "exactcheck.serve.sglang_api", sglang_api.SGLangEndpoint, sglang_api.detect, sglang_api.GIVES),
-    Dialect("openai", "exactcheck.serve.openai_api", OpenAICompletionsEndpoint, None, dict(
+    Dialect("mlx-lm", "exactcheck.endpoints.mlx_lm_api", mlx_lm_api.MlxLmEndpoint, mlx_lm_api.detect, mlx_lm_api.GIVES),
+    Dialect("sglang", "exactcheck.endpoints.sglang_api", sglang_api.SGLangEndpoint, sglang_api.detect, sglang_api.GIVES),
+    Dialect("openai", "exactcheck.endpoints.openai_api", OpenAICompletionsEndpoint, None, dict(
         prompts="token ids", ids="choices[0].token_ids (vLLM return_token_ids), else logprobs (llama.cpp)",
         probabilities="raw (vLLM) or post-sampling (llama.cpp, --reference-probabilities); logprobs=N top lists",
         counters="server-wide /metrics (vLLM), per request timings (llama.cpp)",
         settings="/get_server_info (SGLang), /slots (llama.cpp)", cache_switch="cache_prompt (llama.cpp)")),
 )}
 
-APIS = ("auto", "llama.cpp", "openai", "mlx-lm", "sglang")
-assert set(APIS) == {"auto", *DIALECTS}
+APIS = ("auto", *DIALECTS)  # what --api takes: a new dialect is its module and its row above, nothing else
 
 
 def detect_api(client: Client, base: str) -> str:
@@ -70,8 +69,8 @@ def open_endpoint(api: str, base: str, client: Client, *, model: str | None = No
     where it answers SGLang's ``/get_model_info`` (``sglang_api.detect``), else OpenAI's.
     ``reference_probabilities``: what an OpenAI endpoint's logprobs are ("raw" or "post-sampling";
     default: raw, post-sampling on llama.cpp)."""
-    if api not in APIS:
-        raise EndpointError(f"api {api!r}: expected one of {', '.join(APIS)}")
+    if api != "auto" and api not in DIALECTS:
+        raise EndpointError(f"api {api!r}: expected one of {', '.join(('auto', *DIALECTS))}")
     if api == "auto":
         api = detect_api(client, base)
     endpoint = DIALECTS[api].endpoint(base, client, model=model, reference_kind=reference_probabilities)

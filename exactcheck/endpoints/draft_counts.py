@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from exactcheck.serve.endpoint import Completion, Endpoint
+from exactcheck.endpoints.endpoint import Completion, Endpoint
 from exactcheck.stats.rates import units_to_detect_off
 
 __all__ = ["CounterSource", "DraftTally", "send_counted", "probes_needed"]

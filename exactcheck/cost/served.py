@@ -51,11 +51,11 @@ from exactcheck.audit_run import AuditRun
 from exactcheck.progress import Progress
 from exactcheck.report.served_cost_report import SERVED_COST_SCHEMA
 from exactcheck.reproduce import served_cost_line
-from exactcheck.serve.apis import open_endpoint
-from exactcheck.serve.client import Client, EndpointError, curl_line
-from exactcheck.serve.draft_counts import CounterSource
-from exactcheck.serve.endpoint import GREEDY_SAMPLING, Endpoint, Sampling
-from exactcheck.serve.settings import DEFAULT_PROMPTS
+from exactcheck.endpoints.apis import open_endpoint
+from exactcheck.endpoints.client import Client, EndpointError, curl_line
+from exactcheck.endpoints.draft_counts import CounterSource
+from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, Endpoint, Sampling
+from exactcheck.endpoints.requests import DEFAULT_PROMPTS
 from exactcheck.stats.timing import CONFIDENCE, Estimate, mean_interval, median_interval, ratio_of_rates, ratio_of_sums
 
 __all__ = ["DEFAULT_COST_SAMPLINGS", "CostRequest", "TimedRequest", "plan_requests", "warm_up",

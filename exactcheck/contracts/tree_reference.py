@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from exactcheck.tree.contract import children_table, tree_depths
+from exactcheck.contracts.tree_verifier import children_table, tree_depths
 
 __all__ = ["multi_round", "without_replacement", "deterministic", "target_only", "typical", "typical_medusa", "greedy",
            "LOSSY_TREE_VERIFIERS", "REFERENCE_TREE_VERIFIERS", "gather", "normalised", "multi_round_deciding",
@@ -113,7 +113,7 @@ def _strict_float64_coin(rx, qx, generator):
     return u * qx < rx  # u < r/q without dividing (q(x) > 0: x was drawn from q)
 
 
-_multi_round_children = multi_round_deciding(_strict_float64_coin)
+multi_round_children = multi_round_deciding(_strict_float64_coin)
 
 
 def _without_replacement_children(p, q, kid_tokens, valid, generator):
@@ -133,7 +133,7 @@ def _without_replacement_children(p, q, kid_tokens, valid, generator):
     return slot, r
 
 
-def _deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int | None = None):
+def deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int | None = None):
     """Point-mass siblings; ``tried_slots`` (mutants only): the tried-token mask has that many
     slots, so sibling j zeroes sibling j mod slots's token."""
     r = p.clone()
@@ -150,7 +150,7 @@ def _deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int
     return slot, r
 
 
-def _target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: bool = False):
+def target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: bool = False):
     """One coin per level over the siblings' target mass; ``count_duplicates`` (mutants only) adds
     a duplicate sibling's mass again."""
     b, k = kid_tokens.shape
@@ -171,7 +171,7 @@ def _target_only_children(p, q, kid_tokens, valid, generator, count_duplicates: 
 
 def multi_round(target_probs, draft_probs, tokens, parents, generator):
     """SpecInfer's multi-round speculative sampling (siblings i.i.d. from q)."""
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _multi_round_children)
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, multi_round_children)
 
 
 multi_round.sibling_sampling = "iid"
@@ -189,7 +189,7 @@ without_replacement.tree_rule = "without_replacement"
 
 def deterministic(target_probs, draft_probs, tokens, parents, generator):
     """Deterministic siblings (top-k) as point masses; tried tokens zeroed (TensorRT-LLM #15098's fix)."""
-    return walk_tree(target_probs, draft_probs, tokens, parents, generator, _deterministic_children)
+    return walk_tree(target_probs, draft_probs, tokens, parents, generator, deterministic_children)
 
 
 deterministic.sibling_sampling = "top_k"
@@ -198,7 +198,7 @@ deterministic.tree_rule = "deterministic"
 
 def target_only(target_probs, draft_probs, tokens, parents, generator):
     """SGLang's target-only recursion at thresholds 1: one coin per level over the siblings' target mass."""
-    return walk_tree(target_probs, None, tokens, parents, generator, _target_only_children)
+    return walk_tree(target_probs, None, tokens, parents, generator, target_only_children)
 
 
 target_only.sibling_sampling = "top_k"

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import torch
 
 from exactcheck.errors import ContractViolation, UsageError, Violation
-from exactcheck.e2e.policy import GREEDY, SAMPLING, DecodingPolicy
+from exactcheck.contracts.policy import GREEDY, SAMPLING, DecodingPolicy
 from exactcheck.subject_call import SnapshotInputs, call_subject
 
 __all__ = ["DecodingPolicy", "GREEDY", "SAMPLING", "Generator", "BatchedGenerator", "Generation", "DraftRecord",

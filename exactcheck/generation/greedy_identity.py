@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from exactcheck.errors import SubjectCrashed, SubjectError
-from exactcheck.e2e.generator import (GREEDY, call_generator, call_generator_batch, generator_name, is_batched,
+from exactcheck.contracts.generator import (GREEDY, call_generator, call_generator_batch, generator_name, is_batched,
                                       with_draft_length)
 from exactcheck.reachability import observed_in
 from exactcheck.options import CheckKind
@@ -106,7 +106,7 @@ def target_greedy(target, prompt: torch.Tensor, max_new_tokens: int, policy=GREE
     """The target's greedy continuation of ``prompt`` ([P] ids) under ``policy`` (temperature 0,
     its bias, bans, mask and stop tokens): a plain incremental decode with a fresh cache that is
     only ever appended to (no rollback, so no rollback bug can reach it)."""
-    from exactcheck.adapters.transformers_compat import forward, new_cache
+    from exactcheck.contracts.transformers_compat import forward, new_cache
     cache, out = new_cache(), []
     feed = prompt[None].to(target.device)
     with torch.no_grad():

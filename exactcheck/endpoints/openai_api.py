@@ -9,7 +9,7 @@ llama.cpp serve it.
 - **probabilities**: ``logprobs=N`` top lists. llama.cpp honours ``post_sampling_probs`` here too (the
   law the sampler chain leaves); vLLM reports raw probabilities unless started with
   ``--logprobs-mode processed_logprobs`` (``reference_kind``), and the law of a setting is then
-  derived where determinable (``exactcheck.serve.sampler_law``);
+  derived where determinable (``exactcheck.endpoints.sampler_law``);
 - **sampling settings**: ``temperature``, ``top_p``, ``seed`` as OpenAI names them; ``top_k``, ``min_p``
   and ``ignore_eos`` as vLLM, SGLang and llama.cpp take them, sent only when set;
 - **speculation counters**: llama.cpp's ``timings`` per request; vLLM's ``/metrics`` counters
@@ -21,11 +21,11 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from exactcheck.serve.client import Client, EndpointError, Exchange
-from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
-from exactcheck.serve.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
-from exactcheck.serve.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_texts
-from exactcheck.serve.sampler_law import NotDeterminable, with_output_penalties
+from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
+from exactcheck.endpoints.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
+from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_texts
+from exactcheck.endpoints.sampler_law import NotDeterminable, with_output_penalties
 
 __all__ = ["OpenAICompletionsEndpoint", "parse_metrics", "openai_sampling_body"]
 

@@ -3,7 +3,7 @@
 ``drive_generator`` calls the generator ``n`` times on the world's prompt (batch size 1: that is
 what transformers' assisted generation supports; a generator with the batched contract gets many
 requests per call), each generation with its own seed derived from the run's seed, and keeps the new tokens of each (``length`` of them, or fewer up to a stop token). With ``probe=True`` the world's models
-record every forward call, and the cache-rollback invariants (``exactcheck.e2e.cache_invariants``)
+record every forward call, and the cache-rollback invariants (``exactcheck.generation.cache_invariants``)
 are checked after each generation, as is any final cache the generator hands back.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exactcheck.e2e.cache_invariants import Breach, check_calls, final_cache
-from exactcheck.e2e.generator import DecodingPolicy, Generation, call_generator, call_generator_batch, is_batched
+from exactcheck.generation.cache_invariants import Breach, check_calls, final_cache
+from exactcheck.contracts.generator import DecodingPolicy, Generation, call_generator, call_generator_batch, is_batched
 from exactcheck.errors import SubjectError
 from exactcheck.executors import split
 from exactcheck.options import derive_seed
@@ -110,7 +110,7 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     prompt are placed on ``device``; outputs come back to the CPU. ``progress(k)``, if given, is
     called every 25 generations (and at the end) with the number finished since its last call.
 
-    A batched generator (``exactcheck.e2e.generator.is_batched``) is called with ``batch``
+    A batched generator (``exactcheck.contracts.generator.is_batched``) is called with ``batch``
     requests at a time (default: its ``max_batch``, else 256), generation ``i`` with the same
     seed as in a batch-1 run. Its forward calls serve many generations at once, so the
     per-generation cache invariants are not checked (``GeneratorSamples.batched``); final caches

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from exactcheck.e2e.generator import call_generator, generator_name, is_lossy, with_draft_length
+from exactcheck.contracts.generator import call_generator, generator_name, is_lossy, with_draft_length
 
 __all__ = ["RequestCost", "CostSummary", "measure_cost", "summarise", "expected_accepted_per_round",
            "CONFIDENCE", "BOOTSTRAP"]
@@ -317,12 +317,14 @@ def describe_generator(generator) -> dict:
 
 def run_cost(generator, *, model: str | None = None, world: str | None = None, draft_lengths=(1, 2, 4, 8),
              prompts: int = 8, new_tokens: int | None = None, policy=None, device="cpu", seed: int = 0,
-             exactness: bool = True, progress: bool = True, reproduce: str = "") -> dict:
+             exactness=None, progress: bool = True, reproduce: str = "") -> dict:
     """Measure ``generator``'s cost on a real model pair (``model``: tiny-llama, tiny-gpt2,
-    smollm2) or a toy model world (``world``), and audit its exactness on the same; the report's
-    JSON (``exactcheck.report.cost_report.COST_SCHEMA``)."""
+    smollm2) or a toy model world (``world``); the report's JSON
+    (``exactcheck.report.cost_report.COST_SCHEMA``). ``exactness``: the audit of the generator's
+    exactness on the same models, put in the same report (a function the registry hands over:
+    ``exactcheck.e2e.entry.cost_exactness``; None or False, no audit)."""
     from exactcheck.version import __version__
-    from exactcheck.e2e.policy import SAMPLING
+    from exactcheck.contracts.policy import SAMPLING
     from exactcheck.errors import UsageError
     from exactcheck.audit_run import AuditRun
     from exactcheck.report.cost_report import COST_SCHEMA
@@ -332,14 +334,17 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
     device = torch.device(device)
     toy = None
     if model is not None:
-        from exactcheck.e2e.real_models import load_models
-        target, draft, all_prompts = load_models(model, seed)
+        from toy_models.model_pairs import model_pair
+        try:
+            target, draft, all_prompts = model_pair(model, seed)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
         if prompts > len(all_prompts):
             raise UsageError(f"{model} has {len(all_prompts)} prompts; asked for {prompts}")
         chosen = all_prompts[:prompts]
         new_tokens = new_tokens or 32
     else:
-        from exactcheck.e2e.plan import all_model_worlds
+        from toy_models.suite import all_model_worlds
         known = {w.name: w for w in all_model_worlds() if w.policy is None}
         if world not in known:
             raise UsageError(f"unknown world {world!r}; known: {sorted(known)}")
@@ -391,26 +396,7 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
         data["expected_note"] = ("Expected accepted drafts per round: exact, for a loop that drafts k tokens from the "
                                  "world's draft law every round, verifies by Leviathan's rule and stops at "
                                  f"{new_tokens} tokens ((L - E[R]) / E[R] by dynamic programming over the world's rows).")
-    if exactness:
-        data["exactness"] = _exactness(generator, model, toy, target, draft, all_prompts if model else None,
-                                       prompts, new_tokens, draft_lengths, seed, device, progress)
+    if callable(exactness):
+        data["exactness"] = exactness(generator, model, toy, target, draft, all_prompts if model else None,
+                                      prompts, new_tokens, draft_lengths, seed, device, progress)
     return data
-
-
-def _exactness(generator, model, toy, target, draft, all_prompts, prompts, new_tokens, draft_lengths, seed,
-               device, progress) -> dict:
-    """The generator's exactness on the same models: greedy identity (and final caches) on a real
-    model, the quick end-to-end audit on a toy world."""
-    if model is not None:
-        from exactcheck.e2e.real_models import run_greedy_audit
-        result = run_greedy_audit(generator, model, prompts=prompts, new_tokens=new_tokens,
-                                  draft_lengths=tuple(draft_lengths), seed=seed, progress=progress,
-                                  loaded=(target, draft, all_prompts), device=str(device))
-    else:
-        from exactcheck.e2e.runner import run_generator_audit
-        result = run_generator_audit(generator, level="quick", seed=seed, worlds=[toy.name], device=str(device),
-                                     progress=progress)
-    tvs = [v.tv_estimate for v in result.verdicts if v.tv_estimate is not None and v.outcome.failed]
-    return {"kind": result.label, "passed": result.passed, "checks": len(result.verdicts),
-            "failed": [v.check for v in result.failed], "tv": max(tvs) if tvs else None,
-            "summary": {v.check: v.outcome.value for v in result.verdicts}}

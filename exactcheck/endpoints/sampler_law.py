@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from exactcheck.serve.continuation_law import NextTokenLaw
+from exactcheck.endpoints.continuation_law import NextTokenLaw
 
 __all__ = ["NotDeterminable", "sampling_law_from_raw", "with_output_penalties"]
 
@@ -40,7 +40,7 @@ class NotDeterminable(ValueError):
 
 
 def sampling_law_from_raw(raw: NextTokenLaw, sampling) -> NextTokenLaw:
-    """The law ``sampling`` (an ``exactcheck.serve.endpoint.Sampling``) gives from ``raw``: the
+    """The law ``sampling`` (an ``exactcheck.endpoints.endpoint.Sampling``) gives from ``raw``: the
     listed raw probabilities and the mass of the unlisted tokens (each at most the least listed)."""
     order = sorted(raw.probabilities.items(), key=lambda kv: (-kv[1], kv[0]))
     if not order:
@@ -100,7 +100,7 @@ def sampling_law_from_raw(raw: NextTokenLaw, sampling) -> NextTokenLaw:
 def with_output_penalties(raw: NextTokenLaw, sampling, output: tuple[int, ...]) -> NextTokenLaw:
     """The raw law ``raw`` after vLLM's presence and frequency penalties over the output tokens
     ``output`` (``presence * (count > 0) + frequency * count`` off each one's logit, in float64, by
-    ``exactcheck.e2e.policy.DecodingPolicy.penalize``, vLLM's convention), still a raw law for
+    ``exactcheck.contracts.policy.DecodingPolicy.penalize``, vLLM's convention), still a raw law for
     ``sampling_law_from_raw``. ``NotDeterminable``: a repetition penalty (sign-dependent); a
     penalised token the reference did not list (its mass is inside the unlisted cell); a penalised
     token pushed below the least listed one while truncation or greedy decoding needs the order of
@@ -113,7 +113,7 @@ def with_output_penalties(raw: NextTokenLaw, sampling, output: tuple[int, ...]) 
         return raw
     import torch  # only a penalised world needs it
 
-    from exactcheck.e2e.policy import DecodingPolicy
+    from exactcheck.contracts.policy import DecodingPolicy
     unlisted = sorted(set(output) - set(raw.probabilities))
     if unlisted and raw.other > 0:
         raise NotDeterminable(f"presence/frequency penalty: the output token(s) {unlisted[:4]} are not among the "

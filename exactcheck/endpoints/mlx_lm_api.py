@@ -20,7 +20,7 @@ with text prompts. What it gives and what it lacks, each read in mlx-lm's source
 - **probabilities**: raw (``logits - logsumexp(logits)`` before the sampler: generate.py
   ``generate_step._step``; temperature and truncation are inside the sampler), a top list of at
   most 11 (``top_logprobs`` <= 11, ``validate_model_parameters``). The law of a setting is derived
-  from the raw top 11 where every engine agrees (``exactcheck.serve.sampler_law``), and top-k with
+  from the raw top 11 where every engine agrees (``exactcheck.endpoints.sampler_law``), and top-k with
   top-p is not judged: mlx-lm applies top-p before top-k (``make_sampler``), vLLM and llama.cpp
   after. A probed token's reported probability is compared only where the reference's top 11
   must list it (the request's top-k is at most 10, or the token's probability is above
@@ -45,10 +45,10 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from exactcheck.serve.client import Client, EndpointError, Exchange
-from exactcheck.serve.continuation_law import NextTokenLaw
-from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling
-from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
+from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.continuation_law import NextTokenLaw
+from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling
+from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
 
 __all__ = ["MlxLmEndpoint", "detect", "load_tokenizer", "MAX_TOP_LOGPROBS", "GIVES"]
 
@@ -239,7 +239,7 @@ class MlxLmEndpoint(Endpoint):
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
 
-    def _checked(self, exchange: Exchange) -> list[dict]:
+    def checked_probabilities(self, exchange: Exchange) -> list[dict]:
         answer = exchange.answer
         content = _content(answer)
         if content is None:
@@ -254,7 +254,7 @@ class MlxLmEndpoint(Endpoint):
     def read(self, exchange: Exchange) -> Completion:
         if exchange.body.get("top_logprobs"):
             raise EndpointError("internal: an mlx-lm answer with top_logprobs carries no generated ids")
-        content = self._checked(exchange)
+        content = self.checked_probabilities(exchange)
         tokens = tuple(entry.get("id") for entry in content)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise EndpointError(f"{self.base}{self.path}: logprobs.content without integer ids ({str(content)[:80]})")
@@ -289,7 +289,7 @@ class MlxLmEndpoint(Endpoint):
         return tuple(kept)
 
     def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
-        content = self._checked(exchange)
+        content = self.checked_probabilities(exchange)
         if not content:
             return None
         top = content[0].get("top_logprobs")

@@ -90,7 +90,7 @@ def final_cache(model, cache, final: torch.Tensor, role: str = "target", atol: f
     the recompute on those tokens within ``atol`` (relative to the largest entry)."""
     if cache is None:
         return []
-    from exactcheck.adapters.transformers_compat import forward, new_cache
+    from exactcheck.contracts.transformers_compat import forward, new_cache
     held = cache.get_seq_length()
     length = final.shape[-1]
     if not (length - slack <= held <= length):

@@ -163,6 +163,27 @@ class DecodingPolicy:
                 parts.append(f"penalty_last_n={self.penalty_last_n}")
         return ",".join(parts)
 
+    @classmethod
+    def parse(cls, spec: str) -> "DecodingPolicy":
+        """'top_k=2,temperature=0.7' -> DecodingPolicy(temperature=0.7, top_k=2): what ``spec`` writes
+        and every front end reads (``--policy``, a gate's ``policies``); ValueError naming the spec."""
+        kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
+                 "presence_penalty": float, "frequency_penalty": float, "penalty_convention": str,
+                 "penalty_last_n": int}
+        settings = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep or key not in kinds:
+                raise ValueError(f"policy {spec!r}: expected KEY=VALUE with KEY in {sorted(kinds)}")
+            try:
+                settings[key] = kinds[key](value)
+            except ValueError as exc:
+                raise ValueError(f"policy {spec!r}: {exc}") from None
+        try:
+            return cls(**settings)
+        except ValueError as exc:
+            raise ValueError(f"policy {spec!r}: {exc}") from None
+
     def code(self) -> str:
         """The Python expression that builds this policy (a mask is named by its function)."""
         fields = [f"temperature={self.temperature!r}"]

@@ -36,10 +36,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from exactcheck.serve.client import Client, EndpointError, Exchange
-from exactcheck.serve.continuation_law import NextTokenLaw
-from exactcheck.serve.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none
-from exactcheck.serve.sampler_law import NotDeterminable, sampling_law_from_raw
+from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.continuation_law import NextTokenLaw
+from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none
+from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
 
 __all__ = ["SGLangEndpoint", "detect", "GIVES", "PENALTY_FIELDS", "tempered_kind"]
 

@@ -1,6 +1,6 @@
 """The samples a drive hands to the statistics: what a verifier emitted on independent trials of a
 step world, or the first tokens of independent speculative generations. The statistics read
-these records (``exactcheck.stats.laws.compare``); the drives (``exactcheck.step.drive``) make them."""
+these records (``exactcheck.step.laws.compare``); the drives (``exactcheck.step.drive``) make them."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -28,8 +28,8 @@ import math
 
 import torch
 
-from exactcheck.step.contract import PADDING
-from exactcheck.step.sampling import sample_rows
+from exactcheck.contracts.verifier import PADDING
+from exactcheck.contracts.sampling import sample_rows
 
 __all__ = ["ReferenceVerifier", "reference_verifier", "row_at", "at_drafts", "final_pq"]
 
@@ -67,7 +67,7 @@ def final_pq(target: torch.Tensor, draft_probs: torch.Tensor,
     return row_at(target, n), row_at(draft_probs, n.clamp(max=k - 1)).mul_((n < k)[:, None])
 
 
-def _smallest(values: torch.Tensor, name: str) -> float:
+def smallest_probability(values: torch.Tensor, name: str) -> float:
     """The smallest of the entries actually read, after refusing NaN, infinite or negative ones."""
     low, high = (float(v) for v in torch.aminmax(values))  # one pass; a NaN fails both tests
     if not (low >= 0 and high < math.inf):
@@ -76,9 +76,9 @@ def _smallest(values: torch.Tensor, name: str) -> float:
     return low
 
 
-def _checked(values: torch.Tensor, name: str) -> torch.Tensor:
+def checked_probabilities(values: torch.Tensor, name: str) -> torch.Tensor:
     """``values``, after refusing NaN, infinite or negative probabilities among them."""
-    _smallest(values, name)
+    smallest_probability(values, name)
     return values
 
 
@@ -99,9 +99,9 @@ class ReferenceVerifier:
         device = draft_tokens.device
         target = self.target_rows(target_probs)
         u_accept = self.acceptance_uniforms(batch, k, generator, device, row_generators)
-        p_draft = _checked(at_drafts(target, draft_tokens).double(), "target_probs")
+        p_draft = checked_probabilities(at_drafts(target, draft_tokens).double(), "target_probs")
         q_draft = at_drafts(draft_probs, draft_tokens).double()
-        if _smallest(q_draft, "draft_probs") == 0:
+        if smallest_probability(q_draft, "draft_probs") == 0:
             raise ValueError("a draft token has draft probability 0: it cannot have been proposed")
         accepted = self.accept(u_accept, p_draft, q_draft)
         n = self.accepted_length(accepted)
@@ -131,7 +131,7 @@ class ReferenceVerifier:
         """Normalised float64 law of the token after the accepted drafts: the residual
         max(0, p_n - q_n) after a rejection at n < k, the target row p_k after k acceptances."""
         p, q = final_pq(target, draft_probs, n)
-        p, q = _checked(p, "target_probs"), _checked(q, "draft_probs")
+        p, q = checked_probabilities(p, "target_probs"), checked_probabilities(q, "draft_probs")
         residual = torch.sub(p.double(), q).clamp_(min=0)  # q promoted: exact for float32 p, q
         mass = residual.sum(1, keepdim=True)
         empty = mass[:, 0] <= 0
