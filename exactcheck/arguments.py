@@ -1,52 +1,80 @@
-"""The command-line argument groups several audit kinds share. Each kind's row in
-``exactcheck.audit_kinds.AUDIT_KINDS`` adds its sub-command's arguments with its own function, which
-calls these for what it has in common with the others; the CLI builds its sub-commands from the
-rows. Light: argparse and ``exactcheck.options`` only (``exactcheck --help`` imports no torch)."""
+"""The command-line arguments of the audit commands. An option several kinds share is declared once,
+on its ``AuditOptions`` field (``exactcheck.options.Option``: flag, type, help, validation), and
+``option`` adds it to any parser (a kind's sub-command, ``exactcheck plan``, the gate, the pytest
+plugin with its ``--exactcheck-`` prefix); the groups below gather what several kinds add together.
+Each kind's row in ``exactcheck.audit_kinds.AUDIT_KINDS`` adds its sub-command's arguments with its
+own function, which calls these. Light: argparse and ``exactcheck.options`` only (``exactcheck
+--help`` imports no torch)."""
 from __future__ import annotations
 
 import argparse
 
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_LEVEL, REQUIRABLE, Level
+from exactcheck.options import DEFAULT_REQUIRE, LEVEL_NAMES, AuditOptions
 
-__all__ = ["common", "budget", "call_timeout", "isolate", "sharding", "call_size", "require", "LEVELS"]
+__all__ = ["option", "options", "given", "output", "common", "budget", "call_timeout", "isolate", "sharding", "call_size", "require",
+           "jobs", "LEVELS"]
 
-LEVELS = [lv.value for lv in Level]
+LEVELS = list(LEVEL_NAMES)
+
+
+def option(parser, name: str, *, prefix: str = "--", add=None, **override) -> None:
+    """Add the ``AuditOptions`` field ``name`` to ``parser`` as its ``Option`` declares it (``prefix``
+    replaces the flag's ``--``: the pytest plugin's ``--exactcheck-``; ``add``: the parser's adding
+    function when it is not ``add_argument``, such as a pytest group's ``addoption``; ``override``:
+    argparse keywords a front end sets otherwise, such as the gate's ``default=None``)."""
+    spec = AuditOptions.option(name)
+    default = AuditOptions.__dataclass_fields__[name].default
+    flag = prefix + spec.flag[2:]
+    add = add or parser.add_argument
+    if spec.switch:
+        keywords = dict(action="store_false", dest=name, help=spec.help)
+    elif spec.append:
+        keywords = dict(action="append", default=[] if default == DEFAULT_REQUIRE else None, help=spec.help)
+    else:
+        keywords = dict(default=getattr(default, "value", default), help=spec.help)
+        if spec.type is not None:
+            keywords["type"] = spec.type
+    for key in ("metavar", "choices"):
+        if getattr(spec, key) is not None and not spec.switch:
+            keywords[key] = getattr(spec, key)
+    add(flag, **{**keywords, **override})
+
+
+def given(args) -> dict:
+    """Every shared option the parsed command line ``args`` holds (the ones its parser declared with
+    ``option``), by its ``AuditOptions`` name: what a kind's settings function passes on as it is."""
+    out = {}
+    for name, spec in AuditOptions.shared().items():
+        dest = name if spec.switch else spec.flag[2:].replace("-", "_")
+        if hasattr(args, dest):
+            out[name] = getattr(args, dest)
+    return out
+
+
+def options(parser, *names: str, **override) -> None:
+    """``option`` for each of ``names``, in order."""
+    for name in names:
+        option(parser, name, **override)
 
 
 def common(parser: argparse.ArgumentParser) -> None:
     """What a step audit and the audits planned like one take: level, budget, seed, alpha, device,
     report, early stopping, quiet, the categories required and the call timeout."""
     budget(parser)
-    parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    parser.add_argument("--device", default="cpu", help="torch device for the subject's tensors")
-    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
-    parser.add_argument("--no-stop-early", dest="stop_early", action="store_false",
-                        help="run every world to its budget (default: stop at the first defect "
-                             "an anytime-valid test makes evident)")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    options(parser, "seed", "device", "stop_early")
+    output(parser)
     require(parser)
     call_timeout(parser)
 
 
 def budget(parser: argparse.ArgumentParser) -> None:
     """What sizes a step audit's budget: level, detectable TV, cap on trials, alpha (an audit's
-    and ``exactcheck plan``'s, declared once)."""
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=LEVELS,
-                        help="the TV every law is planned to detect: quick 0.05, standard 0.01, "
-                             "release 0.003 (see `exactcheck plan`)")
-    parser.add_argument("--detect-tv", type=float, metavar="EPS",
-                        help="plan the budget to detect this TV instead of the level's")
-    parser.add_argument("--max-samples", type=int, metavar="N",
-                        help="cap on trials per world (default: the level's: 50k, 1M, 10M)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="false-alarm budget for the whole audit (default 1e-3); with early stopping, half "
-                             "goes to the early-stopping tests and half to Holm over the statistical checks")
+    and ``exactcheck plan``'s)."""
+    options(parser, "level", "detect_tv", "max_samples", "alpha")
 
 
 def call_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--call-timeout", type=float, default=DEFAULT_CALL_TIMEOUT, metavar="S",
-                        help=f"seconds one call of the subject may take before it is stopped and reported as a "
-                             f"hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no limit)")
+    option(parser, "call_timeout")
 
 
 def isolate(parser: argparse.ArgumentParser, default: bool = False) -> None:
@@ -62,29 +90,28 @@ def isolate(parser: argparse.ArgumentParser, default: bool = False) -> None:
                                  "(\"the subject killed its process\") instead of ending this one")
 
 
-def sharding(parser: argparse.ArgumentParser, shards_help: str) -> None:
+def output(parser: argparse.ArgumentParser) -> None:
+    """``--report DIR`` and ``--quiet``: where an audit command writes its reports, and no progress."""
+    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports here")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def sharding(parser: argparse.ArgumentParser) -> None:
     """``--shards``, ``--executor``, ``--ray-address``: a row that adds them says ``sharded=True``,
     and the CLI makes the executor (``exactcheck.executors``) its audit runs on."""
-    parser.add_argument("--shards", type=int, default=1, metavar="N", help=shards_help)
+    option(parser, "shards")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="where the shards run: this process, or Ray tasks (pip install 'exactcheck[distributed]')")
     parser.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
 
 
-def jobs(parser: argparse.ArgumentParser, help_text: str) -> None:
-    parser.add_argument("--jobs", type=int, default=1, metavar="N", help=help_text)
+def jobs(parser: argparse.ArgumentParser) -> None:
+    option(parser, "jobs")
 
 
 def call_size(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--call-elements", metavar="N|auto",
-                        help="largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, "
-                             "or auto (half the device's free memory); default 2^24 on every machine. "
-                             "Another size draws other random numbers: the same seed gives other, "
-                             "equally valid samples, and the reproducer names the size")
+    option(parser, "call_elements")
 
 
 def require(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--require", action="append", choices=REQUIRABLE,
-                        default=[], help="also fail on findings of this category (repeatable; by "
-                        "default only exactness findings fail: laws, forbidden tokens, acceptance "
-                        "decisions, contract, crashes)")
+    option(parser, "require")

@@ -24,7 +24,6 @@ from pathlib import Path
 from exactcheck import arguments
 from exactcheck.console import EXIT_DEFECT, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE, LOST, lost_report
 from exactcheck.errors import UsageError
-from exactcheck.options import Level
 from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point
 
 __all__ = ["main"]
@@ -77,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     gate = sub.add_parser("gate", help="audit every subject listed in [tool.exactcheck] of pyproject.toml; "
                                        "exit 1 on any failed check that is not exempt")
     gate.add_argument("--config", default="pyproject.toml", help="the TOML file (default pyproject.toml)")
-    gate.add_argument("--level", choices=[lv.value for lv in Level], help="override every subject's level")
-    gate.add_argument("--device", help="override every subject's device (cpu, cuda, cuda:1)")
+    arguments.option(gate, "level", default=None, help="override every subject's level")
+    arguments.option(gate, "device", default=None, help="override every subject's device (cpu, cuda, cuda:1)")
     gate.add_argument("--junit-xml", metavar="FILE", help="write JUnit XML (a testcase per check)")
     gate.add_argument("--json", metavar="FILE", help="write the gate's JSON (every audit included)")
     gate.add_argument("--report", metavar="DIR", help="write each audit's JSON, Markdown and HTML report here")

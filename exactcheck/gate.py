@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, Category, Level
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions
 from exactcheck.report.result import AuditResult, GateResult, GateSubject
 from exactcheck.audit_kinds import audit_subject, entry_point, gate_kinds, plan_subject
 
@@ -69,16 +69,8 @@ def _name(value) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _category(name: str) -> bool:
-    try:
-        Category.parse(name)
-    except ValueError:
-        return False
-    return True
 
 
-def _finite(value) -> bool:
-    return _number(value) and value - value == 0  # not inf, not nan
 
 
 _POLICY_RULE = ("a list of decoding policies, each 'temperature=0.7,top_k=2' (as --policy takes it) or a table "
@@ -101,26 +93,13 @@ def _policies(value) -> tuple:
 # every setting a subject (or [tool.exactcheck], for the shared ones) may give: whether a value is
 # of its type and range, and the rule it breaks when not. A key no entry point takes is left to
 # ``EntryPoint.split``, which names it and lists what the subject's kind takes
-_FIELDS = {
-    "level": (lambda v: isinstance(v, str) and v in {lv.value for lv in Level},
-              "one of " + ", ".join(lv.value for lv in Level)),
-    "seed": (lambda v: _whole(v) and v >= 0, "a non-negative integer"),
-    "alpha": (lambda v: _number(v) and 0 < v < 1, "a number in (0, 1)"),
-    "device": (_name, "a device name, a string (cpu, cuda, cuda:1)"),
-    "require": (lambda v: _strings(v) and all(_category(c) for c in v),
-                "a list of categories (" + ", ".join(REQUIRABLE) + ")"),
-    "worlds": (_strings, "a list of world names (strings; see `exactcheck list`)"),
+SUBJECT_FIELDS = {
+    # the options several kinds share: as their ``Option`` (declared on the ``AuditOptions`` field) checks them
+    **{name: (spec.valid, spec.rule) for name, spec in AuditOptions.shared().items()},
     "properties": (lambda v: isinstance(v, bool), "true or false"),
-    "stop_early": (lambda v: isinstance(v, bool), "true or false"),
     "properties_first": (lambda v: isinstance(v, bool), "true or false"),
     "looks_from_one": (lambda v: isinstance(v, bool), "true or false"),
-    "detect_tv": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "max_samples": (lambda v: _whole(v) and v >= 1, "a positive integer"),
-    "shards": (lambda v: _whole(v) and v >= 1, "a positive integer"),
-    "generations": (lambda v: _whole(v) and v >= 1, "a positive integer"),
-    "call_elements": (lambda v: v == "auto" or (_whole(v) and v >= 1), "a positive integer or 'auto'"),
     "max_seconds": (lambda v: _number(v) and v > 0, "a positive number of seconds"),
-    "call_timeout": (lambda v: _finite(v) and v >= 0, "a finite number of seconds, at least 0 (0: no limit)"),
     "trials": (lambda v: (isinstance(v, dict) and all(_whole(n) and n >= 1 for n in v.values()))
                or _strings(v), "a table {WORLD = N} or a list of 'WORLD=N', N a positive integer"),
     "rule": (_name, "a rule, a string (NAME or NAME:param=value,...; see `exactcheck rules`)"),
@@ -141,7 +120,7 @@ def _validated(settings: dict, where: str, takes=None, own_fields=None) -> dict:
     subject's entry point takes; the others are ``EntryPoint.split``'s to refuse; ``own_fields``:
     the checks of settings only the subject's kind takes, ``EntryPoint.fields``), converted where
     the audit takes another form; a bad value is a one-line ``UsageError`` saying ``where``."""
-    fields = {**_FIELDS, **(own_fields or {})}
+    fields = {**SUBJECT_FIELDS, **(own_fields or {})}
     out = dict(settings)
     for key, value in settings.items():
         if key not in fields or (takes is not None and key not in takes):

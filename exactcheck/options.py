@@ -12,11 +12,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from exactcheck.errors import UsageError
 
-__all__ = ["Level", "chosen_worlds", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
+__all__ = ["Level", "LEVEL_NAMES", "Option", "chosen_worlds", "DEFAULT_ALPHA", "DEFAULT_LEVEL", "DEFAULT_REQUIRE", "DEFAULT_CALL_ELEMENTS", "DEFAULT_CALL_TIMEOUT",
            "derive_seed",
            "REAL_MODELS", "HYBRID_MODELS", "BUILTIN_GENERATORS", "REQUIRABLE", "Category", "AuditOptions", "AlphaBudget", "CheckKind", "Check", "AuditPlan", "PseudoWorld",
            "AuditKind", "SubjectKind"]
@@ -85,6 +86,9 @@ class Level(enum.Enum):
     def generations(self) -> int:
         """Sampled generations per model world in an end-to-end audit."""
         return {Level.QUICK: 2_000, Level.STANDARD: 8_000, Level.RELEASE: 40_000}[self]
+
+
+LEVEL_NAMES = tuple(level.value for level in Level)
 
 
 def chosen_worlds(asked, known, what: str) -> list[str]:
@@ -191,23 +195,107 @@ AuditKind.TREE = AuditKind("tree")
 SubjectKind = AuditKind  # its name before the result types' enum was folded into it (kept for callers)
 
 
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def _strings(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+
+
+def _category(name: str) -> bool:
+    try:
+        Category.parse(name)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Option:
+    """How every front end states one ``AuditOptions`` field, declared once on the field
+    (``metadata``): its command-line ``flag`` (``--alpha``; a ``switch`` turning a default-True field
+    off, such as ``--no-stop-early``), ``type`` and ``metavar``, whether it repeats (``append``), its
+    ``choices``, its ``help``; and what a valid value is (``valid``, a test of a value as a config file
+    or a Python caller gives it, with ``rule`` its words). The command line (``exactcheck.arguments
+    .option``), the gate's and the pytest plugin's checks, ``AuditOptions.build`` and every reproduce
+    line (``Option.flag_text``) read it from here."""
+
+    flag: str
+    help: str
+    valid: Callable[[object], bool]
+    rule: str
+    type: Callable | None = None
+    metavar: str | None = None
+    choices: tuple | None = None
+    append: bool = False
+    switch: bool = False
+    show: Callable[[object], str] | None = None  # how a value is written on the command line (default: repr of a float)
+
+    def flag_text(self, value) -> str:
+        """The value as the command line states it (a repeatable flag once per item; a switch when off)."""
+        value = getattr(value, "value", value)  # a Level as its name
+        if self.switch:
+            return self.flag if not value else ""
+        if self.append:
+            return " ".join(f"{self.flag} {item}" for item in value)
+        if self.show is not None:
+            return f"{self.flag} {self.show(value)}"
+        return f"{self.flag} {value!r}" if isinstance(value, float) else f"{self.flag} {value}"
+
+    def invalid(self, name: str, value) -> str | None:
+        """None if ``value`` is valid, else "NAME (VALUE) must be RULE"."""
+        return None if self.valid(value) else f"{name} ({value!r}) must be {self.rule}"
+
+
+def option(default, flag: str, help: str, valid: Callable[[object], bool], rule: str, **how):
+    """An ``AuditOptions`` field with its ``Option`` (``metadata["option"]``)."""
+    return field(default=default, metadata={"option": Option(flag, help, valid, rule, **how)})
+
+
 @dataclass(frozen=True)
 class AuditOptions:
     """What to run, as every front end states it. ``worlds``: only these (world names,
     ``properties``, ``properties/NAME``, ``inputs``); ``require``: finding categories that fail
-    the audit besides exactness ("reproducibility", "input-handling")."""
+    the audit besides exactness ("reproducibility", "input-handling"). The options several kinds
+    share carry their ``Option`` (flag, help, validation) on the field: ``AuditOptions.option``."""
 
-    level: Level = Level(DEFAULT_LEVEL)
-    seed: int = 0
-    alpha: float = DEFAULT_ALPHA
-    device: str = "cpu"
-    worlds: tuple[str, ...] | None = None
+    level: Level = option(Level(DEFAULT_LEVEL), "--level", "the TV every law is planned to detect: quick 0.05, "
+                          "standard 0.01, release 0.003 (see `exactcheck plan`)",
+                          lambda v: isinstance(v, (str, Level)) and str(getattr(v, "value", v)) in LEVEL_NAMES,
+                          "one of " + ", ".join(LEVEL_NAMES), choices=LEVEL_NAMES)
+    seed: int = option(0, "--seed", "root seed (default 0): every world's, shard's and request's seed derives from it",
+                       lambda v: _whole(v) and v >= 0, "a non-negative integer", type=int)
+    alpha: float = option(DEFAULT_ALPHA, "--alpha", "false-alarm budget for the whole audit (default 1e-3), split "
+                          "by Holm; with early stopping, half goes to the early-stopping tests and half to Holm",
+                          lambda v: _number(v) and 0 < v < 1, "a number in (0, 1)", type=float)
+    device: str = option("cpu", "--device", "torch device for the subject's tensors or the models (cpu, cuda, cuda:1)",
+                         lambda v: isinstance(v, str) and v != "", "a device name (cpu, cuda, cuda:1)")
+    worlds: tuple[str, ...] | None = option(None, "--world", "only this world (repeatable; see `exactcheck list`)",
+                                            _strings, "a list of world names (see `exactcheck list`)",
+                                            metavar="NAME", append=True)
     properties: bool = True
-    stop_early: bool = True
-    detect_tv: float | None = None
-    max_samples: int | None = None
-    require: tuple[str, ...] = DEFAULT_REQUIRE
-    generations: int | None = None  # end-to-end audits: generations per world (default: the level's)
+    stop_early: bool = option(True, "--no-stop-early", "run every world to its budget (default: stop at the first "
+                              "defect an anytime-valid test makes evident)", lambda v: isinstance(v, bool),
+                              "true or false", switch=True)
+    detect_tv: float | None = option(None, "--detect-tv", "plan the budget to detect this TV instead of the level's",
+                                     lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]", type=float,
+                                     metavar="EPS")
+    max_samples: int | None = option(None, "--max-samples", "cap on trials (requests, generations) per world "
+                                     "(default: the level's: 50k, 1M, 10M)", lambda v: _whole(v) and v >= 1,
+                                     "a positive integer", type=int, metavar="N")
+    require: tuple[str, ...] = option(DEFAULT_REQUIRE, "--require", "also fail on findings of this category "
+                                      "(repeatable; by default only exactness findings fail: laws, forbidden "
+                                      "tokens, acceptance decisions, contract, crashes)",
+                                      lambda v: _strings(v) and all(_category(c) for c in v),
+                                      "a list of categories (" + ", ".join(REQUIRABLE) + ")", choices=REQUIRABLE,
+                                      append=True)
+    generations: int | None = option(None, "--generations", "sampled generations per world (default: the level's)",
+                                     lambda v: _whole(v) and v >= 1, "a positive integer", type=int, metavar="N")
     # step audits: the verification rule the subject is judged by (``exactcheck.rules``: a name or
     # NAME:param=value,...): ``rule`` as the user gives it (``--rule``), else the subject's own
     # ``acceptance_rule`` (set by the step entry point); None: undeclared, judged against every
@@ -220,13 +308,19 @@ class AuditOptions:
     tree_rule: str | None = None
     # shards per batch (step audits: seeds derived per shard) or per run (end-to-end audits:
     # generations keep their seeds); ``exactcheck.executors``
-    shards: int = 1
+    shards: int = option(1, "--shards", "split every batch (or run) into N shards with derived seeds (default 1); "
+                         "the counts are merged, so alpha and the verdicts' meaning are unchanged",
+                         lambda v: _whole(v) and v >= 1, "a positive integer", type=int, metavar="N")
     # step audits: the largest target_probs tensor (B * (k+1) * V elements) handed to the subject
     # in one call; None: ``DEFAULT_CALL_ELEMENTS``, the same on every machine. The size decides
     # which random numbers each trial gets, so a different size gives different (equally valid)
     # samples, and the reproducer names it. "auto": half the device's free memory, resolved to a
     # number when the audit starts (``exactcheck.memory.device_max_elements``)
-    call_elements: int | str | None = None
+    call_elements: int | str | None = option(
+        None, "--call-elements", "largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, or "
+        "auto (half the device's free memory); default 2^24 on every machine. Another size draws other random "
+        "numbers: the same seed gives other, equally valid samples, and the reproducer names it",
+        lambda v: v == "auto" or (_whole(v) and v >= 1), "a positive integer or 'auto'", metavar="N|auto")
     # step audits: a wall-clock budget for a slow subject (an interpreted kernel): each world's
     # trials are cut to what the subject's measured speed allows (``exactcheck.step.plan.
     # fit_to_seconds``); the alpha family is unchanged and every verdict states the TV it could
@@ -247,46 +341,61 @@ class AuditOptions:
     # the batches, so the samples, differ, and reproduce lines state it (``--looks-from-share``)
     looks_from_one: bool = True
     # seconds one subject call may take (``exactcheck.subject_call``); None: unbounded
-    call_timeout: float | None = DEFAULT_CALL_TIMEOUT
+    call_timeout: float | None = option(
+        DEFAULT_CALL_TIMEOUT, "--call-timeout", f"seconds one call of the subject may take before it is stopped and "
+        f"reported as a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no limit)",
+        lambda v: _number(v) and 0 <= v < math.inf, "a finite number of seconds, at least 0 (0: no limit)",
+        type=float, metavar="S", show=lambda v: f"{v or 0:g}")
     # step audits: worker processes the laws' batches and the property searches run in
     # (``exactcheck.step.workers``); the seeds are the serial run's, so are the verdicts
-    jobs: int = 1
+    jobs: int = option(1, "--jobs", "run the independent draws (laws' batches, property searches, generations) in "
+                       "N worker processes (default 1); the verdicts are the serial run's with the same seed",
+                       lambda v: _whole(v) and v >= 1, "a positive integer", type=int, metavar="N")
+
+    @classmethod
+    def option(cls, name: str) -> Option:
+        """The ``Option`` of the field ``name`` (a ``KeyError`` for a field with none)."""
+        return cls.__dataclass_fields__[name].metadata["option"]
+
+    @classmethod
+    def shared(cls) -> dict[str, Option]:
+        """Every field that carries an ``Option``, by name."""
+        return {name: f.metadata["option"] for name, f in cls.__dataclass_fields__.items() if "option" in f.metadata}
 
     @classmethod
     def build(cls, **values) -> "AuditOptions":
         """Options from loose values (strings, lists, None for the defaults), validated: a bad
-        value raises ``UsageError`` naming it and its rule."""
+        value raises ``UsageError`` naming it and its rule (the field's ``Option.rule``)."""
         values = {k: v for k, v in values.items() if v is not None}
         unknown = set(values) - set(cls.__dataclass_fields__)
         if unknown:
             raise UsageError(f"unknown audit option(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        level = values.get("level", DEFAULT_LEVEL)
-        try:
-            values["level"] = level if isinstance(level, Level) else Level(level)
-        except ValueError:
-            raise UsageError(f"level ({level!r}) must be one of quick, standard, release") from None
-        if int(values.get("jobs", 1)) < 1:
-            raise UsageError(f"jobs ({values['jobs']}) must be at least 1")
-        alpha = values.get("alpha", DEFAULT_ALPHA)
-        if not 0 < alpha < 1:
-            raise UsageError(f"alpha ({alpha}) must be in (0, 1)")
+        # the loose forms a caller may give: a level's name, numbers as strings, a device object, any sequence
+        for name, convert in (("seed", int), ("jobs", int), ("shards", int), ("max_samples", int),
+                              ("generations", int), ("alpha", float), ("detect_tv", float), ("call_timeout", float),
+                              ("call_elements", int)):
+            if name in values and isinstance(values[name], str) and values[name] != "auto":
+                try:
+                    values[name] = convert(values[name])
+                except ValueError:
+                    raise UsageError(f"{name} ({values[name]!r}) must be {cls.option(name).rule}") from None
+        if isinstance(values.get("level"), Level):
+            values["level"] = values["level"].value
+        for key in ("worlds", "require"):
+            if isinstance(values.get(key), str):
+                values[key] = (values[key],)
+            elif key in values:
+                values[key] = tuple(values[key])
         if "device" in values:
             values["device"] = str(values["device"])
+        for name, spec in cls.shared().items():
+            if name in values and name != "require" and (problem := spec.invalid(name, values[name])):
+                raise UsageError(problem)
+        values["level"] = Level(values.get("level", DEFAULT_LEVEL))
         if "worlds" in values:
-            values["worlds"] = tuple(values["worlds"]) or None
-        if values.get("detect_tv") is not None and not 0 < values["detect_tv"] <= 1:
-            raise UsageError(f"detect_tv ({values['detect_tv']}) must be in (0, 1]")
-        if values.get("max_samples") is not None and int(values["max_samples"]) < 1:
-            raise UsageError(f"max_samples ({values['max_samples']}) must be positive")
-        if values.get("shards") is not None and int(values["shards"]) < 1:
-            raise UsageError(f"shards ({values['shards']}) must be at least 1")
-        if values.get("call_elements") not in (None, "auto"):  # auto: sized when the audit runs
-            try:
-                values["call_elements"] = int(values["call_elements"])
-            except (TypeError, ValueError):
-                raise UsageError(f"call_elements ({values['call_elements']!r}) must be a number or 'auto'") from None
-            if values["call_elements"] < 1:
-                raise UsageError(f"call_elements ({values['call_elements']}) must be positive")
+            values["worlds"] = values["worlds"] or None
+        if values.get("call_timeout") is not None:
+            values["call_timeout"] = float(values["call_timeout"]) or None
         if values.get("max_seconds") is not None:
             try:
                 values["max_seconds"] = float(values["max_seconds"])
@@ -294,19 +403,8 @@ class AuditOptions:
                 raise UsageError(f"max_seconds ({values['max_seconds']!r}) must be a number of seconds") from None
             if not values["max_seconds"] > 0:
                 raise UsageError(f"max_seconds ({values['max_seconds']}) must be positive")
-        if values.get("call_timeout") is not None:
-            try:
-                values["call_timeout"] = float(values["call_timeout"])
-            except (TypeError, ValueError):
-                raise UsageError(f"call_timeout ({values['call_timeout']!r}) must be a number of seconds") from None
-            if not values["call_timeout"] >= 0 or values["call_timeout"] == float("inf"):
-                raise UsageError(f"call_timeout ({values['call_timeout']}) must be a finite number of seconds "
-                                 f"(0: no limit)")
-            values["call_timeout"] = values["call_timeout"] or None
         if values.get("trials") is not None:
             values["trials"] = _world_trials(values["trials"]) or None
-        if values.get("generations") is not None and int(values["generations"]) < 1:
-            raise UsageError(f"generations ({values['generations']}) must be positive")
         values["require"] = _resolve_require(values.get("require", ()))
         for key in ("rule", "acceptance_rule"):
             if values.get(key) is not None:

@@ -103,14 +103,9 @@ def generator_tests(subject, *, name: str | None = None, worlds=None, level: str
 
 def pytest_addoption(parser):
     group = parser.getgroup("exactcheck", "exactness audits of speculative decoding")
-    from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, REQUIRABLE, Level  # light: no torch
-    group.addoption("--exactcheck-level", default=DEFAULT_LEVEL, choices=[level.value for level in Level],
-                    help="audit level of the generated exactcheck tests (default quick)")
-    group.addoption("--exactcheck-seed", type=int, default=0, help="root seed of the audits (default 0)")
-    group.addoption("--exactcheck-alpha", type=float, default=DEFAULT_ALPHA,
-                    help="false-alarm budget of each subject's audit, shared by its tests (default 1e-3)")
-    group.addoption("--exactcheck-require", action="append", default=[], choices=REQUIRABLE,
-                    help="also fail on findings of this category (default: exactness only)")
+    from exactcheck.arguments import option  # light: no torch
+    for name in ("level", "seed", "alpha", "require"):  # as every audit command declares them, prefixed
+        option(group, name, prefix="--exactcheck-", add=group.addoption)
     group.addoption("--exactcheck-report", metavar="DIR", default=None,
                     help="write each audit's JSON, Markdown and HTML report to DIR")
 

@@ -13,9 +13,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_CALL_TIMEOUT, DEFAULT_REQUIRE, AuditOptions, Category
+from exactcheck.options import DEFAULT_ALPHA, DEFAULT_REQUIRE, AuditOptions, Category
 
-__all__ = ["Setting", "reproduce_line", "step_audit_line", "generator_audit_line", "tree_audit_line",
+__all__ = ["Setting", "reproduce_line", "stated", "flag", "step_audit_line", "generator_audit_line", "tree_audit_line",
            "tree_loop_line", "greedy_audit_line", "grammar_audit_line", "cost_line", "served_cost_line",
            "isolated_audit_line", "replay_line", "written_replay_line", "reproducer_path", "DEFAULT_REPORT_DIR"]
 
@@ -40,25 +40,43 @@ def reproduce_line(command: str, subject: str, settings: Sequence[Setting], call
     return f"{call}(" + ", ".join([subject] + [s.argument for s in settings if s.argument]) + ")"
 
 
+def stated(options: AuditOptions, name: str, value=None, argument: str | None = None) -> Setting:
+    """The option ``name`` (its value in ``options``, or ``value``) in both forms: the flag as its
+    ``Option`` (declared on the ``AuditOptions`` field) writes it, and the Python keyword
+    (``argument``: another spelling of it)."""
+    value = getattr(options, name) if value is None else value
+    shown = getattr(value, "value", value)
+    return Setting(AuditOptions.option(name).flag_text(shown), argument or f"{name}={shown!r}")
+
+
 def _required(options: AuditOptions) -> list[Setting]:
     named = [Category(c) for c in options.require if c not in DEFAULT_REQUIRE]  # the others always gate
     if not named:
         return []
-    return [Setting(" ".join(f"--require {c.flag}" for c in named), f"require={[c.value for c in named]!r}")]
+    return [stated(options, "require", [c.flag for c in named], f"require={[c.value for c in named]!r}")]
 
 
 def _head(options: AuditOptions, world: str) -> list[Setting]:
-    return [Setting(f"--level {options.level.value}", f"level={options.level.value!r}"),
-            Setting(f"--seed {options.seed}", f"seed={options.seed}"),
-            Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"),
-            Setting(f"--world {world}", f"worlds=[{world!r}]")]
+    return [stated(options, "level"), stated(options, "seed"), stated(options, "alpha"),
+            stated(options, "worlds", [world], f"worlds=[{world!r}]")]
+
+
+def flag(name: str, value) -> str:
+    """``value`` of the shared option ``name`` as the command line states it (its ``Option``)."""
+    return AuditOptions.option(name).flag_text(value)
+
+
+def _when_set(options: AuditOptions, *names: str) -> list[Setting]:
+    """The options ``names`` that ``options`` sets away from their defaults, in that order."""
+    fields = AuditOptions.__dataclass_fields__
+    return [stated(options, name) for name in names if getattr(options, name) != fields[name].default]
 
 
 def _device(device: str, always: bool = False) -> list[Setting]:
     device = str(device)
     if device == "cpu" and not always:
         return []
-    return [Setting(f"--device {device}" if device != "cpu" else "", f"device={device!r}")]
+    return [Setting(AuditOptions.option("device").flag_text(device) if device != "cpu" else "", f"device={device!r}")]
 
 
 def step_audit_line(options: AuditOptions, subject: str, world: str, by_command: bool | None = None) -> str:
@@ -69,24 +87,13 @@ def step_audit_line(options: AuditOptions, subject: str, world: str, by_command:
     settings = _head(options, world)
     if options.rule is not None:
         settings.append(Setting(f"--rule {options.rule}", f"rule={options.rule!r}"))
-    if not options.stop_early:
-        settings.append(Setting("--no-stop-early", "stop_early=False"))
-    if options.detect_tv is not None:
-        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", f"detect_tv={options.detect_tv!r}"))
-    if options.max_samples is not None:
-        settings.append(Setting(f"--max-samples {int(options.max_samples)}", f"max_samples={int(options.max_samples)}"))
+    settings += _when_set(options, "stop_early", "detect_tv", "max_samples")
     fitted = dict(options.trials or ()).get(world)
     if fitted is not None:  # a budget cut to fit --max-seconds, or trials named: the same trials
         settings.append(Setting(f"--trials {world}={fitted}", f"trials={{{world!r}: {fitted}}}"))
     if options.stop_early and not options.looks_from_one:  # --max-seconds: its batches, as drawn
         settings.append(Setting("--looks-from-share", "looks_from_one=False"))
-    if options.shards > 1:
-        settings.append(Setting(f"--shards {options.shards}", f"shards={options.shards}"))
-    if options.call_elements is not None:
-        settings.append(Setting(f"--call-elements {options.call_elements}", f"call_elements={options.call_elements!r}"))
-    if options.call_timeout != DEFAULT_CALL_TIMEOUT:  # a slow call's verdict depends on it
-        settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
-                                f"call_timeout={options.call_timeout!r}"))
+    settings += _when_set(options, "shards", "call_elements", "call_timeout")  # a slow call's verdict depends on it
     settings += _device(options.device) + _required(options)
     return reproduce_line("audit", subject, settings, "run_audit",
                           by_command=":" in subject if by_command is None else by_command)
@@ -98,9 +105,7 @@ def generator_audit_line(options: AuditOptions, subject: str, world: str, polici
     decoding policies other than plain sampling (``exactcheck.contracts.policy.DecodingPolicy``; () for
     plain sampling; a policy the command line cannot state, such as a logit bias, makes the line the
     Python call) and whether greedy identity ran."""
-    settings = _head(options, world)
-    if options.generations is not None:
-        settings.append(Setting(f"--generations {int(options.generations)}", f"generations={int(options.generations)}"))
+    settings = _head(options, world) + _when_set(options, "generations")
     settings += _device(options.device) + _required(options)
     if policies:
         specs = [policy.spec() for policy in policies]
@@ -116,18 +121,8 @@ def tree_audit_line(options: AuditOptions, subject: str, world: str, by_command:
     world draws (budget, device) or how it is judged (alpha, categories required, call timeout),
     where it differs from the default. ``by_command``: the subject is named as the command takes it
     (else the line is the ``run_tree_audit`` call)."""
-    settings = [Setting(f"--level {options.level.value}", f"level={options.level.value!r}"),
-                Setting(f"--seed {options.seed}", f"seed={options.seed}"),
-                Setting(f"--world {world}", f"worlds=[{world!r}]")]
-    if options.alpha != DEFAULT_ALPHA:
-        settings.append(Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"))
-    if options.detect_tv is not None:
-        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", f"detect_tv={options.detect_tv!r}"))
-    if options.max_samples is not None:
-        settings.append(Setting(f"--max-samples {int(options.max_samples)}", f"max_samples={int(options.max_samples)}"))
-    if options.call_timeout != DEFAULT_CALL_TIMEOUT:
-        settings.append(Setting(f"--call-timeout {options.call_timeout or 0:g}",
-                                f"call_timeout={options.call_timeout!r}"))
+    settings = [stated(options, "level"), stated(options, "seed"), stated(options, "worlds", [world], f"worlds=[{world!r}]")]
+    settings += _when_set(options, "alpha", "detect_tv", "max_samples", "call_timeout")
     if options.tree_rule:
         settings.append(Setting(f"--rule {options.tree_rule}", f"tree_rule={options.tree_rule!r}"))
     settings += _device(options.device) + _required(options)
@@ -142,7 +137,7 @@ def greedy_audit_line(subject: str, model: str, prompts: int, new_tokens: int, d
                 Setting("" if tuple(draft_lengths) == tuple(range(1, 9)) else None,
                         f"draft_lengths={tuple(draft_lengths)!r}"),
                 Setting(f"--per-prompt {per_prompt}" if per_prompt else "", f"per_prompt={per_prompt!r}"),
-                Setting(f"--seed {seed}", f"seed={seed}"), *_device(device, always=True)]
+                Setting(flag("seed", seed), f"seed={seed}"), *_device(device, always=True)]
     return reproduce_line("greedy", subject, settings, "run_greedy_audit", by_command)
 
 
@@ -154,7 +149,7 @@ def grammar_audit_line(subject: str, prompts: int, draft_lengths, samples: int, 
                 Setting("" if tuple(draft_lengths) == (1, 4, 8) else None, f"draft_lengths={tuple(draft_lengths)!r}"),
                 Setting(f"--samples {samples}", f"samples={samples}"),
                 Setting("" if new_tokens == 64 else None, f"new_tokens={new_tokens}"),
-                Setting(f"--seed {seed}", f"seed={seed}"),
+                Setting(flag("seed", seed), f"seed={seed}"),
                 Setting("" if alpha == DEFAULT_ALPHA else None, f"alpha={alpha!r}"), *_device(device, always=True)]
     return reproduce_line("grammar", subject, settings, "run_grammar_audit", by_command)
 
@@ -164,7 +159,7 @@ def cost_line(subject: str, model: str | None, world: str | None, draft_lengths:
     """``exactcheck cost``'s line (the command is the only way to name its settings)."""
     settings = [Setting(f"--model {model}" if model else f"--world {world}", ""),
                 Setting(f"--draft-lengths {draft_lengths}", ""), Setting(f"--prompts {prompts}", ""),
-                Setting(f"--seed {seed}", ""), Setting(f"--new-tokens {new_tokens}" if new_tokens else "", ""),
+                Setting(flag("seed", seed), ""), Setting(f"--new-tokens {new_tokens}" if new_tokens else "", ""),
                 Setting(f"--policy '{policy}'" if policy else "", "")]
     return reproduce_line("cost", subject, settings)
 
@@ -181,15 +176,15 @@ def served_cost_line(url: str, reference: str, *, api: str = "auto", model: str 
                          else f"--prompt-ids {','.join(str(int(t)) for t in p)}", "") for p in prompts]
     settings += [Setting(f"--sampling {shlex.quote(s)}", "") for s in samplings]
     settings += [Setting(f"--prompts {int(requests)}", ""), Setting(f"--new-tokens {int(new_tokens)}", ""),
-                 Setting(f"--seed {int(seed)}", ""), Setting(f"--timeout {timeout:g}" if timeout else "", "")]
+                 Setting(flag("seed", int(seed)), ""), Setting(f"--timeout {timeout:g}" if timeout else "", "")]
     return reproduce_line("cost", shlex.quote(url), settings)
 
 
 def isolated_audit_line(command: str, subject: str, options: AuditOptions) -> str:
     """The line of an isolated audit whose subject killed its worker process: the audit again,
     isolated (the subject is by name: an isolated audit loads it in the worker)."""
-    return reproduce_line(command, subject, [Setting(f"--level {options.level.value}", ""),
-                                             Setting(f"--seed {options.seed}", ""), Setting("--isolate", "")])
+    return reproduce_line(command, subject, [stated(options, "level"), stated(options, "seed"),
+                                             Setting("--isolate", "")])
 
 
 def tree_loop_line(options: AuditOptions, subject: str, world: str, generations: int, by_command: bool = True) -> str:
@@ -197,12 +192,9 @@ def tree_loop_line(options: AuditOptions, subject: str, world: str, generations:
     (which the level only stands for), and alpha and the categories required where they differ
     from the default. ``by_command``: the subject is named as the command takes it (else the line
     is the ``run_tree_generation_audit`` call, ``subject`` then the Python name)."""
-    settings = [Setting(f"--seed {options.seed}", f"seed={options.seed}"),
-                Setting(f"--world {world}", f"worlds=[{world!r}]"),
-                Setting(f"--generations {generations}", f"trials={generations}")]
-    if options.alpha != DEFAULT_ALPHA:
-        settings.append(Setting(f"--alpha {options.alpha!r}", f"alpha={options.alpha!r}"))
-    settings += _required(options)
+    settings = [stated(options, "seed"), stated(options, "worlds", [world], f"worlds=[{world!r}]"),
+                stated(options, "generations", generations, f"trials={generations}")]
+    settings += _when_set(options, "alpha") + _required(options)
     return reproduce_line("tree-loop", subject, settings, "run_tree_generation_audit", by_command)
 
 
@@ -226,10 +218,7 @@ def serve_audit_line(url: str, reference: str | None, options: AuditOptions, wor
         settings.append(Setting(f"--sampling {shlex.quote(sampling or 'temperature=1')}", ""))
     settings += [Setting(f"{flag} {int(value)}" if value != default else "", "") for flag, value, default in (
         ("--length", length, 3), ("--samples-per-request", samples_per_request, 2), ("--n-probs", n_probs, 256))]
-    if options.max_samples is not None:
-        settings.append(Setting(f"--max-samples {int(options.max_samples)}", ""))
-    if options.detect_tv is not None:
-        settings.append(Setting(f"--detect-tv {options.detect_tv!r}", ""))
+    settings += _when_set(options, "max_samples", "detect_tv")
     return reproduce_line("serve", shlex.quote(url), settings)
 
 

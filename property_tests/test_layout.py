@@ -297,10 +297,41 @@ def test_holm_runs_over_the_whole_family_when_some_checks_do_not_run():
 
 def test_options_refuse_bad_values_with_the_rule():
     from exactcheck.errors import UsageError
-    for bad, words in (({"alpha": 2.0}, "alpha (2.0) must be in (0, 1)"), ({"level": "fast"}, "level ('fast')"),
+    for bad, words in (({"alpha": 2.0}, "alpha (2.0) must be a number in (0, 1)"), ({"level": "fast"}, "level ('fast')"),
                        ({"require": ["speed"]}, "category ('speed')"), ({"colour": "red"}, "unknown audit option")):
         with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
             AuditOptions.build(**bad)
+
+
+def test_each_shared_option_is_declared_once_on_its_field():
+    """issue 66: an option several kinds share is declared once, on its ``AuditOptions`` field
+    (flag, type, help, validation): every audit command's flag, ``exactcheck plan``'s, the gate's
+    check and the pytest plugin's option are that declaration, and a reproduce line writes it so."""
+    import argparse
+
+    from exactcheck.audit_kinds import AUDIT_KINDS
+    from exactcheck.gate import SUBJECT_FIELDS
+    from exactcheck.reproduce import stated
+    shared = AuditOptions.shared()
+    assert {"level", "seed", "alpha", "device", "worlds", "detect_tv", "max_samples", "require", "generations",
+            "shards", "call_timeout", "jobs", "stop_early", "call_elements"} <= set(shared)
+    for entry in AUDIT_KINDS.values():  # each flag a kind offers for a shared option is its declaration
+        parser = argparse.ArgumentParser(add_help=False)
+        entry.arguments(parser)
+        for action in parser._actions:
+            for name, spec in shared.items():  # (cost's --world names the one world it measures on)
+                if spec.flag in action.option_strings and (action.dest == name or spec.append):
+                    if spec.append and not isinstance(action, argparse._AppendAction):
+                        continue
+                    assert action.help == spec.help, (entry.command, spec.flag)
+    for name, spec in shared.items():  # the gate checks by the declaration
+        assert SUBJECT_FIELDS[name] == (spec.valid, spec.rule)
+    options = AuditOptions.build(alpha=0.01, call_timeout=30, worlds=["a"])
+    assert stated(options, "alpha").flag == "--alpha 0.01" and stated(options, "call_timeout").flag == "--call-timeout 30"
+    assert stated(options, "worlds").flag == "--world a" and stated(options, "stop_early").flag == ""
+    for source in ("cli.py", "gate.py", "pytest_plugin.py", "reproduce.py"):  # no flag of a shared option spelt out
+        text = (PACKAGE / source).read_text()
+        assert '"--alpha"' not in text and '"--seed"' not in text and "--alpha {" not in text, source
 
 
 def test_an_entry_point_refuses_a_setting_its_kind_does_not_take():

@@ -75,7 +75,7 @@ def test_every_option_of_plan_has_the_audits_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for option, words in (("--level", "the TV every law is planned to detect"),
                           ("--detect-tv EPS", "plan the budget to detect this TV"),
-                          ("--max-samples N", "cap on trials per world"),
+                          ("--max-samples N", "cap on trials (requests, generations) per world"),
                           ("--alpha ALPHA", "false-alarm budget for the whole audit")):
         assert f"{option} " in text and words in text.split(option, 1)[1], option
 

@@ -42,8 +42,8 @@ def test_a_mutant_exits_1_with_the_invariant_and_a_command_to_reproduce(capsys):
     (["tree-loop-mutant:no_such"], "unknown tree generator"),
     (["not_a_subject"], "MODULE:CALLABLE"),
     (["tree-loop-reference", "--world", "no_such_world"], "unknown tree world"),
-    (["tree-loop-reference", "--generations", "0"], "generations (0) must be positive"),
-    (["tree-loop-reference", "--alpha", "2"], "alpha (2.0) must be in (0, 1)"),
+    (["tree-loop-reference", "--generations", "0"], "generations (0) must be a positive integer"),
+    (["tree-loop-reference", "--alpha", "2"], "alpha (2.0) must be a number in (0, 1)"),
 ])
 def test_a_usage_error_exits_2_with_one_line(capsys, argv, said):
     code, out, err = _run(capsys, *argv)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exactcheck import arguments
 from exactcheck.errors import UsageError
 from exactcheck.options import REAL_MODELS, AuditOptions
 
@@ -79,10 +80,8 @@ def cost_arguments(parser) -> None:
                                                          "sampling at temperature 1)")
     parser.add_argument("--no-exactness", dest="exactness", action="store_false",
                         help="skip the exactness audit that goes into the same report")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML here")
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
+    arguments.options(parser, "seed", "device")
+    arguments.output(parser)
     served = parser.add_argument_group("a served system (the subject a URL)")
     served.add_argument("--reference", metavar="URL", help="the same model served with speculation off (required)")
     served.add_argument("--api", default="auto", choices=APIS, help="llama.cpp's /completion, OpenAI's "

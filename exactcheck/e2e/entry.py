@@ -10,7 +10,7 @@ import dataclasses
 
 from exactcheck import arguments
 from exactcheck.errors import UsageError
-from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, DEFAULT_LEVEL, HYBRID_MODELS, REAL_MODELS, AuditOptions, AuditPlan
+from exactcheck.options import BUILTIN_GENERATORS, HYBRID_MODELS, REAL_MODELS, AuditOptions, AuditPlan
 
 __all__ = ["parse_policy", "named", "show_generator_audit",
            "e2e_arguments", "e2e_settings", "plan_e2e", "run_e2e",
@@ -45,40 +45,23 @@ def show_generator_audit(result, args, stem: str, **how) -> int:
     return show_audit(named(result, args.subject), args, stem, **how)
 
 
-def _seed_report_quiet(parser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
-    parser.add_argument("--quiet", action="store_true")
-
-
-def _models_device(parser) -> None:
-    parser.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda, cuda:1)")
-
-
 # -- e2e: the toy model worlds -------------------------------------------------------------------
 
 def e2e_arguments(parser) -> None:
     parser.add_argument("subject", help="a built-in generator (" + ", ".join(BUILTIN_GENERATORS) + ", or "
                         "loop-mutant:NAME) or MODULE:CALLABLE")
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
-                        help="sampled generations per world: quick 2,000, standard 8,000, release 40,000")
-    parser.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
+    arguments.options(parser, "level", "generations")
     parser.add_argument("--temperature", type=float, action="append", metavar="T",
                         help="sampling temperature (repeatable; default 1)")
     parser.add_argument("--policy", action="append", metavar="SPEC",
                         help="a decoding policy to audit under, e.g. 'temperature=0.7', 'top_k=2', "
                              "'top_p=0.8,temperature=0.9', 'min_p=0.3' (repeatable; with --temperature)")
-    parser.add_argument("--world", action="append", metavar="NAME", help="only this model world (repeatable)")
+    arguments.option(parser, "worlds")
     parser.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy-identity sweep")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
-    parser.add_argument("--report", metavar="DIR", help="write JSON and Markdown reports here")
-    parser.add_argument("--quiet", action="store_true")
-    _models_device(parser)
-    arguments.sharding(parser, "split each run's generations into N ranges (default 1); generations keep their "
-                               "seeds, so the verdicts are the unsharded audit's")
-    arguments.jobs(parser, "draw each run's generations in N worker processes (default 1); generations keep their "
-                           "seeds, so the verdicts are the serial audit's")
+    arguments.options(parser, "seed", "alpha", "device")
+    arguments.output(parser)
+    arguments.sharding(parser)
+    arguments.jobs(parser)
     arguments.require(parser)
     arguments.call_timeout(parser)
     arguments.isolate(parser)
@@ -88,10 +71,8 @@ def e2e_settings(args) -> dict:
     from exactcheck.contracts.policy import DecodingPolicy
     policies = tuple(DecodingPolicy(t) for t in (args.temperature or ([] if args.policy else [1.0])))
     policies += tuple(parse_policy(spec) for spec in (args.policy or []))
-    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, policies=policies,
-                generations=args.generations, greedy=args.greedy, progress=not args.quiet, require=args.require,
-                device=args.device, shards=args.shards, call_timeout=args.call_timeout, isolate=args.isolate,
-                jobs=args.jobs)
+    return dict(arguments.given(args), policies=policies, greedy=args.greedy, progress=not args.quiet,
+                isolate=args.isolate)
 
 
 def plan_e2e(subject, options: AuditOptions, policies=None, greedy: bool = True) -> AuditPlan:
@@ -118,8 +99,8 @@ def greedy_arguments(parser) -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens to decode per prompt (default 32)")
     parser.add_argument("--per-prompt", type=int, metavar="K",
                         help="run K of the draft lengths 1..8 per prompt, in rotation (default: all 8)")
-    _seed_report_quiet(parser)
-    _models_device(parser)
+    arguments.options(parser, "seed", "device")
+    arguments.output(parser)
 
 
 def greedy_settings(args) -> dict:
@@ -150,10 +131,8 @@ def grammar_arguments(parser) -> None:
     parser.add_argument("subject", nargs="?", default="transformers-assisted")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=24, help="sampled outputs for the chain-rule tests")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", metavar="DIR")
-    parser.add_argument("--quiet", action="store_true")
-    _models_device(parser)
+    arguments.options(parser, "seed", "device")
+    arguments.output(parser)
 
 
 def grammar_settings(args) -> dict:

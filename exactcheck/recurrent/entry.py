@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exactcheck import arguments
 from exactcheck.errors import UsageError
-from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions, AuditPlan
+from exactcheck.options import BUILTIN_GENERATORS, DEFAULT_ALPHA, AuditOptions, AuditPlan
 
 __all__ = ["OPTIONS", "BUILTIN", "MUTANT_PREFIX", "recurrent_arguments", "recurrent_settings", "load", "plan", "run",
            "reproduce_line", "catalogue"]
@@ -17,27 +17,18 @@ MUTANT_PREFIX = "recurrent-mutant:"
 def recurrent_arguments(parser) -> None:
     parser.add_argument("subject", help=f"{', '.join(BUILTIN)} (the exact reference loops), {MUTANT_PREFIX}NAME, a "
                                         f"built-in generator ({', '.join(BUILTIN_GENERATORS[4:6])}, ...) or MODULE:CALLABLE")
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
-                        help="sampled generations per world: quick 2,000, standard 8,000, release 40,000")
-    parser.add_argument("--generations", type=int, metavar="N", help="sampled generations per world")
-    parser.add_argument("--world", action="append", metavar="NAME", help="only this recurrent world (repeatable)")
+    arguments.options(parser, "level", "generations", "worlds")
     parser.add_argument("--no-greedy", dest="greedy", action="store_false", help="skip the greedy-identity sweep")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
-    parser.add_argument("--device", default="cpu", help="torch device for the models (cpu, cuda)")
-    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports here")
-    parser.add_argument("--quiet", action="store_true")
-    arguments.jobs(parser, "draw each world's generations in N worker processes (default 1); generations keep their "
-                           "seeds, so the verdicts are the serial audit's")
+    arguments.options(parser, "seed", "alpha", "device")
+    arguments.output(parser)
+    arguments.jobs(parser)
     arguments.require(parser)
     arguments.call_timeout(parser)
     arguments.isolate(parser)
 
 
 def recurrent_settings(args) -> dict:
-    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, generations=args.generations,
-                greedy=args.greedy, progress=not args.quiet, require=args.require, device=args.device, jobs=args.jobs,
-                call_timeout=args.call_timeout, isolate=args.isolate)
+    return dict(arguments.given(args), greedy=args.greedy, progress=not args.quiet, isolate=args.isolate)
 
 
 def builtin_generators() -> dict:
@@ -78,15 +69,15 @@ def run(subject, options: AuditOptions, *, subject_name: str | None = None, prog
 
 
 def reproduce_line(options: AuditOptions, subject: str, world: str, greedy: bool = True) -> str:
-    """The command that audits ``subject`` on ``world`` again, as this audit did."""
-    flags = [f"--world {world}", f"--level {options.level.value}", f"--seed {options.seed}"]
-    if options.generations is not None:
-        flags.append(f"--generations {options.generations}")
-    if options.alpha != DEFAULT_ALPHA:
-        flags.append(f"--alpha {options.alpha}")
+    """The command that audits ``subject`` on ``world`` again, as this audit did (each option as
+    its ``Option`` states it)."""
+    from exactcheck.reproduce import Setting, reproduce_line as line, stated
+    settings = [stated(options, "worlds", [world]), stated(options, "level"), stated(options, "seed")]
+    settings += [stated(options, name) for name, default in (("generations", None), ("alpha", DEFAULT_ALPHA))
+                 if getattr(options, name) != default]
     if not greedy:
-        flags.append("--no-greedy")
-    return " ".join([f"exactcheck recurrent {subject}"] + flags)
+        settings.append(Setting("--no-greedy", "greedy=False"))
+    return line("recurrent", subject, settings)
 
 
 def catalogue() -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from exactcheck import arguments
 from exactcheck.serve import settings
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AuditOptions, AuditPlan
+from exactcheck.options import AuditOptions, AuditPlan
 
 __all__ = ["serve_arguments", "serve_settings", "load", "plan", "run", "OPTIONS", "SETTINGS", "FIELDS"]
 
@@ -19,13 +19,7 @@ SETTINGS, FIELDS = settings.NAMES, settings.FIELDS  # the registry row's: declar
 def serve_arguments(parser) -> None:
     parser.add_argument("subject", metavar="URL", help="the audited server (llama.cpp's /completion, or an "
                                                        "OpenAI-compatible /v1/completions), e.g. http://127.0.0.1:8080")
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
-                        help="the TV every continuation law is planned to detect: quick 0.05, standard 0.01, release 0.003")
-    parser.add_argument("--detect-tv", type=float, metavar="EPS", help="plan to detect this TV instead of the level's")
-    parser.add_argument("--max-samples", type=int, metavar="N", help="cap on sampled requests per world")
-    parser.add_argument("--seed", type=int, default=0, help="root seed (default 0): every request's seed derives from it")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="false-alarm budget, split by Holm (default 1e-3)")
-    parser.add_argument("--world", action="append", metavar="NAME", help="only this world, e.g. p0-t1 (repeatable)")
+    arguments.options(parser, "level", "detect_tv", "max_samples", "seed", "alpha", "worlds")
     parser.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt, tokenized by the server (repeatable)")
     parser.add_argument("--prompt-ids", action="append", metavar="ID,ID,...", help="a prompt as token ids (repeatable)")
     parser.add_argument("--chat", action="store_true",
@@ -40,8 +34,7 @@ def serve_arguments(parser) -> None:
                              "penalties 'repetition_penalty=1.3,presence_penalty=0.5,frequency_penalty=0.5,"
                              "repeat_last_n=64' (repeatable; default three settings)")
     settings.add_arguments(parser)
-    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports (and the journal) here")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    arguments.output(parser)
     arguments.require(parser)
 
 
@@ -66,8 +59,7 @@ def serve_settings(args) -> dict:
         journal = str(Path(args.report) / f"serve-journal-{slug}-seed{args.seed}.jsonl")
     if args.resume and journal is None:
         raise UsageError("--resume needs the journal of the interrupted audit (--journal FILE or --report DIR)")
-    values = dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, max_samples=args.max_samples,
-                  detect_tv=args.detect_tv, require=args.require, progress=not args.quiet, **own, journal=journal)
+    values = dict(arguments.given(args), progress=not args.quiet, **own, journal=journal)
     if prompts:
         values["prompts"] = tuple(prompts)
     if samplings:

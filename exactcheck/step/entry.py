@@ -16,13 +16,11 @@ __all__ = ["audit_arguments", "audit_settings", "load", "plan", "run", "selftest
 def audit_arguments(parser) -> None:
     parser.add_argument("subject", help="MODULE:CALLABLE (e.g. my_package.sampling:verifier), or a built-in "
                                         "verifier by the name `exactcheck list` prints (reference, trust_draft, ...)")
-    parser.add_argument("--world", action="append", metavar="NAME",
-                        help="only this world (repeatable); see `exactcheck list`")
+    arguments.option(parser, "worlds")
     parser.add_argument("--rule", metavar="NAME[:param=value,...]",
                         help="the verification rule to judge the subject by (see `exactcheck rules`; default: the "
                              "subject's acceptance_rule attribute, else any registered exact rule)")
-    arguments.sharding(parser, "split every batch into N shards with derived seeds (default 1); the counts are "
-                               "merged before each look, so alpha and early stopping are unchanged")
+    arguments.sharding(parser)
     parser.add_argument("--max-seconds", type=float, metavar="S",
                         help="a budget for a slow subject (an interpreted kernel): measure its speed and cut "
                              "each world's trials to fit about 60%% of S in the laws; every verdict states the TV "
@@ -32,20 +30,15 @@ def audit_arguments(parser) -> None:
     parser.add_argument("--looks-from-share", dest="looks_from_one", action="store_false",
                         help="under early stopping, start the looks at the first share of the budget instead of "
                              "doubling from one trial (what --max-seconds does; its reproduce lines say so)")
-    arguments.jobs(parser, "run the laws' batches and the property searches in N worker processes (default 1); "
-                           "the verdicts are the serial run's with the same seed")
+    arguments.jobs(parser)
     arguments.common(parser)
     arguments.call_size(parser)
     arguments.isolate(parser)
 
 
 def audit_settings(args) -> dict:
-    return dict(rule=args.rule, level=args.level, seed=args.seed, alpha=args.alpha, device=args.device,
-                worlds=args.world, progress=not args.quiet, stop_early=args.stop_early, shards=args.shards,
-                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                call_elements=args.call_elements, max_seconds=args.max_seconds, trials=args.trials,
-                call_timeout=args.call_timeout, looks_from_one=args.looks_from_one, isolate=args.isolate,
-                jobs=args.jobs)
+    return dict(arguments.given(args), rule=args.rule, progress=not args.quiet, max_seconds=args.max_seconds,
+                trials=args.trials, looks_from_one=args.looks_from_one, isolate=args.isolate)
 
 
 def load(name: str):
@@ -67,16 +60,14 @@ def run(subject, options: AuditOptions, **keywords):
 
 def selftest_arguments(parser) -> None:
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant")
-    arguments.jobs(parser, "audit the reference and the mutants in N worker processes (default 1); the verdicts "
-                           "are the serial run's with the same seed")
+    arguments.jobs(parser)
     arguments.common(parser)
     arguments.call_size(parser)
 
 
 def selftest_settings(args) -> dict:
-    return dict(level=args.level, seed=args.seed, alpha=args.alpha, device=args.device, mutants=args.mutant,
-                stop_early=args.stop_early, detect_tv=args.detect_tv, max_samples=args.max_samples,
-                call_elements=args.call_elements, jobs=args.jobs, progress=not args.quiet)
+    settings = {k: v for k, v in arguments.given(args).items() if k not in ("require", "call_timeout")}
+    return dict(settings, mutants=args.mutant, progress=not args.quiet)
 
 
 def run_selftest(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,

@@ -17,8 +17,7 @@ OPTIONS = ("level", "seed", "alpha", "worlds", "device", "detect_tv", "max_sampl
 def tree_arguments(parser) -> None:
     parser.add_argument("subject", help="tree-reference:NAME, tree-mutant:NAME, sglang-tree-target-only, or "
                                         "MODULE:CALLABLE (the tree contract: docs/checks.md)")
-    parser.add_argument("--world", action="append", metavar="NAME",
-                        help="only this tree world (repeatable; 'properties': the forced-value properties)")
+    arguments.option(parser, "worlds")
     parser.add_argument("--rule", metavar="NAME", help="the tree rule to judge conformance by (multi_round, "
                                                        "without_replacement, deterministic, target_only; default: "
                                                        "the subject's tree_rule attribute, else none)")
@@ -27,9 +26,8 @@ def tree_arguments(parser) -> None:
 
 
 def tree_settings(args) -> dict:
-    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, device=args.device,
-                detect_tv=args.detect_tv, max_samples=args.max_samples, require=args.require,
-                call_timeout=args.call_timeout, progress=not args.quiet, isolate=args.isolate, tree_rule=args.rule)
+    settings = {k: v for k, v in arguments.given(args).items() if k != "stop_early"}
+    return dict(settings, progress=not args.quiet, isolate=args.isolate, tree_rule=args.rule)
 
 
 def load(name: str):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from exactcheck import arguments, reproduce
 from exactcheck.errors import UsageError
-from exactcheck.options import DEFAULT_ALPHA, DEFAULT_LEVEL, AlphaBudget, AuditOptions, AuditPlan, chosen_worlds
+from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, chosen_worlds
 
 __all__ = ["loop_arguments", "loop_settings", "load", "plan", "run", "builtin_tree_generators", "generations",
            "OPTIONS", "GENERATIONS", "REFERENCE", "MUTANT_PREFIX"]
@@ -25,25 +25,15 @@ def loop_arguments(parser) -> None:
     parser.add_argument("subject", help=f"{REFERENCE}, {MUTANT_PREFIX}NAME (rejected_branch_kept, "
                                         f"accepted_positions_off_by_depth, sibling_visible, coins_reused_across_rounds) or MODULE:CALLABLE "
                                         f"(the tree-generator contract: docs/checks.md, The whole tree loop)")
-    parser.add_argument("--level", default=DEFAULT_LEVEL, choices=arguments.LEVELS,
-                        help="generations per world: quick 1,000, standard 4,000, release 20,000")
-    parser.add_argument("--generations", type=int, metavar="N", help="generations per world (instead of the level's)")
-    parser.add_argument("--world", action="append", metavar="NAME",
-                        help="only this tree world (repeatable; default every built-in tree world)")
-    parser.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help="false-alarm budget for the whole audit, split by Holm (default 1e-3)")
-    parser.add_argument("--report", metavar="DIR", help="write JSON, Markdown and HTML reports here")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    arguments.jobs(parser, "drive the worlds in N worker processes (default 1); each world keeps its seed, so the "
-                           "verdicts are the serial audit's")
+    arguments.options(parser, "level", "generations", "worlds", "seed", "alpha")
+    arguments.output(parser)
+    arguments.jobs(parser)
     arguments.require(parser)
     arguments.isolate(parser)
 
 
 def loop_settings(args) -> dict:
-    return dict(level=args.level, seed=args.seed, alpha=args.alpha, worlds=args.world, generations=args.generations,
-                require=args.require, progress=not args.quiet, isolate=args.isolate, jobs=args.jobs)
+    return dict(arguments.given(args), progress=not args.quiet, isolate=args.isolate)
 
 
 def builtin_tree_generators() -> dict:
