@@ -151,13 +151,21 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
     """Execute a step-audit plan (``exactcheck.step.plan.plan_step_audit``) on ``subject`` on
     ``device`` (resolved once by ``run_audit``). ``until`` (a ``time.perf_counter`` value, from
     ``max_seconds``): the property searches share the time left, each at least
-    ``MIN_PROPERTY_SECONDS``, and stop at their deadlines."""
-    options, budget = audit_plan.options, audit_plan.budget
-    level, seed, stop_early = options.level, options.seed, options.stop_early
-    name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
-    kinds = {c.world: c.kind for c in audit_plan.checks}
-    chains = [w for w in audit_plan.worlds if kinds.get(w.name) is CheckKind.CHAIN_RULE]
-    searched = [c.law for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
+    ``MIN_PROPERTY_SECONDS``, and stop at their deadlines.
+
+    Four steps: plan (each law world's run, the audit's bookkeeping), drive (the laws' batches,
+    with the property searches first under ``properties_first``), judge (the law verdicts, then
+    the chain-rule worlds, the property searches and the input checks), finish (Holm, the result)."""
+    run = _PlanRun(subject, audit_plan, subject_name, device, progress, executor, until)
+    run.drive()
+    run.judge()
+    return run.finish()
+
+
+def _world_runs(audit_plan: AuditPlan, kinds: dict) -> list[WorldRun]:
+    """One ``WorldRun`` per law world of the plan, in the plan's order: its seed, its budget, its
+    looks (one at the budget without early stopping) and, under early stopping, its e-processes."""
+    options, seed, stop_early = audit_plan.options, audit_plan.options.seed, audit_plan.options.stop_early
     runs = []
     for world_name, n in audit_plan.samples:
         if kinds.get(world_name) is not CheckKind.LAW:
@@ -171,159 +179,211 @@ def run_plan(subject: Verifier, audit_plan: AuditPlan, subject_name: str | None 
             [np.zeros(p.expected.size, dtype=np.int64) for p in plans],
             [[EProcess(expected, n * p.condition_probability, p.groupings) for _, expected in law_alternatives(p)]
              if stop_early else None for p in plans]))
-    threshold = budget.log_e_threshold
+    return runs
 
-    by_command = ":" in name or builtin_verifiers().get(name) is subject  # the command names it as it is
 
-    def reproduce(world: str) -> str:
-        return step_audit_line(options, name, world, by_command)
+class _PlanRun:
+    """One execution of a step-audit plan: what it runs (the law worlds' ``WorldRun``s, the
+    chain-rule worlds, the property searches) and where it stands (``evident``: the world and law
+    index whose e-process crossed, -1 for a failure; ``certain``: the property whose finding
+    stopped the audit; ``searched_first``: the verdicts of the searches run before the laws went on)."""
 
-    audit = AuditRun(audit_plan.checks, budget, seed, reproduce, progress=progress)
+    def __init__(self, subject: Verifier, audit_plan: AuditPlan, subject_name: str | None, device: torch.device,
+                 progress: bool, executor: Executor | None, until: float | None):
+        self.subject, self.audit_plan, self.device, self.until = subject, audit_plan, device, until
+        self.options, self.budget = options, budget = audit_plan.options, audit_plan.budget
+        self.level, self.seed, self.stop_early = options.level, options.seed, options.stop_early
+        self.name = name = subject_name or getattr(subject, "__name__", None) or type(subject).__name__
+        kinds = {c.world: c.kind for c in audit_plan.checks}
+        self.chains = [w for w in audit_plan.worlds if kinds.get(w.name) is CheckKind.CHAIN_RULE]
+        self.searched = [c.law for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
+        self.runs = _world_runs(audit_plan, kinds)
+        self.threshold = budget.log_e_threshold
+        self.by_command = ":" in name or builtin_verifiers().get(name) is subject  # the command names it as it is
+        self.audit = AuditRun(audit_plan.checks, budget, self.seed, self.reproduce, progress=progress)
+        self.rule = judged_rule(options)
+        # ``properties_first`` under early stopping (and no time budget, whose share the laws take
+        # first): every law gets one look, at ``FIRST_LOOK_SHARE`` of its world's budget (a law off on
+        # every call is the finding a user meets first, and it stops the audit there); then the
+        # property searches run, and the first counterexample that fails the audit stops it: the
+        # searches after it and the rest of the law phase are not run. With no finding, the laws go on.
+        self.first_look = bool(options.properties_first and self.stop_early and until is None and self.searched)
+        self.searched_first: list[Verdict] = []
+        self.certain: str | None = None  # the check whose finding stopped the audit before the rest of its trials
+        self.evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
+        self.stopped: str | None = None  # the check the audit stopped early at, once judged
+        self.executor = executor or LocalExecutor()
 
-    properties = PseudoWorld.PROPERTIES.value
-    rule = judged_rule(options)
+    def reproduce(self, world: str) -> str:
+        return step_audit_line(self.options, self.name, world, self.by_command)
 
-    def gating(verdict: Verdict) -> bool:
-        return verdict.outcome.failed and verdict.category.value in options.require
+    def gating(self, verdict: Verdict) -> bool:
+        return verdict.outcome.failed and verdict.category.value in self.options.require
 
-    def search_properties(checks_bar: Progress, stop_at_finding: bool = False) -> list[Verdict]:
+    def evident_check(self) -> str:
+        """The check whose e-process crossed, or whose world failed (``evident``)."""
+        run, i = self.evident
+        return run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
+
+    # drive
+
+    def drive(self) -> None:
+        """The laws' batches, each world's in turn, until one is evident; under ``first_look``
+        the first batch, then the property searches, then (with no finding) the rest."""
+        audit, runs, first_look = self.audit, self.runs, self.first_look
+        if first_look:
+            for run in runs:
+                run.batches = first_look_schedule(run.budget, FIRST_LOOK_SHARE)
+        bar = audit.bar(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws")
+        batches = max((len(r.batches) for r in runs), default=0)
+        with audit.interruptible():
+            if first_look:
+                self.draw_batches(bar, [0])
+        if first_look and not (self.evident or audit.interrupted):
+            self.search_first()
+        elif first_look and self.evident:  # a law stopped the audit at its first look: no search is run
+            stopper = self.evident_check()
+            self.searched_first = [
+                not_run_verdict(c, self.seed, self.reproduce(c.name),
+                                f"not run: the audit stopped on a defect at {stopper} before this search")
+                for c in self.audit_plan.checks if c.kind is CheckKind.PROPERTY]
+        with audit.interruptible():
+            if not (self.certain or audit.interrupted or self.evident):
+                self.draw_batches(bar, range(1 if first_look else 0, batches))
+        bar.close()
+
+    def search_first(self) -> None:
+        """The property searches between the laws' first look and the rest, stopping at the first
+        finding that fails the audit (``certain``)."""
+        first_bar = self.audit.bar(len(self.searched), unit="check", desc="exactcheck: properties")
+        with self.audit.interruptible():
+            self.searched_first = self.search_properties(first_bar, stop_at_finding=True)
+        first_bar.close()
+        self.certain = next((v.check for v in self.searched_first if self.gating(v)), None)
+
+    def draw_batches(self, bar: Progress, indices) -> None:
+        """The laws' batches ``indices``, each world's in turn, until one is evident."""
+        for batch_index in indices:
+            # every live world's shards of this batch go out at once; their counts come back and
+            # are merged, in world order, before the look (a sharded batch is one batch)
+            live = [r for r in self.runs if not r.finished and batch_index < len(r.batches)]
+            if not live:
+                break
+            calls = [self.shard_calls(run, batch_index) for run in live]
+            results = iter(self.executor.submit(shard_counts, [call for shard_calls in calls for call in shard_calls]))
+            for run, shard_calls in zip(live, calls):
+                shard_results = [next(results) for _ in shard_calls]
+                if self.evident:
+                    continue  # the audit stopped: this batch's shards are not counted
+                self.count(bar, run, run.batches[batch_index], [result() for result in shard_results])
+            if self.evident:
+                break
+
+    def shard_calls(self, run: WorldRun, batch_index: int) -> list[tuple]:
+        """The ``shard_counts`` calls of one world's batch: one per shard, each with its seed."""
+        batch_seed = run.seed if not self.stop_early else derive_seed(run.seed, f"batch/{batch_index}")
+        shards = self.options.shards
+        return [(self.subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(self.device),
+                 self.options.max_elements)
+                for j, size in enumerate(split(run.batches[batch_index], shards))]
+
+    def count(self, bar: Progress, run: WorldRun, size: int, counted: list) -> None:
+        """Merge one world's batch (its shards' counts, or the failure one of them met), then look."""
+        failure = next((c for c in counted if isinstance(c, Exception)), None)
+        if failure is not None:
+            run.failure = drive_failure(failure, run, size, self.reproduce(run.world.name))
+            bar.step(run.world.name, run.budget - run.drawn)
+            if self.stop_early and run.failure.outcome.failed:
+                self.evident = (run, -1)
+            return
+        run.drawn += size
+        for i, processes in enumerate(run.processes):
+            run.counts[i] += sum(c[i] for c in counted)
+            # intersection-union: a law with alternatives is evident when every one is
+            if processes is not None and run.look(i) >= self.threshold and not self.evident:
+                self.evident = (run, i)
+        bar.step(run.world.name, size)
+
+    def search_properties(self, checks_bar: Progress, stop_at_finding: bool = False) -> list[Verdict]:
         """Each planned property's verdict; with ``stop_at_finding``, the searches after the first
         that fails the audit are not run (inconclusive verdicts that say so). With worker processes
         (``--jobs``, no time budget) every search starts at once, and their verdicts are taken in
         order, so the serial run's."""
+        properties, seed, level, searched = PseudoWorld.PROPERTIES.value, self.seed, self.level, self.searched
         found: list[Verdict] = []
         parallel = {}
-        if hasattr(executor, "search") and until is None:
-            parallel = {prop: executor.search(prop, level.property_examples,
-                                              derive_seed(seed, f"{properties}/{prop}"), device)
+        if hasattr(self.executor, "search") and self.until is None:
+            parallel = {prop: self.executor.search(prop, level.property_examples,
+                                                   derive_seed(seed, f"{properties}/{prop}"), self.device)
                         for prop in searched}
         for index, prop in enumerate(searched):
-            stopper = next((v.check for v in found if gating(v)), None) if stop_at_finding else None
+            stopper = next((v.check for v in found if self.gating(v)), None) if stop_at_finding else None
             if stopper:
-                check = next(c for c in audit_plan.checks if c.name == f"{properties}/{prop}")
-                found.append(not_run_verdict(check, seed, reproduce(check.name),
+                check = next(c for c in self.audit_plan.checks if c.name == f"{properties}/{prop}")
+                found.append(not_run_verdict(check, seed, self.reproduce(check.name),
                                              f"not run: the audit stopped on a defect at {stopper} before this search"))
                 checks_bar.step(check.name)
                 continue
             prop_seed = derive_seed(seed, f"{properties}/{prop}")
-            deadline = None
-            if until is not None:  # an even share of the time left, for each property still to search
-                now = time.perf_counter()
-                deadline = now + max(MIN_PROPERTY_SECONDS, (until - now) / (len(searched) - index))
             result = (parallel[prop]() if prop in parallel else
-                      search(subject, prop, level.property_examples, prop_seed, device, rule, deadline))
-            line = reproduce(f"{properties}/{prop}")
-            found.append(property_verdict(result, name, prop_seed, line, options.rule,
-                                          replay_line(f"{properties}/{prop}", name, level.value, seed, line)))
+                      search(self.subject, prop, level.property_examples, prop_seed, self.device, self.rule,
+                             self.deadline(index)))
+            line = self.reproduce(f"{properties}/{prop}")
+            found.append(property_verdict(result, self.name, prop_seed, line, self.options.rule,
+                                          replay_line(f"{properties}/{prop}", self.name, level.value, seed, line)))
             checks_bar.step(f"{properties}/{prop}")
         return found
 
-    # ``properties_first`` under early stopping (and no time budget, whose share the laws take
-    # first): every law gets one look, at ``FIRST_LOOK_SHARE`` of its world's budget (a law off on
-    # every call is the finding a user meets first, and it stops the audit there); then the
-    # property searches run, and the first counterexample that fails the audit stops it: the
-    # searches after it and the rest of the law phase are not run. With no finding, the laws go on.
-    first_look = bool(options.properties_first and stop_early and until is None and searched)
-    searched_first: list[Verdict] = []
-    certain: str | None = None  # the check whose finding stopped the audit before the rest of its trials
-    if first_look:
-        for run in runs:
-            run.batches = first_look_schedule(run.budget, FIRST_LOOK_SHARE)
-    bar = audit.bar(sum(r.budget for r in runs), unit="trial", desc="exactcheck: laws")
+    def deadline(self, index: int) -> float | None:
+        """Under a time budget, the deadline of the ``index``-th property search: an even share of
+        the time left for each property still to search, at least ``MIN_PROPERTY_SECONDS``."""
+        if self.until is None:
+            return None
+        now = time.perf_counter()
+        return now + max(MIN_PROPERTY_SECONDS, (self.until - now) / (len(self.searched) - index))
 
-    evident: tuple[WorldRun, int] | None = None  # (world, law index) whose e-process crossed
-    executor = executor or LocalExecutor()
-    shards = options.shards
+    # judge
 
-    def draw_batches(indices) -> None:
-        """The laws' batches ``indices``, each world's in turn, until one is evident."""
-        nonlocal evident
-        for batch_index in indices:
-            # every live world's shards of this batch go out at once; their counts come back and
-            # are merged, in world order, before the look (a sharded batch is one batch)
-            live = [r for r in runs if not r.finished and batch_index < len(r.batches)]
-            if not live:
-                break
-            calls = []
-            for run in live:
-                batch_seed = run.seed if not stop_early else derive_seed(run.seed, f"batch/{batch_index}")
-                calls.append([(subject, run.world, run.plans, size, shard_seed(batch_seed, j, shards), str(device),
-                               options.max_elements)
-                              for j, size in enumerate(split(run.batches[batch_index], shards))])
-            results = iter(executor.submit(shard_counts, [call for shard_calls in calls for call in shard_calls]))
-            for run, shard_calls in zip(live, calls):
-                shard_results = [next(results) for _ in shard_calls]
-                if evident:
-                    continue  # the audit stopped: this batch's shards are not counted
-                size = run.batches[batch_index]
-                counted = [result() for result in shard_results]
-                failure = next((c for c in counted if isinstance(c, Exception)), None)
-                if failure is not None:
-                    run.failure = drive_failure(failure, run, size, reproduce(run.world.name))
-                    bar.step(run.world.name, run.budget - run.drawn)
-                    if stop_early and run.failure.outcome.failed:
-                        evident = (run, -1)
-                    continue
-                run.drawn += size
-                for i, processes in enumerate(run.processes):
-                    run.counts[i] += sum(c[i] for c in counted)
-                    # intersection-union: a law with alternatives is evident when every one is
-                    if processes is not None and run.look(i) >= threshold and not evident:
-                        evident = (run, i)
-                bar.step(run.world.name, size)
-            if evident:
-                break
-
-    batches = max((len(r.batches) for r in runs), default=0)
-    with audit.interruptible():
-        if first_look:
-            draw_batches([0])
-    if first_look and not (evident or audit.interrupted):
-        first_bar = audit.bar(len(searched), unit="check", desc="exactcheck: properties")
+    def judge(self) -> None:
+        """Every verdict, in the plan's order: the law worlds' (or their failures), the searches run
+        first, then the chain-rule worlds, the property searches and the input checks."""
+        audit, searched = self.audit, self.searched
+        bar = audit.bar(len(self.chains) + (0 if self.searched_first else len(searched)) + bool(searched),
+                        unit="check", desc="exactcheck: checks")
+        self.stopped = self.evident_check() if self.evident else self.certain
+        for run in self.runs:
+            if run.failure is not None:
+                audit.add(run.failure)
+                continue
+            audit.extend(law_verdict(run, i, self.reproduce(run.world.name), self.budget, self.stopped,
+                                     audit.interrupted)
+                         for i in range(len(run.plans)))
+        audit.extend(self.searched_first)
         with audit.interruptible():
-            searched_first = search_properties(first_bar, stop_at_finding=True)
-        first_bar.close()
-        certain = next((v.check for v in searched_first if gating(v)), None)
-    elif first_look and evident:  # a law stopped the audit at its first look: no search is run
-        run, i = evident
-        stopper = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
-        searched_first = [not_run_verdict(c, seed, reproduce(c.name),
-                                          f"not run: the audit stopped on a defect at {stopper} before this search")
-                          for c in audit_plan.checks if c.kind is CheckKind.PROPERTY]
-    with audit.interruptible():
-        if not (certain or audit.interrupted or evident):
-            draw_batches(range(1 if first_look else 0, batches))
-    bar.close()
-    bar = audit.bar(len(chains) + (0 if searched_first else len(searched)) + bool(searched), unit="check",
-                   desc="exactcheck: checks")
+            for world in self.chains if not audit.interrupted else ():
+                audit.extend(chain_verdicts(self.subject, world, self.level.chain_sequences,
+                                            derive_seed(self.seed, world.name), self.device,
+                                            self.reproduce(world.name), self.stopped is not None, self.rule))
+                bar.step(world.name)
 
-    stopped = certain
-    if evident:
-        run, i = evident
-        stopped = run.failure.check if i < 0 else f"{run.world.name}/{run.plans[i].law}"
-    for run in runs:
-        if run.failure is not None:
-            audit.add(run.failure)
-            continue
-        audit.extend(law_verdict(run, i, reproduce(run.world.name), budget, stopped, audit.interrupted)
-                    for i in range(len(run.plans)))
-    audit.extend(searched_first)
-    with audit.interruptible():
-        for world in chains if not audit.interrupted else ():
-            audit.extend(chain_verdicts(subject, world, level.chain_sequences, derive_seed(seed, world.name),
-                                       device, reproduce(world.name), stopped is not None, rule))
-            bar.step(world.name)
+            if searched and not self.searched_first and not audit.interrupted:
+                audit.extend(self.search_properties(bar))
 
-        if searched and not searched_first and not audit.interrupted:
-            audit.extend(search_properties(bar))
+            if any(c.kind is CheckKind.INPUTS for c in self.audit_plan.checks) and not audit.interrupted:
+                audit.add(inputs_verdict(self.subject, self.seed, self.reproduce(PseudoWorld.INPUTS.value),
+                                         self.device))
+                bar.step(PseudoWorld.INPUTS.value)
 
-        if any(c.kind is CheckKind.INPUTS for c in audit_plan.checks) and not audit.interrupted:
-            audit.add(inputs_verdict(subject, seed, reproduce(PseudoWorld.INPUTS.value), device))
-            bar.step(PseudoWorld.INPUTS.value)
-    audit.planned, audit.drawn = sum(r.budget for r in runs), sum(r.drawn for r in runs)
-    result = audit.finish(
-        StepAuditResult, subject=name, level=level.value, seed=seed, alpha=budget.alpha, device=str(device),
-        environment=run_environment(), detect_tv=options.target_tv, stop_early=stop_early,
-        stopped_early_at=stopped, require=options.require, call_elements=options.max_elements,
-        rule=options.acceptance_rule, max_seconds=options.max_seconds, trials=options.trials)
-    return replace(result, rule_note=rule_note(result.verdicts, rule, audit_plan.laws))
+    # finish
+
+    def finish(self) -> AuditResult:
+        """Holm over the plan's statistical checks, and the typed result with the rule's note."""
+        audit, options, runs = self.audit, self.options, self.runs
+        audit.planned, audit.drawn = sum(r.budget for r in runs), sum(r.drawn for r in runs)
+        result = audit.finish(
+            StepAuditResult, subject=self.name, level=self.level.value, seed=self.seed, alpha=self.budget.alpha,
+            device=str(self.device), environment=run_environment(), detect_tv=options.target_tv,
+            stop_early=self.stop_early, stopped_early_at=self.stopped, require=options.require,
+            call_elements=options.max_elements, rule=options.acceptance_rule, max_seconds=options.max_seconds,
+            trials=options.trials)
+        return replace(result, rule_note=rule_note(result.verdicts, self.rule, self.audit_plan.laws))
