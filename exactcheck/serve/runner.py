@@ -107,19 +107,62 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
                     **keywords) -> ServeAuditResult:
     """Audit the server at ``url``; see the module docstring. ``options``: level, seed, alpha,
     worlds (names from ``serve_worlds``); ``settings``: the reference, prompts, samplings, the
-    journal and the client's limits; ``transport``: answers without HTTP (``serve.client.Client``)."""
+    journal and the client's limits; ``transport``: answers without HTTP (``serve.client.Client``).
+
+    Four steps: plan (open the endpoints, make the worlds and their checks), drive (each world's
+    requests and verdicts, then greedy identity and the declared settings), judge a server that
+    stopped answering (``server_failed``), finish (Holm, the result)."""
     options = AuditOptions.of(options, {k: v for k, v in keywords.items() if k in AuditOptions.__dataclass_fields__})
     # a served system's claim is speculative decoding: a server that did not speculate fails it
     options = dataclasses.replace(options, require=tuple(dict.fromkeys(options.require + (Category.SPECULATION.value,))))
     settings = settings or ServeSettings(**{k: v for k, v in keywords.items() if k in ServeSettings.__dataclass_fields__})
-    name = subject_name or url
-    reference_url = settings.reference or url
-    worlds: list[ServeWorld] = []
+    audit = _ServeRun(url, options, settings, subject_name, progress, transport)
+    try:
+        try:
+            audit.plan()
+            audit.drive()
+        except EndpointError as exc:  # the server went away, or answered what the audit cannot use
+            audit.server_failed(exc)
+    finally:
+        audit.run.close_bars()
+        audit.client.close()
+    return audit.finish()
 
-    def reproduce(world: str) -> str:
-        sampling = next((w.sampling.spec() for w in worlds if w.name == world), None)
-        line = serve_audit_line(url, settings.reference, options, world, api=settings.api, model=settings.model,
-                                reference_probabilities=settings.reference_probabilities,
+
+class _ServeRun:
+    """One serve audit while it runs: the client, the audited and reference endpoints, the worlds
+    and the prompts they came from, each conversation's requests (and why it is not judged, if it
+    is not), and the reference's largest decode-vs-prefill gap over the worlds so far (``noise``)."""
+
+    def __init__(self, url: str, options: AuditOptions, settings: ServeSettings, subject_name: str | None,
+                 progress: bool, transport):
+        self.url, self.options, self.settings = url, options, settings
+        self.name = subject_name or url
+        self.reference_url = settings.reference or url
+        self.worlds: list[ServeWorld] = []
+        self.prompts: list = []
+        self.run = AuditRun((), None, options.seed, self.reproduce, progress=progress, unreached=(
+            "not run: the audit was interrupted before this check (its answers so far are in the journal: --resume)"))
+        self.bar = self.run.bar(0, unit="request", desc="exactcheck: serve", growing=True)
+        self.client = Client(settings.journal, concurrency=settings.concurrency, timeout=settings.timeout,
+                             resume=settings.resume, progress=self.bar, transport=transport)
+        self.audited: Endpoint | None = None
+        self.reference: Endpoint | None = None
+        self.noise = 0.0  # the reference's own largest decode-vs-prefill gap over the worlds
+        self.chats: dict[ChatPrompt, tuple[ChatRequests, str | None]] = {}  # each conversation: its requests, why not judged
+        self.budget: AlphaBudget | None = None  # with the level's cap and reference expansion: set by ``plan``
+        self.cap = self.min_mass = self.max_calls = None
+
+    @property
+    def separate(self) -> bool:
+        """Whether the reference is another server (else the audited one, by one-token requests)."""
+        return self.reference_url != self.url
+
+    def reproduce(self, world: str) -> str:
+        settings = self.settings
+        sampling = next((w.sampling.spec() for w in self.worlds if w.name == world), None)
+        line = serve_audit_line(self.url, settings.reference, self.options, world, api=settings.api,
+                                model=settings.model, reference_probabilities=settings.reference_probabilities,
                                 prompts=() if tuple(settings.prompts) == DEFAULT_PROMPTS else
                                 [p for p in settings.prompts if not isinstance(p, ChatPrompt)],
                                 sampling=sampling, length=settings.length,
@@ -130,145 +173,197 @@ def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: 
             line += reproduce_flags(conversations[int(index)], settings.chat_template_tokenizer)
         return line
 
-    run = AuditRun((), None, options.seed, reproduce, progress=progress, unreached=(
-        "not run: the audit was interrupted before this check (its answers so far are in the journal: --resume)"))
-    bar = run.bar(0, unit="request", desc="exactcheck: serve", growing=True)
-    client = Client(settings.journal, concurrency=settings.concurrency, timeout=settings.timeout,
-                    resume=settings.resume, progress=bar, transport=transport)
-    audited = reference = None
-    try:
+    # plan
+
+    def plan(self) -> None:
+        """Open the endpoints, make the worlds (the prompts tokenized by the server) and plan their
+        checks under one alpha budget; the level's sample cap and reference expansion."""
+        settings, options = self.settings, self.options
         try:
-            audited = open_endpoint(settings.api, url, client, model=settings.model,
-                                    reference_probabilities=settings.reference_probabilities)
-            reference = open_endpoint(settings.api, reference_url, client, model=settings.model,
-                                      reference_probabilities=settings.reference_probabilities) if reference_url != url else audited
+            self.audited = open_endpoint(settings.api, self.url, self.client, model=settings.model,
+                                         reference_probabilities=settings.reference_probabilities)
+            self.reference = open_endpoint(settings.api, self.reference_url, self.client, model=settings.model,
+                                           reference_probabilities=settings.reference_probabilities) \
+                if self.separate else self.audited
         except EndpointError as exc:
             raise UsageError(f"cannot be audited: {exc}") from None
-        prompts = [_prompt_ids(audited, p, settings) for p in settings.prompts]
-        worlds = serve_worlds(prompts, settings.samplings, settings.length)
+        self.prompts = [_prompt_ids(self.audited, p, settings) for p in settings.prompts]
+        worlds = serve_worlds(self.prompts, settings.samplings, settings.length)
         if options.worlds:
             unknown = sorted(set(options.worlds) - {w.name for w in worlds})
             if unknown:
                 raise UsageError(f"unknown serve world(s) {unknown}; known: {[w.name for w in worlds]}")
             worlds = [w for w in worlds if w.name in options.worlds]
-        budget = serve_budget(options.alpha, len(worlds))
-        run.plan(serve_checks(worlds), budget)
-        eps, cap = options.target_tv, REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
-        min_mass, max_calls = EXPANSION[options.level.value]
-        noise = 0.0  # the reference's own largest decode-vs-prefill gap over the worlds
-        chats: dict[ChatPrompt, tuple[ChatRequests, str | None]] = {}  # each conversation: its requests, why not judged
-        with run.interruptible():
-            for world in worlds:
-                seed = derive_seed(options.seed, world.name)
-                base = dict(world=world.name, seed=seed, reproduce=reproduce(world.name))
-                requests: Endpoint = audited
-                if world.chat is not None:
-                    if world.chat not in chats:
-                        chat = ChatRequests(audited, world.chat)
-                        chats[world.chat] = (chat, chat.probe(world.length))
-                    requests, why_not = chats[world.chat]
-                    if why_not is not None:
-                        run.extend(_chat_not_judged(world, why_not, seed, base["reproduce"]))
-                        continue
-                texts = None  # a world with stop strings: the text of each prefix of the law, as the server searches it
+        self.worlds = worlds
+        self.budget = serve_budget(options.alpha, len(worlds))
+        self.run.plan(serve_checks(worlds), self.budget)
+        self.cap = REQUEST_CAPS[options.level.value] if options.max_samples is None else options.cap
+        self.min_mass, self.max_calls = EXPANSION[options.level.value]
+
+    # drive
+
+    def drive(self) -> None:
+        """Every world's checks in turn, then greedy identity and the server's declared settings."""
+        with self.run.interruptible():
+            for world in self.worlds:
+                self.audit_world(world)
+            if self.worlds:
+                self.judge_greedy()
+                self.run.add(settings_verdict(self.audited.speculation_settings(), dict(
+                    world="server", seed=self.options.seed, reproduce=self.reproduce("server"))))
+
+    def audit_world(self, world: ServeWorld) -> None:
+        """One world: the reference's law, the planned sampled requests and their verdict, several
+        samples of one request, the probed requests' logprobs, seed reproducibility and speculation."""
+        run, bar, settings = self.run, self.bar, self.settings
+        seed = derive_seed(self.options.seed, world.name)
+        base = dict(world=world.name, seed=seed, reproduce=self.reproduce(world.name))
+        requests = self.requests_for(world, seed, base)
+        if requests is None:
+            return
+        law, texts, why = self.reference_law(world)
+        n = (trials_to_detect(law.expected, self.options.target_tv, self.budget.first_share, self.cap) or self.cap) \
+            if law is not None else max(settings.probed, settings.seeds)
+        run.planned += n
+        bar.grow(n + settings.probed + 2 * settings.seeds)
+        seeds = [_request_seed(seed, i) for i in range(n)]
+        bodies = [requests.body(world.prompt, world.length, world.sampling, s) for s in seeds]
+        runs, law_tally = send_counted(requests, bodies, settings.concurrency)
+        run.drawn += len(runs)
+        law, why, wrong = self.judged_law(world, law, texts, why, runs)
+        if law is not None:
+            run.add(continuation_law_verdict(law, runs, world.describe(), self.budget.first_share, self.budget.alpha,
+                                             base, _stop_cause(wrong, texts, world)))
+        else:
+            run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
+                                          "continuation"), seed, base["reproduce"], f"not judged: {why}"))
+        run.add(_independent_samples(requests, self.reference, world, law, texts, why if law is None else None, n,
+                                     settings, seed, self.budget, base, run, bar))
+        probe_tally = self.judge_probes(requests, world, law, seed, base, law_tally, n)
+        repeats = requests.complete_many([requests.body(world.prompt, world.length, world.sampling, s,
+                                                        tag="repeat") for s in seeds[:settings.seeds]])
+        run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
+        run.add(speculation_verdict(law_tally, probe_tally, self.budget.first_share, base))
+
+    def requests_for(self, world: ServeWorld, seed: int, base: dict) -> Endpoint | None:
+        """Where a world's requests go: the audited server's completions, or its conversation's chat
+        requests; None for a conversation not judged (its checks are reported so, with the reason)."""
+        if world.chat is None:
+            return self.audited
+        if world.chat not in self.chats:
+            chat = ChatRequests(self.audited, world.chat)
+            self.chats[world.chat] = (chat, chat.probe(world.length))
+        requests, why_not = self.chats[world.chat]
+        if why_not is not None:
+            self.run.extend(_chat_not_judged(world, why_not, seed, base["reproduce"]))
+            return None
+        return requests
+
+    def reference_law(self, world: ServeWorld) -> tuple[ContinuationLaw | None, dict | None, str | None]:
+        """(the world's law, the text of each prefix where it has stop strings, why no law)."""
+        texts = None  # a world with stop strings: the text of each prefix of the law, as the server searches it
+        why = None
+        try:
+            law = _reference_law(self.reference, world, self.settings.n_probs, self.min_mass, self.max_calls)
+        except NotDeterminable as exc:
+            law, why = None, f"the reference's probabilities do not determine the law of these settings " \
+                             f"({exc})"
+        if law is not None and world.sampling.stop:
+            if world.chat is not None:
+                law, why = None, "stop strings on the chat endpoint are not judged (its answers' text is " \
+                                 "the template's reply, not read here)"
+            else:
                 try:
-                    law = _reference_law(reference, world, settings.n_probs, min_mass, max_calls)
-                except NotDeterminable as exc:
-                    law, why = None, f"the reference's probabilities do not determine the law of these settings " \
-                                     f"({exc})"
-                if law is not None and world.sampling.stop:
-                    if world.chat is not None:
-                        law, why = None, "stop strings on the chat endpoint are not judged (its answers' text is " \
-                                         "the template's reply, not read here)"
-                    else:
-                        try:
-                            law, texts = stopped_law(law, lambda c: reference.continuation_texts(world.prompt, c),
-                                                     world.sampling.stop)
-                        except (NotDeterminable, EndpointError) as exc:
-                            if isinstance(exc, EndpointError) and exc.server_fault:
-                                raise
-                            law, why = None, f"the text the server searches for stop strings is not known ({exc})"
-                n = (trials_to_detect(law.expected, eps, budget.first_share, cap) or cap) if law is not None \
-                    else max(settings.probed, settings.seeds)
-                run.planned += n
-                bar.grow(n + settings.probed + 2 * settings.seeds)
-                seeds = [_request_seed(seed, i) for i in range(n)]
-                bodies = [requests.body(world.prompt, world.length, world.sampling, s) for s in seeds]
-                runs, law_tally = send_counted(requests, bodies, settings.concurrency)
-                run.drawn += len(runs)
-                stopped = sum(len(r.tokens) < world.length for r in runs) if world.chat is not None else 0
-                if stopped:
-                    why = (f"{stopped} of {len(runs)} chat answers ended before {world.length} tokens (finish_reason "
-                           f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
-                           f"only), and the completions endpoint's law knows no such stop")
-                    law = None
-                wrong = _stop_ends_wrong(runs, texts, world) if law is not None else []
-                if wrong:
-                    why = _stop_ends_unexplained(reference, world, runs, wrong)
-                    law = None if why else law
-                if law is not None:
-                    run.add(continuation_law_verdict(law, runs, world.describe(), budget.first_share, budget.alpha,
-                                                     base, _stop_cause(wrong, texts, world)))
-                else:
-                    run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
-                                                  "continuation"), seed, base["reproduce"],
-                                            f"not judged: {why}"))
-                run.add(_independent_samples(requests, reference, world, law, texts, why if law is None else None, n,
-                                             settings, seed, budget, base, run, bar))
-                probe_count = probes_needed(law_tally, budget.first_share, settings.probed, n)
-                bar.grow(probe_count - settings.probed)
-                probes, probe_tally = send_counted(requests, [
-                    requests.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"),
-                                  n_probs=1) for i in range(probe_count)], settings.concurrency)
-                world_noise = None
-                if reference_url != url:
-                    bar.grow(settings.probed)
-                    world_noise = _reference_noise(reference, world, law, settings, seed)
-                    if world_noise is not None:
-                        noise = max(noise, world_noise)
-                # every probe is read (where drafts are rare, the ones planned for speculation_ran are what
-                # carries speculated tokens whose reported probabilities can be checked)
-                run.add(logprob_verdict(_probability_rows(reference, world, law, probes, settings.n_probs),
-                                        settings.logprob_tolerance, len(probes), base, noise=world_noise))
-                repeats = requests.complete_many([requests.body(world.prompt, world.length, world.sampling, s,
-                                                                tag="repeat") for s in seeds[:settings.seeds]])
-                run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
-                run.add(speculation_verdict(law_tally, probe_tally, budget.first_share, base))
-            if worlds:
-                greedy_base = dict(world="greedy", seed=options.seed, reproduce=reproduce("greedy"))
-                senders = [(p.ids, chats[p][0]) if isinstance(p, ChatPrompt) else (p, audited) for p in prompts
-                           if not isinstance(p, ChatPrompt) or (p in chats and chats[p][1] is None)]
-                if senders:
-                    run.extend(_greedy(reference, senders, settings, reference_url != url, greedy_base,
-                                       near_tie=max(NEAR_TIE, NOISE_MARGIN * noise)))
-                else:
-                    run.extend(not_run_verdict(c, options.seed, greedy_base["reproduce"], "not judged: no prompt "
-                                               "whose answers' tokens are known (every conversation: not judged)")
-                               for c in serve_checks([]) if c.world == "greedy")
-                run.add(settings_verdict(audited.speculation_settings(), dict(
-                    world="server", seed=options.seed, reproduce=reproduce("server"))))
-    except EndpointError as exc:  # the server went away, or answered what the audit cannot use
-        if not (exc.server_fault and audited is not None):  # a refused request: the user's settings
+                    law, texts = stopped_law(law, lambda c: self.reference.continuation_texts(world.prompt, c),
+                                             world.sampling.stop)
+                except (NotDeterminable, EndpointError) as exc:
+                    if isinstance(exc, EndpointError) and exc.server_fault:
+                        raise
+                    law, why = None, f"the text the server searches for stop strings is not known ({exc})"
+        return law, texts, why
+
+    def judged_law(self, world: ServeWorld, law: ContinuationLaw | None, texts: dict | None, why: str | None,
+                   runs: list[Completion]) -> tuple[ContinuationLaw | None, str | None, list]:
+        """(the law the sampled answers are judged by, or None; why not; the stop world's answers
+        that end where the text read puts no stop): none where chat answers stopped early, or a
+        stop world's ends cannot be explained by the text the audit read."""
+        stopped = sum(len(r.tokens) < world.length for r in runs) if world.chat is not None else 0
+        if stopped:
+            why = (f"{stopped} of {len(runs)} chat answers ended before {world.length} tokens (finish_reason "
+                   f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
+                   f"only), and the completions endpoint's law knows no such stop")
+            law = None
+        wrong = _stop_ends_wrong(runs, texts, world) if law is not None else []
+        if wrong:
+            why = _stop_ends_unexplained(self.reference, world, runs, wrong)
+            law = None if why else law
+        return law, why, wrong
+
+    def judge_probes(self, requests: Endpoint, world: ServeWorld, law: ContinuationLaw | None, seed: int,
+                     base: dict, law_tally, n: int):
+        """The probed requests (with n_probs): their logprob fidelity verdict, measured against the
+        reference's own noise where the reference is another server; returns their draft tally."""
+        settings, bar = self.settings, self.bar
+        probe_count = probes_needed(law_tally, self.budget.first_share, settings.probed, n)
+        bar.grow(probe_count - settings.probed)
+        probes, probe_tally = send_counted(requests, [
+            requests.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"),
+                          n_probs=1) for i in range(probe_count)], settings.concurrency)
+        world_noise = None
+        if self.separate:
+            bar.grow(settings.probed)
+            world_noise = _reference_noise(self.reference, world, law, settings, seed)
+            if world_noise is not None:
+                self.noise = max(self.noise, world_noise)
+        # every probe is read (where drafts are rare, the ones planned for speculation_ran are what
+        # carries speculated tokens whose reported probabilities can be checked)
+        self.run.add(logprob_verdict(_probability_rows(self.reference, world, law, probes, settings.n_probs),
+                                     settings.logprob_tolerance, len(probes), base, noise=world_noise))
+        return probe_tally
+
+    def judge_greedy(self) -> None:
+        """Greedy identity alone and under load, on every prompt whose answers' tokens are known."""
+        greedy_base = dict(world="greedy", seed=self.options.seed, reproduce=self.reproduce("greedy"))
+        chats = self.chats
+        senders = [(p.ids, chats[p][0]) if isinstance(p, ChatPrompt) else (p, self.audited) for p in self.prompts
+                   if not isinstance(p, ChatPrompt) or (p in chats and chats[p][1] is None)]
+        if senders:
+            self.run.extend(_greedy(self.reference, senders, self.settings, self.separate, greedy_base,
+                                    near_tie=max(NEAR_TIE, NOISE_MARGIN * self.noise)))
+        else:
+            self.run.extend(not_run_verdict(c, self.options.seed, greedy_base["reproduce"], "not judged: no prompt "
+                                            "whose answers' tokens are known (every conversation: not judged)")
+                            for c in serve_checks([]) if c.world == "greedy")
+
+    # judge a server that stopped answering
+
+    def server_failed(self, exc: EndpointError) -> None:
+        """A refused request is the user's settings (a usage error); a server that stops answering
+        valid requests mid-audit is its finding, with what was drawn so far."""
+        url, settings, run = self.url, self.settings, self.run
+        if not (exc.server_fault and self.audited is not None):  # a refused request: the user's settings
             kept = f"; the answers so far are in {settings.journal}: rerun with --resume" if settings.journal else ""
             raise UsageError(f"{url}: {exc}{kept}") from None
-        # a server that stops answering valid requests mid-audit: its finding, with what was drawn so far
         failing = exc.requests[0][0] if exc.requests else url
-        role, server = ("reference", reference_url) if reference_url != url and failing.startswith(
-            reference_url.rstrip("/")) else ("audited", url)
+        role, server = ("reference", self.reference_url) if self.separate and failing.startswith(
+            self.reference_url.rstrip("/")) else ("audited", url)
         run.close_bars()
-        run.add(server_failed_verdict(exc, server, role, client.stats.sent + client.stats.from_journal, options.seed,
-                                      settings.journal))
-        run.extend(unreached_verdicts(run.checks, run.pending, options.seed, reproduce, (
+        run.add(server_failed_verdict(exc, server, role, self.client.stats.sent + self.client.stats.from_journal,
+                                      self.options.seed, settings.journal))
+        run.extend(unreached_verdicts(run.checks, run.pending, self.options.seed, self.reproduce, (
             f"not run: the {role} server stopped answering before this check")))
-    finally:
-        run.close_bars()
-        client.close()
-    return run.finish(
-        ServeAuditResult, subject=name, level=options.level.value, seed=options.seed, alpha=options.alpha,
-        device="server", environment=run_environment(server=url, reference=reference_url), require=options.require,
-        reference=(reference.describe() if reference is not None else reference_url)
-        + ("" if settings.reference else " (the audited server, one-token requests)"),
-        traffic=client.stats.line())
+
+    # finish
+
+    def finish(self) -> ServeAuditResult:
+        options = self.options
+        return self.run.finish(
+            ServeAuditResult, subject=self.name, level=options.level.value, seed=options.seed, alpha=options.alpha,
+            device="server", environment=run_environment(server=self.url, reference=self.reference_url),
+            require=options.require,
+            reference=(self.reference.describe() if self.reference is not None else self.reference_url)
+            + ("" if self.settings.reference else " (the audited server, one-token requests)"),
+            traffic=self.client.stats.line())
 
 
 def _prompt_ids(audited: Endpoint, prompt, settings: ServeSettings):
