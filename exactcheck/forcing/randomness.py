@@ -333,33 +333,103 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
     block ends (with ``only`` set, draws are expected to move them and nothing is checked).
     ``watch_created``: also check the ``torch.Generator``s made inside the block.
     Not thread-safe: it swaps attributes of the torch and numpy modules."""
-    log = DrawLog()
-    saved: dict[tuple[object, str], object] = {}
-    scratch: dict[str, torch.Generator] = {}
-    partial = only is not None
-    only = frozenset(only or ())
+    forcing = _Forcing(value, only)
+    forcing.force_draws()
+    forcing.count_uncontrolled(poison_empty)
+    forcing.watch_sources(generators, watch_created)
+    try:
+        yield forcing.log
+    finally:
+        forcing.restore()
 
-    def swap(owner, name, fn):
-        saved[(owner, name)] = getattr(owner, name)
+
+def _as_method(fn):
+    """``fn`` as a plain function that binds to a tensor when set on ``torch.Tensor`` (a bound
+    method set on a class does not rebind)."""
+    return lambda self, *args, **kwargs: fn(self, *args, **kwargs)
+
+
+class _Forcing:
+    """One ``controlled_randomness`` block: the forced value, its ``DrawLog``, the attributes it
+    swapped (to restore), its spare generators, and the sources it watches for escaped draws."""
+
+    def __init__(self, value: str | float, only):
+        self.value = value
+        self.log = DrawLog()
+        self.saved: dict[tuple[object, str], object] = {}
+        self.scratch: dict[str, torch.Generator] = {}
+        self.partial = only is not None
+        self.only = frozenset(only or ())
+        self.snapshot: RNGSnapshot | None = None
+        self.created: list = []
+
+    def swap(self, owner, name, fn) -> None:
+        self.saved[(owner, name)] = getattr(owner, name)
         setattr(owner, name, fn)
 
-    def original(owner, name):
-        return saved[(owner, name)]
+    def original(self, owner, name):
+        return self.saved[(owner, name)]
 
-    def spare(device) -> torch.Generator:
+    # the steps: swap the entry points in, watch the sources, restore
+
+    def force_draws(self) -> None:
+        """The controlled entry points return the forced value (``CONTROLLED``)."""
+        self.swap(torch, "rand", self.rand)
+        self.swap(torch, "rand_like", self.rand_like)
+        self.swap(torch.Tensor, "uniform_", _as_method(self.uniform_))
+        self.swap(torch.Tensor, "exponential_", _as_method(self.exponential_))
+        self.swap(torch, "multinomial", self.multinomial)
+        self.swap(torch.Tensor, "multinomial", _as_method(self.multinomial))
+
+    def count_uncontrolled(self, poison_empty: bool) -> None:
+        """The uncontrolled entry points (and fresh numpy entropy) counted by name; with
+        ``poison_empty``, uninitialised memory poisoned."""
+        for label in UNCONTROLLED:
+            owner_name, name = label.split(".")
+            owner = torch if owner_name == "torch" else torch.Tensor
+            self.swap(owner, name, self.counting(owner, name, label))
+        self.swap(np.random, "default_rng", _entropy_counter(self.log, np.random, "default_rng", _FRESH_ENTROPY))
+        if poison_empty:
+            self.swap(torch, "empty", self.poisoned(torch, "empty"))
+            self.swap(torch, "empty_like", self.poisoned(torch, "empty_like"))
+            self.swap(torch.Tensor, "new_empty", self.poisoned(torch.Tensor, "new_empty"))
+
+    def watch_sources(self, generators, watch_created: bool) -> None:
+        """Fully forcing: snapshot the handed and global generators (each reseed or restore looked
+        at again) and, with ``watch_created``, record the generators made inside the block."""
+        self.snapshot = None if self.partial else RNGSnapshot(generators)
+        if watch_created and not self.partial:
+            self.swap(torch, "Generator", _recording_generator_class(self.created))
+        if self.snapshot is not None:
+            for owner, name in _RESEEDING:
+                if hasattr(owner, name):
+                    self.swap(owner, name, self.reseeding(owner, name))
+
+    def restore(self) -> None:
+        """Every swapped attribute back; the sources that moved without a forced draw logged."""
+        for (owner, name), fn in self.saved.items():
+            setattr(owner, name, fn)
+        if self.snapshot is not None:
+            self.log.escaped.extend(self.snapshot.moved())
+            self.log.escaped.extend(_created_moved(self.created))
+
+    # the forced entry points
+
+    def spare(self, device) -> torch.Generator:
         """A throwaway generator on ``device``: torch's own multinomial still validates its
         input, but neither the subject's generator nor the global one moves."""
         key = str(torch.device(device if device is not None else "cpu"))
-        if key not in scratch:
-            scratch[key] = _TORCH_GENERATOR(device=key)
-        return scratch[key]
+        if key not in self.scratch:
+            self.scratch[key] = _TORCH_GENERATOR(device=key)
+        return self.scratch[key]
 
-    def place(out: torch.Tensor, entry: str, fill_value) -> torch.Tensor:
+    def place(self, out: torch.Tensor, entry: str, fill_value) -> torch.Tensor:
         """Record the draw, then write the forced value where it is asked for."""
+        log = self.log
         start = log.elements
-        c = boundary_value(value, out.dtype if out.dtype.is_floating_point else torch.float64)
-        if partial:
-            chosen = [i - start for i in only if start <= i < start + out.numel()]
+        c = boundary_value(self.value, out.dtype if out.dtype.is_floating_point else torch.float64)
+        if self.partial:
+            chosen = [i - start for i in self.only if start <= i < start + out.numel()]
             if chosen:
                 flat = out.view(-1)
                 flat[torch.tensor(chosen, device=out.device)] = fill_value(c)
@@ -370,39 +440,40 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         log.draws.append(Draw(entry, out.dtype, out.numel(), c, len(chosen)))
         return out
 
-    def generated(name, args, kwargs):
+    def generated(self, name, args, kwargs):
         """The tensor a draw fills: drawn from the subject's generator when partially forcing,
         else allocated without touching any generator."""
-        if partial:
-            return original(torch, name)(*args, **kwargs)
+        if self.partial:
+            return self.original(torch, name)(*args, **kwargs)
         kwargs = {key: v for key, v in kwargs.items() if key != "generator"}
         return _ALLOCATE[name](*args, **kwargs)
 
-    def forced_rand(*args, **kwargs):
-        return place(generated("rand", args, kwargs), "torch.rand", lambda c: c)
+    def rand(self, *args, **kwargs):
+        return self.place(self.generated("rand", args, kwargs), "torch.rand", lambda c: c)
 
-    def forced_rand_like(*args, **kwargs):
-        return place(generated("rand_like", args, kwargs), "torch.rand_like", lambda c: c)
+    def rand_like(self, *args, **kwargs):
+        return self.place(self.generated("rand_like", args, kwargs), "torch.rand_like", lambda c: c)
 
-    def forced_uniform_(self, a=0.0, b=1.0, *, generator=None):
-        if partial:
-            original(torch.Tensor, "uniform_")(self, a, b, generator=generator)
-        return place(self, "Tensor.uniform_", lambda c: a + (b - a) * c)
+    def uniform_(self, tensor, a=0.0, b=1.0, *, generator=None):
+        if self.partial:
+            self.original(torch.Tensor, "uniform_")(tensor, a, b, generator=generator)
+        return self.place(tensor, "Tensor.uniform_", lambda c: a + (b - a) * c)
 
-    def forced_exponential_(self, lambd=1.0, *, generator=None):
-        if partial:
-            original(torch.Tensor, "exponential_")(self, lambd, generator=generator)
-        return place(self, "Tensor.exponential_", lambda c: -math.log1p(-c) / lambd)
+    def exponential_(self, tensor, lambd=1.0, *, generator=None):
+        if self.partial:
+            self.original(torch.Tensor, "exponential_")(tensor, lambd, generator=generator)
+        return self.place(tensor, "Tensor.exponential_", lambda c: -math.log1p(-c) / lambd)
 
-    def forced_multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
+    def multinomial(self, input, num_samples, replacement=False, *, generator=None, out=None):
         # torch's own call first (on a spare generator unless partially forced): it raises on
         # NaN, inf, negative or all-zero rows exactly as the subject would see outside this block
-        drawn = original(torch, "multinomial")(input, num_samples, replacement,
-                                               generator=generator if partial else spare(input.device))
+        partial, log = self.partial, self.log
+        drawn = self.original(torch, "multinomial")(input, num_samples, replacement,
+                                                    generator=generator if partial else self.spare(input.device))
         rows = drawn if drawn.dim() == 2 else drawn[None]
         probs = input.double() if input.dim() == 2 else input.double()[None]
         dtype = input.dtype if input.dtype in _GRID_BITS else torch.float32
-        c = boundary_value(value, dtype)
+        c = boundary_value(self.value, dtype)
         cdf = probs.cumsum(1)
         token = (cdf <= c * cdf[:, -1:]).sum(1)
         last = (cdf < cdf[:, -1:]).sum(1)
@@ -410,7 +481,7 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
         start = log.elements
         if partial:
             mask = torch.zeros(rows.numel(), dtype=torch.bool)
-            chosen = [i - start for i in only if start <= i < start + rows.numel()]
+            chosen = [i - start for i in self.only if start <= i < start + rows.numel()]
             mask[chosen] = True
             result = torch.where(mask.view(rows.shape).to(rows.device), token.to(rows.device), rows)
         else:
@@ -422,15 +493,17 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
                               outcome_probability=float(mass) if math.isfinite(float(mass)) else None))
         return result if input.dim() == 2 else result[0]
 
-    def counting(owner, name, label):
+    # the watched and counted entry points
+
+    def counting(self, owner, name, label):
         def fn(*args, **kwargs):
-            log.uncontrolled[label] += 1
-            return original(owner, name)(*args, **kwargs)
+            self.log.uncontrolled[label] += 1
+            return self.original(owner, name)(*args, **kwargs)
         return fn
 
-    def poisoned(owner, name):
+    def poisoned(self, owner, name):
         def fn(*args, **kwargs):
-            out = original(owner, name)(*args, **kwargs)
+            out = self.original(owner, name)(*args, **kwargs)
             # a tensor that requires grad, or one made while torch.compile traces or compiles (its
             # parameters, its fake tensors: a subject compiling on its first forced call), is the
             # compiler's, not the subject's uninitialised buffer: left as it is
@@ -439,49 +512,16 @@ def controlled_randomness(value: str | float, poison_empty: bool = True, *, only
             return out.fill_(math.nan if out.dtype.is_floating_point else -1)
         return fn
 
-    swap(torch, "rand", forced_rand)
-    swap(torch, "rand_like", forced_rand_like)
-    swap(torch.Tensor, "uniform_", forced_uniform_)
-    swap(torch.Tensor, "exponential_", forced_exponential_)
-    swap(torch, "multinomial", forced_multinomial)
-    swap(torch.Tensor, "multinomial", lambda self, *a, **k: forced_multinomial(self, *a, **k))
-    for label in UNCONTROLLED:
-        owner_name, name = label.split(".")
-        owner = torch if owner_name == "torch" else torch.Tensor
-        swap(owner, name, counting(owner, name, label))
-    swap(np.random, "default_rng", _entropy_counter(log, np.random, "default_rng", _FRESH_ENTROPY))
-    if poison_empty:
-        swap(torch, "empty", poisoned(torch, "empty"))
-        swap(torch, "empty_like", poisoned(torch, "empty_like"))
-        swap(torch.Tensor, "new_empty", poisoned(torch.Tensor, "new_empty"))
-    snapshot = None if partial else RNGSnapshot(generators)
-    created: list = []
-    if watch_created and not partial:
-        swap(torch, "Generator", _recording_generator_class(created))
-
-    def reseeding(owner, name):
+    def reseeding(self, owner, name):
         entry = f"{owner.__name__}.{name}"
 
         def fn(*args, **kwargs):
-            snapshot.look_again(entry)
+            self.snapshot.look_again(entry)
             try:
-                return original(owner, name)(*args, **kwargs)
+                return self.original(owner, name)(*args, **kwargs)
             finally:
-                snapshot.retake()  # where the reseed or restore left the sources
+                self.snapshot.retake()  # where the reseed or restore left the sources
         return fn
-
-    if snapshot is not None:
-        for owner, name in _RESEEDING:
-            if hasattr(owner, name):
-                swap(owner, name, reseeding(owner, name))
-    try:
-        yield log
-    finally:
-        for (owner, name), fn in saved.items():
-            setattr(owner, name, fn)
-        if snapshot is not None:
-            log.escaped.extend(snapshot.moved())
-            log.escaped.extend(_created_moved(created))
 
 
 @contextlib.contextmanager
