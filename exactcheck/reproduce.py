@@ -201,13 +201,13 @@ def tree_loop_line(options: AuditOptions, subject: str, world: str, generations:
 def serve_audit_line(url: str, reference: str | None, options: AuditOptions, world: str, *, api: str = "auto",
                      model: str | None = None, reference_probabilities: str | None = None, prompts=(),
                      sampling: str | None = None, length: int = 3, samples_per_request: int = 2,
-                     n_probs: int = 256) -> str:
+                     n_probs: int = 256, traffic: str = "mixed") -> str:
     """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server):
     every setting that names the world or changes what it draws: the prompts in their order
     (``prompts``: texts or id tuples, empty for the defaults: a world's name is its prompt's index),
     the world's sampling spec (``sampling``; None for the pseudo-worlds greedy and server), the
-    continuation length, the samples asked of one request and the probabilities asked of the
-    reference, where they differ from the defaults."""
+    continuation length, the samples asked of one request, the probabilities asked of the
+    reference and the traffic, where they differ from the defaults."""
     settings = ([Setting(f"--reference {shlex.quote(reference)}", "")] if reference else []) + _head(options, world)
     settings += [Setting(f"{flag} {shlex.quote(value)}", "") for flag, value in (
         ("--api", None if api == "auto" else api), ("--model", model),
@@ -218,6 +218,8 @@ def serve_audit_line(url: str, reference: str | None, options: AuditOptions, wor
         settings.append(Setting(f"--sampling {shlex.quote(sampling or 'temperature=1')}", ""))
     settings += [Setting(f"{flag} {int(value)}" if value != default else "", "") for flag, value, default in (
         ("--length", length, 3), ("--samples-per-request", samples_per_request, 2), ("--n-probs", n_probs, 256))]
+    if traffic != "mixed":  # which requests share the engine's batches: another order, other samples
+        settings.append(Setting(f"--traffic {traffic}", ""))
     settings += _when_set(options, "max_samples", "detect_tv")
     return reproduce_line("serve", shlex.quote(url), settings)
 

@@ -128,7 +128,7 @@ def test_vllms_processed_log_probabilities_hold_the_repetition_penalty_but_not_p
 def test_a_penalised_chat_world_is_judged_exact_and_its_stale_mutant_found(api, sampling):
     from exactcheck.serve.chat import ChatPrompt
     chat = ChatPrompt.parse(["user:abc"])
-    keywords = dict(prompts=(chat,), max_samples=1500, api="llama.cpp" if api == "llama.cpp" else "openai")
+    keywords = dict(prompts=(chat,), max_samples=3000, api="llama.cpp" if api == "llama.cpp" else "openai")
     exact = _continuation(_audit(ToyServedModel(api=api), sampling, **keywords))
     assert exact.world.startswith("c0-") and exact.outcome == Outcome.EXACT, exact.describe()
     stale = _continuation(_audit(ToyServedModel(api=api, penalty_mutant="stale"), sampling, **keywords))

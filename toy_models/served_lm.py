@@ -55,7 +55,7 @@ import json
 import threading
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -123,6 +123,12 @@ class ToyServedModel:
     # accepted past the one that completed the stop
     stop_mutant: str | None = None
     tokenizer_dir: str | None = None  # api "mlx-lm": the model directory whose tokenizer reads the text prompts
+    # a defect of batch composition (``BATCH_MUTANTS``): the single-sample completion requests in flight
+    # together are then served as one batch (those arriving within ``batch_window`` seconds of the first,
+    # at most ``max_batch``), as an engine's scheduler batches them; None: each request on its own
+    batch_mutant: str | None = None
+    batch_window: float = 0.004
+    max_batch: int = 8
     target: np.ndarray = field(init=False, repr=False)
     draft: np.ndarray = field(init=False, repr=False)
 
@@ -133,6 +139,10 @@ class ToyServedModel:
         self.draft = _softmax(logits + rng.normal(size=logits.shape) * self.draft_noise)
         self.totals = [0, 0]  # drafted, accepted: vLLM's /metrics counters
         self.lock = threading.Lock()
+        self.batches = Counter()  # rows per batch served (batch_mutant only): how often rows shared one
+        self._batcher = None
+        if self.batch_mutant is not None and self.batch_mutant not in BATCH_MUTANTS:
+            raise ValueError(f"batch_mutant {self.batch_mutant!r}: one of {', '.join(BATCH_MUTANTS)}")
 
     def as_draft(self) -> "ToyServedModel":
         """The draft model served on its own: its table as the target, no speculation."""
@@ -179,12 +189,16 @@ class ToyServedModel:
         return proposal, q_rows
 
     def complete(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
-                 steps: list[int] | None = None) -> tuple[list[int], int, int]:
+                 steps: list[int] | None = None, handed: list[int] | None = None,
+                 record: list[int] | None = None) -> tuple[list[int], int, int]:
         """(tokens, drafts proposed, drafts accepted): the first token from the target, the rest by
         speculation when ``speculative`` (exact), else from the target one by one. ``steps``: the
-        number of tokens out after each step is appended to it."""
+        number of tokens out after each step is appended to it; ``record``: the drafts each
+        speculation step accepted; ``handed``: a defect, each step accepts as many drafts as that
+        list says (another row's counts: ``batch_mutant="other_row_accepted"``) instead of deciding."""
         rng = np.random.default_rng(seed)
         context, out, drafted, accepted = list(prompt), [], 0, 0
+        spec_steps = 0  # speculation steps done
         while len(out) < n_predict:
             if steps is not None and out:
                 steps.append(len(out))
@@ -203,14 +217,18 @@ class ToyServedModel:
             drafted += len(proposal)
             step_start = list(context)
             verify = _chain(sampling) if self.penalty_mutant == "ignored" else sampling
-            for x, q in zip(proposal, q_rows):
+            given = handed[spec_steps] if handed is not None and spec_steps < len(handed) else None
+            spec_steps += 1
+            before = accepted
+            for i, (x, q) in enumerate(zip(proposal, q_rows)):
                 p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None)
-                if rng.random() < min(1.0, p[x] / q[x]):
+                if (rng.random() < min(1.0, p[x] / q[x])) if given is None else i < given:
                     accepted += 1
                     out.append(x)
                     context.append(x)
                     continue
                 residual = np.maximum(p - q, 0.0)
+                residual = residual if residual.sum() > 0 else p
                 token = _sample(residual / residual.sum(), rng)
                 out.append(token)
                 context.append(token)
@@ -220,6 +238,8 @@ class ToyServedModel:
                     token = _sample(self.law(context, sampling), rng)
                     out.append(token)
                     context.append(token)
+            if record is not None:
+                record.append(accepted - before)
         with self.lock:
             self.totals[0] += drafted
             self.totals[1] += accepted
@@ -228,13 +248,14 @@ class ToyServedModel:
         return out[:n_predict], drafted, accepted
 
     def generate(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
-                 stops: list[str] | None = None) -> tuple[list[int], int, int, str | None]:
+                 stops: list[str] | None = None, handed: list[int] | None = None,
+                 record: list[int] | None = None) -> tuple[list[int], int, int, str | None]:
         """``complete``, then the answer ended at the first token whose text (``token_text`` of the
         continuation, the prompt not searched) completes a stop string: (tokens, drafted, accepted,
         the stop string found or None). ``stop_mutant="step_end"`` ends it at the end of that
         token's speculation step instead (the tokens a verify step accepted past the stop returned)."""
         steps: list[int] = []
-        tokens, drafted, accepted = self.complete(prompt, n_predict, sampling, seed, steps)
+        tokens, drafted, accepted = self.complete(prompt, n_predict, sampling, seed, steps, handed, record)
         text = ""
         for j, token in enumerate(tokens, start=1):
             text += token_text(token)
@@ -243,6 +264,120 @@ class ToyServedModel:
                 end = next((e for e in steps if e >= j), j) if self.stop_mutant == "step_end" else j
                 return tokens[:end], drafted, accepted, found
         return tokens, drafted, accepted, None
+
+
+    def generate_request(self, prompt: list[int], n_predict: int, sampling: dict, body: dict):
+        """``generate`` for one single-sample completion request: on its own, or (``batch_mutant``)
+        as a row of the batch it is in flight with."""
+        row = _Row(list(prompt), n_predict, sampling, _seed_of(body), body.get("stop"), not _seeded(body))
+        if self.batch_mutant is None:
+            return self.generate(row.prompt, row.n_predict, row.sampling, row.seed, row.stops)
+        with self.lock:
+            if self._batcher is None:
+                self._batcher = _Batcher(self)
+        return self._batcher.submit(row)
+
+    def generate_rows(self, rows: "list[_Row]") -> list:
+        """One batch's rows, each generated as ``generate`` does, but for the batch mutant's defect
+        across rows (``BATCH_MUTANTS``)."""
+        with self.lock:
+            self.batches[len(rows)] += 1
+        mutant, first = self.batch_mutant, rows[0]
+        if mutant == "other_row_settings":  # every row sampled with the first row's sampler settings
+            rows = [replace(r, sampling=_with_penalties(_chain(first.sampling), r.sampling.get("penalties")))
+                    for r in rows]
+        elif mutant == "batch_penalties":  # a row without penalties given a batch mate's
+            donor = next((r.sampling["penalties"] for r in rows if r.sampling.get("penalties") is not None), None)
+            if donor is not None:
+                rows = [r if r.sampling.get("penalties") is not None else
+                        replace(r, sampling=_with_penalties(r.sampling, donor)) for r in rows]
+        elif mutant == "shared_stream":  # the unseeded rows of a batch draw one stream: the first one's
+            unseeded = [r for r in rows if r.unseeded]
+            rows = [replace(r, seed=unseeded[0].seed) if r.unseeded else r for r in rows]
+        out, counts = [], None
+        for j, r in enumerate(rows):
+            handed = None
+            if mutant == "other_row_accepted" and j > 0 and len(r.prompt) != len(first.prompt):
+                handed = counts  # a row of another length handed the first row's accepted counts
+            record: list[int] = []
+            out.append(self.generate(r.prompt, r.n_predict, r.sampling, r.seed, r.stops, handed, record))
+            if j == 0:
+                counts = record
+        return out
+
+
+# the defects of batch composition the toy can have (``ToyServedModel.batch_mutant``): each changes
+# what a row receives only where the rows of a batch differ, so a batch of identical requests hides it
+BATCH_MUTANTS = {
+    "other_row_settings": "every row of a batch sampled with the first row's sampling settings (TensorRT-LLM #12588)",
+    "shared_stream": "the unseeded rows of a batch share one random stream: each is handed the first unseeded "
+                     "row's random numbers (TensorRT-LLM #19487)",
+    "other_row_accepted": "a row of another prompt length handed the first row's accepted draft counts "
+                          "(vLLM #45100, #53919: an async race hands a request another row's accepted count)",
+    "batch_penalties": "a row without penalties sampled with the penalties of a batch mate that has some",
+}
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt: list
+    n_predict: int
+    sampling: dict
+    seed: int
+    stops: list | None
+    unseeded: bool
+
+
+class _Batcher:
+    """An engine's scheduler in small: the requests in flight together are served as one batch (the
+    first, and those arriving within the model's ``batch_window`` after it, at most ``max_batch``)."""
+
+    def __init__(self, model: ToyServedModel):
+        import queue
+        self.model, self.queue = model, queue.Queue()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def submit(self, row: _Row):
+        done, box = threading.Event(), []
+        self.queue.put((row, done, box))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _serve(self) -> None:
+        import queue
+        import time
+        while True:
+            batch = [self.queue.get()]
+            deadline = time.monotonic() + self.model.batch_window
+            while len(batch) < self.model.max_batch:
+                left = deadline - time.monotonic()
+                try:
+                    batch.append(self.queue.get(timeout=max(left, 0)) if left > 0 else self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                results = self.model.generate_rows([row for row, _, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiting request
+                results = [exc] * len(batch)
+            for (_, done, box), result in zip(batch, results):
+                box.append(result)
+                done.set()
+
+
+def _seeded(body: dict) -> bool:
+    seed = body.get("seed")
+    return isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
+
+
+def _seed_of(body: dict) -> int:
+    """A request's seed; none (or llama.cpp's -1) is a fresh one from the OS, as a real server draws
+    for an unseeded request."""
+    seed = body.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+        return seed
+    return int(np.random.default_rng().integers(2 ** 31))
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -345,8 +480,7 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     if forced:  # a logit bias that large decides every token (what the audit uses it for: a token's piece)
         tokens, drafted, accepted, found = [int(forced[0])] * n_predict, 0, 0, None
     else:
-        tokens, drafted, accepted, found = model.generate(prompt, n_predict, sampling, int(body.get("seed", 0)),
-                                                          body.get("stop"))
+        tokens, drafted, accepted, found = model.generate_request(prompt, n_predict, sampling, body)
     answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
               "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
@@ -381,7 +515,7 @@ def _respond_several(model: ToyServedModel, path: str, body: dict, k: int) -> tu
     """``k`` samples of one request, sample j seeded seed + j (``several_mutant="same_seed"``: all
     with the request's seed): llama.cpp's /completion answers a list of results with their
     ``index``, /v1/completions one answer whose ``choices`` are indexed 0..k-1."""
-    seed = int(body.get("seed", 0))
+    seed = _seed_of(body)
     answers = []
     for j in range(k):
         one = {key: v for key, v in body.items() if key not in ("n", "n_cmpl")}
@@ -435,7 +569,7 @@ def _chat_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
-    tokens, drafted, accepted = model.complete(prompt, n, sampling, int(body.get("seed", 0)))
+    tokens, drafted, accepted = model.complete(prompt, n, sampling, _seed_of(body))
     choice = {"index": 0, "message": {"role": "assistant", "content": "".join(token_text(t) for t in tokens)},
               "finish_reason": "length"}
     answer = {"object": "chat.completion", "model": _model_name(model), "choices": [choice],
@@ -590,7 +724,7 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
-    tokens, drafted, accepted, found = model.generate(prompt, n, sampling, int(body.get("seed", 0)), body.get("stop"))
+    tokens, drafted, accepted, found = model.generate_request(prompt, n, sampling, body)
     choice = {"index": 0, "text": _cut(tokens, found), "logprobs": None,
               "finish_reason": "stop" if found else "length", "stop_reason": found}
     answer = {"object": "text_completion", "model": _model_name(model), "choices": [choice],

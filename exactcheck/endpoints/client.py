@@ -74,6 +74,9 @@ class Exchange:
     answer: dict
     seconds: float
     from_journal: bool = False
+    # when it was in flight (``time.monotonic``): sent and answered; None for an answer from the journal
+    sent_at: float | None = None
+    answered_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -162,10 +165,16 @@ class Client:
     def post_many(self, base: str, path: str, bodies: Iterable[dict]) -> list[Exchange]:
         """Each body POSTed (journalled answers reused), at most ``concurrency`` at once; the
         exchanges in the order of ``bodies``."""
-        bodies = list(bodies)
-        results: list[Exchange | None] = [None] * len(bodies)
+        return self.post_mixed([(base, path, body) for body in bodies])
+
+    def post_mixed(self, requests: Iterable[tuple[str, str, dict]]) -> list[Exchange]:
+        """Each (base, path, body) POSTed in the order given, at most ``concurrency`` in flight at
+        once, whatever endpoint each goes to (mixed traffic: several worlds' requests, completions
+        and chat, in one stream); journalled answers reused; the exchanges in the order given."""
+        requests = list(requests)
+        results: list[Exchange | None] = [None] * len(requests)
         pending = []
-        for i, body in enumerate(bodies):
+        for i, (base, path, body) in enumerate(requests):
             held = self._held.get(request_key(base, path, body))
             if held is not None:
                 results[i] = Exchange(base, path, body, held["answer"], held.get("seconds", 0.0), True)
@@ -181,7 +190,7 @@ class Client:
             running = {}
             queue = iter(pending)
             for i in queue:  # keep at most ``concurrency`` in flight, so an interrupt loses none of them
-                running[pool.submit(self._exchange, base, path, bodies[i])] = i
+                running[pool.submit(self._exchange, *requests[i])] = i
                 if len(running) >= self.concurrency:
                     done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
                     for f in done:
@@ -223,8 +232,9 @@ class Client:
         finally:
             with self.stats.lock:
                 self._in_flight.pop(id(token), None)
-        seconds = time.monotonic() - begun
-        exchange = Exchange(base, path, body, answer, seconds)
+        answered = time.monotonic()
+        seconds = answered - begun
+        exchange = Exchange(base, path, body, answer, seconds, sent_at=begun, answered_at=answered)
         with self.stats.lock:
             self.stats.sent += 1
             self.stats.seconds += seconds / max(1, self.concurrency)

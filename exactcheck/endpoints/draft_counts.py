@@ -15,10 +15,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from exactcheck.endpoints.endpoint import Completion, Endpoint
+from exactcheck.endpoints.endpoint import Completion, Endpoint, complete_mixed
 from exactcheck.stats.rates import units_to_detect_off
 
-__all__ = ["CounterSource", "DraftTally", "send_counted", "probes_needed"]
+__all__ = ["CounterSource", "DraftTally", "send_counted", "send_counted_mixed", "probes_needed"]
 
 
 class CounterSource(enum.Enum):
@@ -57,26 +57,36 @@ class DraftTally:
 def send_counted(endpoint: Endpoint, bodies: list[dict], unit_size: int) -> tuple[list[Completion], DraftTally]:
     """Send ``bodies`` to ``endpoint`` (in chunks of ``unit_size`` where its counters are
     server-wide); the completions in order, and the drafts each unit counted."""
-    start = endpoint.speculation_totals()
+    return send_counted_mixed([(endpoint, body) for body in bodies], unit_size)
+
+
+def send_counted_mixed(requests: list[tuple[Endpoint, dict]], unit_size: int) -> tuple[list[Completion], DraftTally]:
+    """``send_counted`` over a stream of (endpoint, body), the endpoints all of one server (its
+    completions and chat routes: mixed traffic), in the order given; the drafts each unit counted
+    (server-wide counters: each chunk of ``unit_size`` requests of the stream, whichever world each is of)."""
+    if not requests:
+        return [], DraftTally(CounterSource.PER_REQUEST, (), 1, 0)
+    server = requests[0][0]
+    start = server.speculation_totals()
     if start is None:  # per request: an answer without a counter drafted nothing
-        completions = endpoint.complete_many(bodies)
+        completions = complete_mixed(requests)
         return completions, DraftTally(CounterSource.PER_REQUEST, tuple(c.draft_n or 0 for c in completions), 1,
-                                       len(bodies), sum(c.draft_accepted or 0 for c in completions))
+                                       len(requests), sum(c.draft_accepted or 0 for c in completions))
     completions: list[Completion] = []
     units, accepted, uncounted = [], 0, 0
-    stats = endpoint.client.stats
-    for i in range(0, len(bodies), unit_size):
-        chunk = bodies[i:i + unit_size]
+    stats = server.client.stats
+    for i in range(0, len(requests), unit_size):
+        chunk = requests[i:i + unit_size]
         sent = stats.sent
-        completions += endpoint.complete_many(chunk)
-        now = endpoint.speculation_totals()
+        completions += complete_mixed(chunk)
+        now = server.speculation_totals()
         if start is not None and now is not None and len(chunk) == unit_size and stats.sent - sent == len(chunk):
             units.append(now[0] - start[0])
             accepted += now[1] - start[1]
         else:
             uncounted += len(chunk)
         start = now
-    return completions, DraftTally(CounterSource.SERVER_WIDE, tuple(units), unit_size, len(bodies), accepted,
+    return completions, DraftTally(CounterSource.SERVER_WIDE, tuple(units), unit_size, len(requests), accepted,
                                    uncounted)
 
 

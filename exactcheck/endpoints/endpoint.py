@@ -25,7 +25,8 @@ from exactcheck.endpoints.client import Client, EndpointError, Exchange
 from exactcheck.endpoints.continuation_law import NextTokenLaw
 from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
 
-__all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING", "POST_SAMPLING", "RAW", "probability_of"]
+__all__ = ["Sampling", "Completion", "Endpoint", "GREEDY_SAMPLING", "POST_SAMPLING", "RAW", "probability_of",
+           "complete_mixed"]
 
 POST_SAMPLING, RAW = "post-sampling", "raw"
 
@@ -171,6 +172,9 @@ class Completion:
     stopped_on_eog: bool
     probability_kind: str = POST_SAMPLING
     text: str | None = None  # the answer's text as the server returned it (cut before a stop string it found)
+    # when the request was in flight (``time.monotonic``): None for an answer taken from the journal
+    sent_at: float | None = None
+    answered_at: float | None = None
 
 
 class Endpoint:
@@ -203,6 +207,17 @@ class Endpoint:
 
     def read(self, exchange: Exchange) -> Completion:  # pragma: no cover
         raise NotImplementedError
+
+    def unseeded(self, body: dict, tag: str) -> dict:
+        """``body`` without its seed (the server draws its own random numbers, as for most users'
+        requests), told apart from its twins in the journal by ``tag`` (identical bodies would
+        otherwise share one journalled answer)."""
+        body = {k: v for k, v in body.items() if k != "seed"}
+        params = body.get("sampling_params")
+        if isinstance(params, dict):
+            body["sampling_params"] = {k: v for k, v in params.items() if k != "seed"}
+        body["exactcheck_tag"] = f"{body['exactcheck_tag']}/{tag}" if body.get("exactcheck_tag") else tag
+        return body
 
     def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:  # pragma: no cover
         """The probabilities the answer to a one-token request lists for its first position (None:
@@ -246,7 +261,7 @@ class Endpoint:
         return {}
 
     def complete_many(self, bodies: list[dict]) -> list[Completion]:
-        return [self.read(exchange) for exchange in self.client.post_many(self.base, self.path, bodies)]
+        return complete_mixed([(self, body) for body in bodies])
 
     def next_token_laws(self, prompt: Sequence[int], prefixes: list[tuple[int, ...]], sampling: Sampling,
                         n_probs: int, kind: str = POST_SAMPLING) -> list[NextTokenLaw]:
@@ -286,3 +301,15 @@ def probability_of(item: dict) -> float | None:
 
 def int_or_none(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def complete_mixed(requests: list[tuple["Endpoint", dict]]) -> list[Completion]:
+    """Each (endpoint, body) sent in the order given, in one stream through the endpoints' shared
+    client (at most its ``concurrency`` in flight, whichever endpoint each goes to: mixed traffic),
+    and read by its endpoint; each answer with the time its request was in flight."""
+    if not requests:
+        return []
+    client = requests[0][0].client
+    exchanges = client.post_mixed([(endpoint.base, endpoint.path, body) for endpoint, body in requests])
+    return [replace(endpoint.read(exchange), sent_at=exchange.sent_at, answered_at=exchange.answered_at)
+            for (endpoint, _), exchange in zip(requests, exchanges)]

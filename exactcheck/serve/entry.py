@@ -78,7 +78,8 @@ def plan(subject, options: AuditOptions, **own) -> AuditPlan:
     from exactcheck.serve.runner import serve_budget, serve_checks, serve_worlds
     prompts = own.get("prompts") or settings.DEFAULT_PROMPTS
     worlds = serve_worlds([p if isinstance(p, settings.ChatPrompt) else () for p in prompts],
-                          own.get("samplings") or settings.DEFAULT_SAMPLINGS, own.get("length", 3))
+                          own.get("samplings") or settings.DEFAULT_SAMPLINGS, own.get("length", 3),
+                          unseeded=own.get("traffic", settings.MIXED) == settings.MIXED)
     if options.worlds:
         worlds = [w for w in worlds if w.name in options.worlds]
     checks = serve_checks(worlds)

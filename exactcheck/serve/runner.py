@@ -26,13 +26,15 @@ from exactcheck.report.verdict import Verdict
 from exactcheck.serve.chat import ChatPrompt, ChatRequests, reproduce_flags, template_tokens
 from exactcheck.endpoints.client import Client, EndpointError
 from exactcheck.endpoints.continuation_law import ContinuationLaw, expand
-from exactcheck.endpoints.draft_counts import probes_needed, send_counted
+from exactcheck.endpoints.draft_counts import CounterSource, DraftTally, probes_needed, send_counted, send_counted_mixed
 from exactcheck.endpoints.apis import open_endpoint
 from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
 from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
-from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, continuation_law_verdict, greedy_verdict,
+from exactcheck.serve.traffic import MIXED, concurrent_pairs, interleaved, traffic_mix
+from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, concurrent_requests_verdict, continuation_law_verdict,
+                                       greedy_verdict,
                                        independent_samples_verdict, logprob_verdict, seed_verdict,
                                        server_failed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
@@ -56,8 +58,11 @@ class ServeWorld:
     sampling: Sampling
     length: int
     chat: ChatPrompt | None = None
+    unseeded: bool = False  # its requests carry no seed (what most users send): the server draws its own
 
     def describe(self) -> str:
+        if self.unseeded:
+            return f"{ServeWorld(self.name, self.prompt, self.sampling, self.length, self.chat).describe()}, unseeded"
         if self.chat is not None:
             return (f"the first {self.length} tokens of the chat answer to {self.chat.describe()} (prompt: the "
                     f"{len(self.prompt)} tokens of {self.chat.source or 'its chat template'}), "
@@ -65,9 +70,10 @@ class ServeWorld:
         return f"the first {self.length} tokens after prompt {list(self.prompt)}, {self.sampling.describe()}"
 
 
-def serve_worlds(prompts: list, samplings, length: int) -> list[ServeWorld]:
+def serve_worlds(prompts: list, samplings, length: int, unseeded: bool = False) -> list[ServeWorld]:
     """One world per prompt and sampling: ``p{i}-...`` for a prompt of token ids, ``c{i}-...`` for a
-    conversation (a ``ChatPrompt``, its ids those its template made: empty before they are known)."""
+    conversation (a ``ChatPrompt``, its ids those its template made: empty before they are known);
+    ``unseeded``: and the first prompt's first sampling again with unseeded requests (``...-unseeded``)."""
     worlds, counts = [], {"p": 0, "c": 0}
     for p in prompts:
         chat = p if isinstance(p, ChatPrompt) else None
@@ -75,6 +81,9 @@ def serve_worlds(prompts: list, samplings, length: int) -> list[ServeWorld]:
         worlds += [ServeWorld(f"{letter}{counts[letter]}-{_sampling_name(s)}", tuple(chat.ids if chat else p), s,
                               length, chat) for s in samplings]
         counts[letter] += 1
+    first = next((w for w in worlds if not w.sampling.greedy), None)
+    if unseeded and first is not None:
+        worlds.append(dataclasses.replace(first, name=f"{first.name}-unseeded", unseeded=True))
     return worlds
 
 
@@ -84,18 +93,18 @@ def _sampling_name(s: Sampling) -> str:
 
 
 def serve_budget(alpha: float, worlds: int) -> AlphaBudget:
-    """Holm over each world's three statistical checks: its continuation law, its independent_samples
-    test and its speculation_ran test."""
-    return AlphaBudget(alpha, 3 * max(worlds, 1), stop_early=False)
+    """Holm over each world's four statistical checks: its continuation law, its independent_samples
+    and concurrent_requests tests and its speculation_ran test."""
+    return AlphaBudget(alpha, 4 * max(worlds, 1), stop_early=False)
 
 
 def serve_checks(worlds) -> list[Check]:
     """The checks a serve audit reports, in order: per world its continuation law, several samples
-    of one request, logprob fidelity, seed reproducibility and speculation counters; then greedy
-    identity alone and under load, and the server's declared settings."""
+    of one request, concurrent requests, logprob fidelity, seed reproducibility and speculation
+    counters; then greedy identity alone and under load, and the server's declared settings."""
     checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
               (("continuation", CheckKind.GENERATOR_LAW), ("independent_samples", CheckKind.GENERATOR_LAW),
-               ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
+               ("concurrent_requests", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
@@ -152,6 +161,8 @@ class _ServeRun:
         self.chats: dict[ChatPrompt, tuple[ChatRequests, str | None]] = {}  # each conversation: its requests, why not judged
         self.budget: AlphaBudget | None = None  # with the level's cap and reference expansion: set by ``plan``
         self.cap = self.min_mass = self.max_calls = None
+        self.mix = None  # what the server met (``serve.traffic.TrafficMix``): set once the worlds are sent
+        self.laws: dict = {}  # each (prompt, sampling, conversation, length)'s law from the reference
 
     @property
     def separate(self) -> bool:
@@ -166,7 +177,8 @@ class _ServeRun:
                                 prompts=() if tuple(settings.prompts) == DEFAULT_PROMPTS else
                                 [p for p in settings.prompts if not isinstance(p, ChatPrompt)],
                                 sampling=sampling, length=settings.length,
-                                samples_per_request=settings.samples_per_request, n_probs=settings.n_probs)
+                                samples_per_request=settings.samples_per_request, n_probs=settings.n_probs,
+                                traffic=settings.traffic)
         conversations = [p for p in settings.prompts if isinstance(p, ChatPrompt)]
         index = world[1:].partition("-")[0]
         if world.startswith("c") and index.isdigit() and int(index) < len(conversations):
@@ -188,7 +200,7 @@ class _ServeRun:
         except EndpointError as exc:
             raise UsageError(f"cannot be audited: {exc}") from None
         self.prompts = [_prompt_ids(self.audited, p, settings) for p in settings.prompts]
-        worlds = serve_worlds(self.prompts, settings.samplings, settings.length)
+        worlds = serve_worlds(self.prompts, settings.samplings, settings.length, unseeded=settings.traffic == MIXED)
         if options.worlds:
             unknown = sorted(set(options.worlds) - {w.name for w in worlds})
             if unknown:
@@ -203,47 +215,100 @@ class _ServeRun:
     # drive
 
     def drive(self) -> None:
-        """Every world's checks in turn, then greedy identity and the server's declared settings."""
+        """Every world's sampled requests (interleaved in one stream under mixed traffic, else one
+        world after another) and each world's verdicts, then greedy identity and the server's
+        declared settings."""
         with self.run.interruptible():
-            for world in self.worlds:
-                self.audit_world(world)
+            if self.settings.traffic == MIXED:
+                planned = [p for p in map(self.prepare, self.worlds) if p is not None]
+                self.send(planned)
+                for world in planned:
+                    self.judge_world(world)
+            else:
+                planned = []
+                for world in map(self.prepare, self.worlds):
+                    if world is not None:
+                        self.send([world])
+                        self.judge_world(world)
+                        planned.append(world)
+            self.mix = traffic_mix(self.settings.traffic, self.settings.concurrency,
+                                   [(w.world.name, r.sent_at, r.answered_at) for w in planned for r in w.runs])
             if self.worlds:
                 self.judge_greedy()
                 self.run.add(settings_verdict(self.audited.speculation_settings(), dict(
                     world="server", seed=self.options.seed, reproduce=self.reproduce("server"))))
 
-    def audit_world(self, world: ServeWorld) -> None:
-        """One world: the reference's law, the planned sampled requests and their verdict, several
-        samples of one request, the probed requests' logprobs, seed reproducibility and speculation."""
-        run, bar, settings = self.run, self.bar, self.settings
+    def prepare(self, world: ServeWorld) -> "_WorldRequests | None":
+        """A world's law (from the reference) and its planned sampled requests; None for a
+        conversation not judged (its checks are reported so, with the reason)."""
+        settings = self.settings
         seed = derive_seed(self.options.seed, world.name)
         base = dict(world=world.name, seed=seed, reproduce=self.reproduce(world.name))
         requests = self.requests_for(world, seed, base)
         if requests is None:
-            return
+            return None
         law, texts, why = self.reference_law(world)
         n = (trials_to_detect(law.expected, self.options.target_tv, self.budget.first_share, self.cap) or self.cap) \
             if law is not None else max(settings.probed, settings.seeds)
-        run.planned += n
-        bar.grow(n + settings.probed + 2 * settings.seeds)
+        self.run.planned += n
+        self.bar.grow(n + settings.probed + 2 * settings.seeds)
         seeds = [_request_seed(seed, i) for i in range(n)]
-        bodies = [requests.body(world.prompt, world.length, world.sampling, s) for s in seeds]
-        runs, law_tally = send_counted(requests, bodies, settings.concurrency)
-        run.drawn += len(runs)
-        law, why, wrong = self.judged_law(world, law, texts, why, runs)
+        bodies = [_body(requests, world, s, f"request/{i}") for i, s in enumerate(seeds)]
+        return _WorldRequests(world, seed, base, requests, law, texts, why, seeds, bodies)
+
+    def send(self, worlds: "list[_WorldRequests]") -> None:
+        """The worlds' sampled requests in one stream (interleaved, seeded, when there are several),
+        at most ``--concurrency`` in flight; each world gets its answers back in its own order, and
+        the drafts counted over the stream (a server-wide counter's chunks mix the worlds)."""
+        order = interleaved([(w.world.name, len(w.bodies)) for w in worlds], self.options.seed) \
+            if len(worlds) > 1 else [(w.world.name, i) for w in worlds for i in range(len(w.bodies))]
+        by_name = {w.world.name: w for w in worlds}
+        answers, tally = send_counted_mixed([(by_name[name].requests, by_name[name].bodies[i]) for name, i in order],
+                                            self.settings.concurrency)
+        runs: dict[str, list] = {w.world.name: [None] * len(w.bodies) for w in worlds}
+        for (name, i), answer in zip(order, answers):
+            runs[name][i] = answer
+        for w in worlds:
+            w.runs = runs[w.world.name]
+            w.tally = tally if tally.source is CounterSource.SERVER_WIDE or len(worlds) == 1 else \
+                DraftTally(tally.source, tuple(a.draft_n or 0 for a in w.runs), 1, len(w.runs),
+                           sum(a.draft_accepted or 0 for a in w.runs))
+        self.run.drawn += len(answers)
+
+    def judge_world(self, planned: "_WorldRequests") -> None:
+        """One world's verdicts from its answers: the continuation law, several samples of one
+        request, concurrent requests, the probed requests' logprobs, seed reproducibility and
+        speculation."""
+        run, settings = self.run, self.settings
+        world, seed, base, requests, runs = planned.world, planned.seed, planned.base, planned.requests, planned.runs
+        law, why, wrong = self.judged_law(world, planned.law, planned.texts, planned.why, runs)
         if law is not None:
             run.add(continuation_law_verdict(law, runs, world.describe(), self.budget.first_share, self.budget.alpha,
-                                             base, _stop_cause(wrong, texts, world)))
+                                             base, _stop_cause(wrong, planned.texts, world)))
         else:
             run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                           "continuation"), seed, base["reproduce"], f"not judged: {why}"))
-        run.add(_independent_samples(requests, self.reference, world, law, texts, why if law is None else None, n,
-                                     settings, seed, self.budget, base, run, bar))
-        probe_tally = self.judge_probes(requests, world, law, seed, base, law_tally, n)
-        repeats = requests.complete_many([requests.body(world.prompt, world.length, world.sampling, s,
-                                                        tag="repeat") for s in seeds[:settings.seeds]])
-        run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(seeds, runs, repeats)], base))
-        run.add(speculation_verdict(law_tally, probe_tally, self.budget.first_share, base))
+        run.add(_independent_samples(requests, self.reference, world, law, planned.texts, why if law is None else None,
+                                     len(runs), settings, seed, self.budget, base, run, self.bar))
+        concurrent = Check(f"{world.name}/concurrent_requests", CheckKind.GENERATOR_LAW, world.name,
+                           "concurrent_requests")
+        if law is None:
+            run.add(not_run_verdict(concurrent, seed, base["reproduce"], f"not judged: {why}",
+                                    condition=world.describe()))
+        else:
+            pairs = concurrent_pairs([(r.sent_at, r.answered_at) for r in runs])
+            run.add(concurrent_requests_verdict(law, runs, pairs, world.describe(), self.budget.first_share,
+                                                self.budget.alpha, base, settings.concurrency))
+        probe_tally = self.judge_probes(requests, world, law, seed, base, planned.tally, len(runs))
+        if world.unseeded:
+            run.add(not_run_verdict(Check(f"{world.name}/same_seed", CheckKind.SEED_REPRODUCIBILITY, world.name,
+                                          "same_seed"), seed, base["reproduce"],
+                                    "not judged: the world's requests carry no seed"))
+        else:
+            repeats = requests.complete_many([requests.body(world.prompt, world.length, world.sampling, s,
+                                                            tag="repeat") for s in planned.seeds[:settings.seeds]])
+            run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(planned.seeds, runs, repeats)], base))
+        run.add(speculation_verdict(planned.tally, probe_tally, self.budget.first_share, base))
 
     def requests_for(self, world: ServeWorld, seed: int, base: dict) -> Endpoint | None:
         """Where a world's requests go: the audited server's completions, or its conversation's chat
@@ -260,7 +325,14 @@ class _ServeRun:
         return requests
 
     def reference_law(self, world: ServeWorld) -> tuple[ContinuationLaw | None, dict | None, str | None]:
-        """(the world's law, the text of each prefix where it has stop strings, why no law)."""
+        """(the world's law, the text of each prefix where it has stop strings, why no law), built
+        once per prompt and sampling (an unseeded world shares its seeded twin's)."""
+        key = (world.prompt, world.sampling, world.chat, world.length)
+        if key not in self.laws:
+            self.laws[key] = self._reference_law(world)
+        return self.laws[key]
+
+    def _reference_law(self, world: ServeWorld) -> tuple[ContinuationLaw | None, dict | None, str | None]:
         texts = None  # a world with stop strings: the text of each prefix of the law, as the server searches it
         why = None
         try:
@@ -307,8 +379,8 @@ class _ServeRun:
         probe_count = probes_needed(law_tally, self.budget.first_share, settings.probed, n)
         bar.grow(probe_count - settings.probed)
         probes, probe_tally = send_counted(requests, [
-            requests.body(world.prompt, world.length, world.sampling, _request_seed(seed, i, "probe"),
-                          n_probs=1) for i in range(probe_count)], settings.concurrency)
+            _body(requests, world, _request_seed(seed, i, "probe"), f"probe/{i}", n_probs=1)
+            for i in range(probe_count)], settings.concurrency)
         world_noise = None
         if self.separate:
             bar.grow(settings.probed)
@@ -363,7 +435,31 @@ class _ServeRun:
             require=options.require,
             reference=(self.reference.describe() if self.reference is not None else self.reference_url)
             + ("" if self.settings.reference else " (the audited server, one-token requests)"),
-            traffic=self.client.stats.line())
+            traffic=self.client.stats.line() + (f"; {self.mix.line()}" if self.mix is not None else ""))
+
+
+@dataclass
+class _WorldRequests:
+    """One world's planned sampled requests while the audit runs: its law from the reference (or why
+    none), their seeds and bodies; once sent, the answers in the order planned and the drafts counted."""
+
+    world: ServeWorld
+    seed: int
+    base: dict
+    requests: Endpoint
+    law: ContinuationLaw | None
+    texts: dict | None
+    why: str | None
+    seeds: list[int]
+    bodies: list[dict]
+    runs: list = dataclasses.field(default_factory=list)
+    tally: DraftTally | None = None
+
+
+def _body(requests: Endpoint, world: ServeWorld, seed: int, tag: str, **keywords) -> dict:
+    """A request of ``world`` with ``seed`` (unseeded, told apart by ``tag``, for an unseeded world)."""
+    body = requests.body(world.prompt, world.length, world.sampling, seed, **keywords)
+    return requests.unseeded(body, tag) if world.unseeded else body
 
 
 def _prompt_ids(audited: Endpoint, prompt, settings: ServeSettings):
@@ -402,8 +498,8 @@ def _independent_samples(endpoint: Endpoint, reference: Endpoint, world: ServeWo
         return not_judged(why or "the world's law is not determined")
     m = max(settings.probed, -(-planned // (2 * k)))
     try:
-        bodies = [endpoint.several(endpoint.body(world.prompt, world.length, world.sampling,
-                                                 _request_seed(world_seed, i, "several")), k) for i in range(m)]
+        bodies = [endpoint.several(_body(endpoint, world, _request_seed(world_seed, i, "several"), f"several/{i}"), k)
+                  for i in range(m)]
     except NotDeterminable as exc:
         return not_judged(str(exc))
     run.planned += m * k

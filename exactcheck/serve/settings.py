@@ -12,6 +12,7 @@ from typing import Callable
 
 from exactcheck.endpoints.apis import APIS
 from exactcheck.serve.chat import DEFAULT_CHAT, ChatPrompt
+from exactcheck.serve.traffic import MIXED, TRAFFIC
 from exactcheck.endpoints.requests import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, parse_prompts, parse_samplings
 
 __all__ = ["parse_prompts", "parse_samplings", "Setting", "SETTINGS", "ServeSettings", "NAMES", "FIELDS", "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS",
@@ -78,6 +79,11 @@ SETTINGS = (
     Setting("resume", False, "take the answers the journal holds (an interrupted audit with the same settings) "
             "instead of sending those requests again", lambda v: isinstance(v, bool), "true or false"),
     Setting("concurrency", 8, "requests in flight at most (default 8)", _positive_int, "a positive integer", type=int),
+    Setting("traffic", MIXED, "how the sampled requests go out: mixed (default: every world's interleaved in one "
+            "stream, up to --concurrency in flight, so requests with different prompts, settings and seeds share the "
+            "engine's batches, with one world of unseeded requests beside them) or sequential (one world after "
+            "another, every request seeded: the older order)", lambda v: v in TRAFFIC, " or ".join(TRAFFIC),
+            choices=TRAFFIC),
     Setting("timeout", 60.0, "seconds per request before it is retried", lambda v: _number(v) and v > 0,
             "a positive number", type=float),
     Setting("logprob_tolerance", 0.02, "largest difference in probability allowed between reported and reference "

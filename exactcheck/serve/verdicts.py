@@ -19,7 +19,8 @@ from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.pairs import same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
 
-__all__ = ["continuation_law_verdict", "independent_samples_verdict", "greedy_verdict", "logprob_verdict",
+__all__ = ["continuation_law_verdict", "independent_samples_verdict", "concurrent_requests_verdict", "greedy_verdict",
+           "logprob_verdict",
            "speculation_verdict", "seed_verdict", "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "NOISE_MARGIN",
            "cell_indices"]
 
@@ -77,6 +78,34 @@ def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completi
                     "; the samples of one request differ more often than independent draws do (made to differ)")
     return replace(pooled, summary=summary, evidence=replace(
         e, pvalue=pvalue, statistic_name="Pearson X^2 (pooled; the p-value: Bonferroni with the same-cell pair count)"))
+
+
+def concurrent_requests_verdict(law: ContinuationLaw, completions: list[Completion], pairs: list[tuple[int, int]],
+                                condition: str, share: float, alpha: float, base: dict, concurrency: int) -> Verdict:
+    """Requests in flight together are independent draws of the law: ``pairs`` (disjoint pairs of
+    this world's requests that were in flight at the same time, ``serve.traffic.concurrent_pairs``)
+    fall in one cell as often as two independent draws do, Binomial(pairs, sum p**2) exactly
+    (``exactcheck.stats.pairs``). Requests sharing one random stream (unseeded requests of a batch
+    handed the same random numbers, TensorRT-LLM #19487; a seed taken from a batch mate) repeat each
+    other and push the count up. Inconclusive where no two were in flight together."""
+    check = dict(check=f"{base['world']}/concurrent_requests", law="concurrent_requests",
+                 condition=f"pairs of requests in flight together (up to {concurrency} at once): {condition}",
+                 kind=CheckKind.GENERATOR_LAW, **base)
+    if not pairs:
+        return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, summary=(
+            "not judged: no two of this world's requests were in flight together (--concurrency 1, or answers "
+            "from the journal)"), **check)
+    cells = cell_indices(law, completions)
+    count = same_cell_pairs([np.array([cells[i], cells[j]]) for i, j in pairs], law.expected)
+    words = (f"pairs of concurrent requests in one cell: {count.same:,} of {count.pairs:,} (independent draws: about "
+             f"{count.expected:,.1f}), p = {count.pvalue:.3g}")
+    if count.pvalue <= share:
+        words += ("; requests in flight together repeat each other: they share their random numbers (one random "
+                  "stream for a batch, or a batch mate's seed)" if count.same > count.expected else
+                  "; requests in flight together differ more often than independent draws do")
+    return Verdict(outcome=Outcome.EXACT, samples=2 * count.pairs, summary=words, **check, evidence=LawEvidence(
+        Evidence.FIXED_BUDGET, statistic=float(count.same), statistic_name="pairs in one cell (exact binomial test)",
+        pvalue=count.pvalue))
 
 
 def _cause(law: ContinuationLaw, indices: np.ndarray, completions: list[Completion]) -> str | None:

@@ -1,0 +1,79 @@
+"""The traffic users send (issue 67): a serve audit's sampled requests interleaved across worlds, up
+to --concurrency in flight, beside a world of unseeded requests; each answer judged against its own
+world's law; the traffic stated in the report; concurrent requests tested as independent draws.
+The toy server's batch mutants (defects of batch composition) are found under mixed traffic and
+not under the older one-world-at-a-time order, whose batches hold identical requests."""
+from __future__ import annotations
+
+import pytest
+
+from exactcheck.endpoints.endpoint import Sampling
+from exactcheck.serve.runner import run_serve_audit
+from exactcheck.serve.traffic import concurrent_pairs, interleaved, traffic_mix
+from toy_models.served_lm import BATCH_MUTANTS, ToyServedModel, served_model
+
+PROMPTS = ([1, 2], [3, 4, 5])
+SAMPLINGS = (Sampling(), Sampling(temperature=0.6, top_k=4))
+PENALISED = (Sampling(), Sampling(presence_penalty=1.5, frequency_penalty=1.0))
+QUICK = dict(level="quick", seed=0, progress=False, max_samples=2000)
+
+
+def test_the_stream_interleaves_every_world_in_proportion_and_keeps_each_worlds_order():
+    order = interleaved([("a", 300), ("b", 100), ("c", 0)], seed=1)
+    assert sorted(order) == sorted([("a", i) for i in range(300)] + [("b", i) for i in range(100)])
+    assert [i for w, i in order if w == "a"] == list(range(300))
+    first_half = [w for w, _ in order[:200]]
+    assert 0.6 < first_half.count("a") / 200 < 0.9  # both worlds throughout, not one after the other
+    assert interleaved([("a", 3), ("b", 3)], seed=1) == interleaved([("a", 3), ("b", 3)], seed=1)
+
+
+def test_the_mix_says_how_many_were_in_flight_and_which_shared_the_server_with_another_world():
+    mix = traffic_mix("mixed", 4, [("a", 0.0, 1.0), ("b", 0.5, 1.5), ("a", 2.0, 3.0), ("a", 2.5, 3.5), ("b", None, None)])
+    assert mix.reached == 2 and mix.untimed == 1
+    assert dict((w, share) for w, _, share in mix.worlds) == {"a": 1 / 3, "b": 1.0}
+    assert "up to 4 in flight (2 reached)" in mix.line()
+    assert concurrent_pairs([(0.0, 1.0), (0.5, 1.5), (0.7, 0.8), (2.0, 3.0), (None, None)]) == [(0, 1)]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with served_model(ToyServedModel(speculative=False)) as plain:
+        yield plain
+
+
+def _audit(model: ToyServedModel, reference, traffic: str, samplings=SAMPLINGS):
+    with served_model(model) as audited:
+        return run_serve_audit(audited.url, reference=reference.url, prompts=PROMPTS, samplings=samplings,
+                               traffic=traffic, **QUICK)
+
+
+def test_an_exact_server_under_mixed_traffic_passes_and_the_report_states_the_traffic(reference):
+    model = ToyServedModel(batch_mutant="other_row_settings", max_batch=1)  # batches of one: exact
+    result = _audit(model, reference, "mixed")
+    assert result.passed, [v.describe() for v in result.failed]
+    names = {v.world for v in result.verdicts}
+    assert "p0-t1-unseeded" in names
+    unseeded = {v.law: v for v in result.verdicts if v.world == "p0-t1-unseeded"}
+    assert unseeded["continuation"].outcome.value == "exact" and "unseeded" in unseeded["continuation"].condition
+    assert "not judged" in unseeded["same_seed"].summary
+    pairs = [v for v in result.verdicts if v.law == "concurrent_requests"]
+    assert pairs and all(v.outcome.value == "exact" and v.samples > 100 for v in pairs)
+    assert "mixed traffic: every world's sampled requests interleaved in one stream, up to 8 in flight" in \
+        result.traffic and "p0-t1-unseeded" in result.traffic
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("mutant, samplings, law", [
+    ("other_row_settings", SAMPLINGS, "continuation"),
+    ("shared_stream", SAMPLINGS, "concurrent_requests"),
+    ("other_row_accepted", SAMPLINGS, "continuation"),
+    ("batch_penalties", PENALISED, "continuation"),
+])
+def test_each_batch_mutant_is_found_under_mixed_traffic_and_not_under_the_old_order(reference, mutant, samplings,
+                                                                                    law):
+    mixed = _audit(ToyServedModel(batch_mutant=mutant), reference, "mixed", samplings)
+    found = {v.law for v in mixed.failed}
+    assert law in found, (mutant, [v.describe() for v in mixed.failed] or mixed.traffic)
+    old = _audit(ToyServedModel(batch_mutant=mutant), reference, "sequential", samplings)
+    assert old.passed, (mutant, [v.describe() for v in old.failed])
+    assert mutant in BATCH_MUTANTS
