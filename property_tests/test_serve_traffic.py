@@ -77,3 +77,15 @@ def test_each_batch_mutant_is_found_under_mixed_traffic_and_not_under_the_old_or
     old = _audit(ToyServedModel(batch_mutant=mutant), reference, "sequential", samplings)
     assert old.passed, (mutant, [v.describe() for v in old.failed])
     assert mutant in BATCH_MUTANTS
+
+
+def test_greedy_identity_is_swept_over_the_number_of_requests_in_flight(reference):
+    """greedy_under_load sends each prompt 2, 4, 8 times at once (up to --concurrency): a greedy answer
+    that depends on how many requests share the batch is a finding (the toy's wide_batch_greedy:
+    rows past the fourth take the runner-up token)."""
+    from exactcheck.serve.runner import concurrency_sweep
+    assert concurrency_sweep(4, 8) == (2, 4, 8) and concurrency_sweep(4, 1) == (1,) and concurrency_sweep(3, 4) == (2, 3, 4)
+    result = _audit(ToyServedModel(batch_mutant="wide_batch_greedy"), reference, "mixed", (Sampling(),))
+    found = {v.law: v for v in result.failed}
+    assert "greedy_under_load" in found and "greedy_identity" not in found, [v.describe() for v in result.failed]
+    assert "2, 4, 8 times at once" in found["greedy_under_load"].condition

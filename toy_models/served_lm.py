@@ -296,6 +296,11 @@ class ToyServedModel:
             rows = [replace(r, seed=unseeded[0].seed) if r.unseeded else r for r in rows]
         out, counts = [], None
         for j, r in enumerate(rows):
+            if mutant == "wide_batch_greedy" and j >= 4 and r.sampling["temperature"] <= 0 and r.n_predict:
+                second = int(np.argsort(self.law(r.prompt, _chain(r.sampling) | {"temperature": 1.0}))[-2])
+                rest = self.generate(r.prompt + [second], r.n_predict - 1, r.sampling, r.seed, r.stops)
+                out.append(([second] + rest[0], *rest[1:]))
+                continue
             handed = None
             if mutant == "other_row_accepted" and j > 0 and len(r.prompt) != len(first.prompt):
                 handed = counts  # a row of another length handed the first row's accepted counts
@@ -315,6 +320,8 @@ BATCH_MUTANTS = {
     "other_row_accepted": "a row of another prompt length handed the first row's accepted draft counts "
                           "(vLLM #45100, #53919: an async race hands a request another row's accepted count)",
     "batch_penalties": "a row without penalties sampled with the penalties of a batch mate that has some",
+    "wide_batch_greedy": "a greedy row past the fourth of a batch takes the second most likely token first (a "
+                         "batch-size-dependent kernel path that breaks ties wrongly)",
 }
 
 

@@ -167,11 +167,13 @@ class Client:
         exchanges in the order of ``bodies``."""
         return self.post_mixed([(base, path, body) for body in bodies])
 
-    def post_mixed(self, requests: Iterable[tuple[str, str, dict]]) -> list[Exchange]:
-        """Each (base, path, body) POSTed in the order given, at most ``concurrency`` in flight at
-        once, whatever endpoint each goes to (mixed traffic: several worlds' requests, completions
-        and chat, in one stream); journalled answers reused; the exchanges in the order given."""
+    def post_mixed(self, requests: Iterable[tuple[str, str, dict]], concurrency: int | None = None) -> list[Exchange]:
+        """Each (base, path, body) POSTed in the order given, at most ``concurrency`` (default the
+        client's) in flight at once, whatever endpoint each goes to (mixed traffic: several worlds'
+        requests, completions and chat, in one stream); journalled answers reused; the exchanges in
+        the order given."""
         requests = list(requests)
+        limit = min(concurrency or self.concurrency, self.concurrency)
         results: list[Exchange | None] = [None] * len(requests)
         pending = []
         for i, (base, path, body) in enumerate(requests):
@@ -185,13 +187,13 @@ class Client:
                 pending.append(i)
         if not pending:
             return results
-        pool = futures.ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(pending))))
+        pool = futures.ThreadPoolExecutor(max_workers=max(1, min(limit, len(pending))))
         try:
             running = {}
             queue = iter(pending)
-            for i in queue:  # keep at most ``concurrency`` in flight, so an interrupt loses none of them
+            for i in queue:  # keep at most ``limit`` in flight, so an interrupt loses none of them
                 running[pool.submit(self._exchange, *requests[i])] = i
-                if len(running) >= self.concurrency:
+                if len(running) >= limit:
                     done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
                     for f in done:
                         results[running.pop(f)] = f.result()

@@ -303,13 +303,13 @@ def int_or_none(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def complete_mixed(requests: list[tuple["Endpoint", dict]]) -> list[Completion]:
+def complete_mixed(requests: list[tuple["Endpoint", dict]], concurrency: int | None = None) -> list[Completion]:
     """Each (endpoint, body) sent in the order given, in one stream through the endpoints' shared
-    client (at most its ``concurrency`` in flight, whichever endpoint each goes to: mixed traffic),
-    and read by its endpoint; each answer with the time its request was in flight."""
+    client (at most ``concurrency``, default the client's, in flight, whichever endpoint each goes to:
+    mixed traffic), and read by its endpoint; each answer with the time its request was in flight."""
     if not requests:
         return []
     client = requests[0][0].client
-    exchanges = client.post_mixed([(endpoint.base, endpoint.path, body) for endpoint, body in requests])
+    exchanges = client.post_mixed([(endpoint.base, endpoint.path, body) for endpoint, body in requests], concurrency)
     return [replace(endpoint.read(exchange), sent_at=exchange.sent_at, answered_at=exchange.answered_at)
             for (endpoint, _), exchange in zip(requests, exchanges)]

@@ -28,7 +28,7 @@ from exactcheck.endpoints.client import Client, EndpointError
 from exactcheck.endpoints.continuation_law import ContinuationLaw, expand
 from exactcheck.endpoints.draft_counts import CounterSource, DraftTally, probes_needed, send_counted, send_counted_mixed
 from exactcheck.endpoints.apis import open_endpoint
-from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling
+from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling, complete_mixed
 from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
@@ -652,24 +652,40 @@ def _greedy(reference: Endpoint, senders: list[tuple[tuple[int, ...], Endpoint]]
             off.append(tuple(path))
     switch = all(sender.cache_switch for _, sender in senders)
     caches = (True, False) if switch else (True,)
-    copies = [(cache, j) for cache in caches for j in range(settings.load)]
+    levels = concurrency_sweep(settings.load, settings.concurrency)
     groups: dict[int, tuple[Endpoint, list[int]]] = {}  # the prompts one endpoint takes, all sent at once
     for i, (_, sender) in enumerate(senders):
         groups.setdefault(id(sender), (sender, []))[1].append(i)
-    loaded: list = [None] * len(prompts)
-    for sender, members in groups.values():
-        answers = sender.complete_many([sender.body(prompts[i], tokens, GREEDY_SAMPLING, 0, cache=cache,
-                                                    tag=f"load/{j}") for i in members for cache, j in copies])
-        for k, i in enumerate(members):
-            loaded[i] = answers[k * len(copies):(k + 1) * len(copies)]
+    loaded: list = [[] for _ in prompts]
+    for level in levels:  # each prompt ``level`` times, at most ``level`` requests in flight: the batch size swept
+        copies = [(cache, j) for cache in caches for j in range(level)]
+        for sender, members in groups.values():
+            answers = complete_mixed([(sender, sender.body(prompts[i], tokens, GREEDY_SAMPLING, 0, cache=cache,
+                                                           tag=f"load/{level}/{j}"))
+                                      for i in members for cache, j in copies], concurrency=level)
+            for k, i in enumerate(members):
+                loaded[i] += answers[k * len(copies):(k + 1) * len(copies)]
     pairs = [(list(p), a, tuple(r)) for p, a, r in zip(prompts, alone, off)]
     under_load = [(list(p), a, c.tokens[:tokens]) for p, a, answers in zip(prompts, alone, loaded) for c in answers]
     cache_words = "the prompt cache on and off" if switch else \
         "the prompt cache as the server keeps it (no per-request switch in this API)"
+    swept = ", ".join(map(str, levels))
     return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base, near_tie=near_tie),
             greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",
-                           condition=f"temperature 0, {len(prompts)} prompts each alone and {settings.load} times at "
-                                     f"once ({cache_words}), speculation on", near_tie=near_tie)]
+                           condition=f"temperature 0, {len(prompts)} prompts each alone and then {swept} times at "
+                                     f"once, at most as many in flight (a concurrency sweep; {cache_words}), "
+                                     f"speculation on: a greedy answer must not depend on how many requests share "
+                                     f"the batch", near_tie=near_tie)]
+
+
+def concurrency_sweep(load: int, concurrency: int) -> tuple[int, ...]:
+    """The numbers of copies of each greedy prompt sent at once: 2, 4, 8, ... up to ``concurrency``,
+    and ``load``."""
+    levels, level = {max(1, min(load, concurrency))}, 2
+    while level <= concurrency:
+        levels.add(level)
+        level *= 2
+    return tuple(sorted(levels - {1}) or (1,))
 
 
 def _margins(reference: Endpoint, pairs, n_probs: int) -> dict:

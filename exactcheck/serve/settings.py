@@ -95,7 +95,8 @@ SETTINGS = (
             public=False),
     Setting("greedy_tokens", 16, "tokens of each greedy request", _positive_int, "a positive integer", type=int,
             flag=False, public=False),
-    Setting("load", 4, "greedy under load: each prompt this many times at once", _positive_int, "a positive integer",
+    Setting("load", 4, "greedy under load: each prompt this many times at once, beside the concurrency sweep's 2, 4, "
+            "8, ... up to --concurrency", _positive_int, "a positive integer",
             type=int, flag=False, public=False),
 )
 
