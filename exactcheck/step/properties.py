@@ -39,6 +39,7 @@ import inspect
 import random
 import time
 from collections import Counter
+from functools import partial
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -365,103 +366,156 @@ def check_property(subject: Verifier, name: str, case: VerifyCase, value: str | 
     """Check one property on one case; None when it holds (or could not be judged). ``draws``
     collects the names of random sources the subject used that could not be forced. The case's
     tensors and every generator handed over are on ``device``. ``rule``: what the acceptance
-    property judges by (None: any registered exact rule)."""
+    property judges by (None: any registered exact rule).
+
+    Three steps: plan (the forced value, the call's tensors and options), drive (one forced call),
+    judge (the property on its output, made again where a finding must reproduce)."""
     tensors = case.tensors(device)
+    if name == "same_seed":
+        return _same_seed(subject, tensors, seed, partial(_failure, name, value, case))
+    if name not in PROPERTIES:
+        raise ValueError(f"unknown property {name!r}")
+    check = _PropertyCheck.plan(subject, name, case, value, seed, draws, device, rule, tensors)
+    out, log = check.drive()
+    return check.judge(out, log)
 
-    def fail(message, row=None, out=None, reach=None, forced=None, frames=()):
-        return PropertyFailure(name, value, case, message, row,
-                               None if out is None else out[row if row is not None else 0].tolist(),
-                               reach, forced, frames)
 
-    def not_judged(log: DrawLog) -> bool:
+def _failure(name: str, value: str | None, case: VerifyCase, message, row=None, out=None, reach=None, forced=None,
+             frames=()) -> PropertyFailure:
+    return PropertyFailure(name, value, case, message, row,
+                           None if out is None else out[row if row is not None else 0].tolist(),
+                           reach, forced, frames)
+
+
+@dataclass(frozen=True)
+class _PropertyCheck:
+    """One property on one case: the subject, the forced uniform ``c``, the tensors the call gets
+    and its options (``seeded_rows``: row 0 repeated, with its row generators)."""
+
+    subject: Verifier
+    name: str
+    case: VerifyCase
+    value: str | None
+    seed: int
+    draws: Counter | None
+    device: object
+    rule: RuleSpec | None
+    c: object
+    tensors: tuple
+    options: dict
+
+    @classmethod
+    def plan(cls, subject, name, case, value, seed, draws, device, rule, tensors) -> "_PropertyCheck":
+        rule = declared_rule(subject) if rule is FROM_SUBJECT else rule
+        c = forced_uniform(value, tensors, rule)
+        options = {}
+        if name == "seeded_rows":
+            # row 0 repeated, alternately unseeded and seeded (at least one of each)
+            options["row_generators"] = [torch.Generator(device=device).manual_seed(seed + b) if b % 2 else None
+                                         for b in range(max(case.batch, 2))]
+            tensors = tuple(t[:1].expand(len(options["row_generators"]), *t.shape[1:]).contiguous()
+                            for t in tensors)
+        return cls(subject, name, case, value, seed, draws, device, rule, c, tensors, options)
+
+    def fail(self, message, row=None, out=None, reach=None, forced=None, frames=()) -> PropertyFailure:
+        return _failure(self.name, self.value, self.case, message, row, out, reach, forced, frames)
+
+    def not_judged(self, log: DrawLog) -> bool:
         if log.complete:
             return False
-        if draws is not None:
-            draws["(not judged)"] += 1
+        if self.draws is not None:
+            self.draws["(not judged)"] += 1
         return True
 
-    def varies(calls) -> bool:
+    def varies(self, calls) -> bool:
         """Whether any of ``calls`` ((tensors, output, options)) gives another output when made
         again, every draw forced as before: the output then depends on a random source no
         snapshot sees (a numpy Generator or ``random.Random`` seeded from OS entropy, a
         generator kept between calls), and a property judged on it would blame exact code."""
         for inputs, first, opts in calls:
             for _ in range(REPEATS):
-                again, _ = _forced_call(subject, inputs, c, seed, **opts)
+                again, _ = _forced_call(self.subject, inputs, self.c, self.seed, **opts)
                 if isinstance(again, Exception) or not torch.equal(again, first):
-                    if draws is not None:
-                        draws["(not judged)"] += 1
-                        draws[UNSEEN_SOURCE] += 1
+                    if self.draws is not None:
+                        self.draws["(not judged)"] += 1
+                        self.draws[UNSEEN_SOURCE] += 1
                     return True
         return False
 
-    if name == "same_seed":
-        return _same_seed(subject, tensors, seed, fail)
-    if name not in PROPERTIES:
-        raise ValueError(f"unknown property {name!r}")
-    rule = declared_rule(subject) if rule is FROM_SUBJECT else rule
-    c = forced_uniform(value, tensors, rule)
-    options = {}
-    if name == "seeded_rows":
-        # row 0 repeated, alternately unseeded and seeded (at least one of each)
-        options["row_generators"] = [torch.Generator(device=device).manual_seed(seed + b) if b % 2 else None
-                                     for b in range(max(case.batch, 2))]
-        tensors = tuple(t[:1].expand(len(options["row_generators"]), *t.shape[1:]).contiguous()
-                        for t in tensors)
-    out, log = _forced_call(subject, tensors, c, seed, **options)
-    _record(draws, log)
-    if isinstance(out, Exception) and name != "contract":
-        # crashes and broken outputs are the contract property's findings, reported once there
-        if draws is not None:
-            draws["(broken)"] += 1
-        return None
-    if name in SHRUNK:
-        found = _broken_output(name, out, tensors, log)
+    def drive(self) -> tuple:
+        """The forced call: (its output or the subject's error, the draw log)."""
+        out, log = _forced_call(self.subject, self.tensors, self.c, self.seed, **self.options)
+        _record(self.draws, log)
+        return out, log
+
+    def judge(self, out, log: DrawLog) -> PropertyFailure | None:
+        if isinstance(out, Exception) and self.name != "contract":
+            # crashes and broken outputs are the contract property's findings, reported once there
+            if self.draws is not None:
+                self.draws["(broken)"] += 1
+            return None
+        if self.name in SHRUNK:
+            return self.judge_output(out, log)
+        if self.not_judged(log):
+            return None
+        if self.name == "acceptance":
+            return self.judge_acceptance(out, log)
+        if self.name == "seeded_rows":
+            return self.judge_seeded_rows(out)
+        return self.judge_row_independence(out, log)
+
+    def judge_output(self, out, log: DrawLog) -> PropertyFailure | None:
+        """``contract`` and ``no_forbidden_token``: judged on the output alone, the forced set shrunk."""
+        found = _broken_output(self.name, out, self.tensors, log)
         if found is None:
             return None
-        forced, reach = _shrink_forced(subject, name, case, c, seed, log, options, device)
+        forced, reach = _shrink_forced(self.subject, self.name, self.case, self.c, self.seed, log, self.options,
+                                       self.device)
         if isinstance(out, Exception):
             crash = isinstance(out, SubjectCrashed)
-            return replace(fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ())),
+            return replace(self.fail(found[1], found[0], None, reach, forced, getattr(out, "frames", ())),
                            crashed=crash)
-        return fail(found[1], found[0], out, reach, forced)
-    if not_judged(log):
-        return None
-    if name == "acceptance":
-        found = _acceptance(out, tensors, log, rule)
+        return self.fail(found[1], found[0], out, reach, forced)
+
+    def judge_acceptance(self, out, log: DrawLog) -> PropertyFailure | None:
+        found = _acceptance(out, self.tensors, log, self.rule)
         if found is None:
             return None
-        if varies([(tensors, out, options)]):
+        if self.varies([(self.tensors, out, self.options)]):
             return None
         row, message, d = found
         # the point probability of d; the search widens it to the interval of wrong uniforms
         # (``with_wrong_uniforms``) on the counterexample it keeps, not on every case it shrinks
-        return fail(message, row, out, _point_reach(log, d))
-    if name == "seeded_rows":
-        gens = options["row_generators"]
+        return self.fail(message, row, out, _point_reach(log, d))
+
+    def judge_seeded_rows(self, out) -> PropertyFailure | None:
+        gens = self.options["row_generators"]
         row = _first((out != out[:1]).any(1))
-        if row is None or varies([(tensors, out, options)]):
+        if row is None or self.varies([(self.tensors, out, self.options)]):
             return None
-        return fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
-                    f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
-                    f"gave {out[row].tolist()}", row, out,
-                    structural("identical rows differ at identical random numbers on every such call: "
-                               "the law of some rows depends on whether they are seeded"))
-    p, q, tokens = tensors
-    for row in range(out.shape[0]):  # row_independence
-        single = (p[row:row + 1], q[row:row + 1], tokens[row:row + 1])
-        alone, alone_log = _forced_call(subject, single, c, seed)
-        if isinstance(alone, Exception) or not_judged(alone_log):
-            return None
-        if not torch.equal(alone[0], out[row]):
-            if varies([(tensors, out, options), (single, alone, {})]):
+        return self.fail(f"identical rows differ under forced uniforms: row 0 (unseeded) gave "
+                         f"{out[0].tolist()}, row {row} ({'seeded' if gens[row] else 'unseeded'}) "
+                         f"gave {out[row].tolist()}", row, out,
+                         structural("identical rows differ at identical random numbers on every such call: "
+                                    "the law of some rows depends on whether they are seeded"))
+
+    def judge_row_independence(self, out, log: DrawLog) -> PropertyFailure | None:
+        """Each row alone, every uniform forced as in the batch, must give the batch's row."""
+        p, q, tokens = self.tensors
+        for row in range(out.shape[0]):
+            single = (p[row:row + 1], q[row:row + 1], tokens[row:row + 1])
+            alone, alone_log = _forced_call(self.subject, single, self.c, self.seed)
+            if isinstance(alone, Exception) or self.not_judged(alone_log):
                 return None
-            return fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
-                        f"but {alone[0].tolist()} alone, with every uniform forced to "
-                        f"{sorted(log.values())}", row, out,
-                        structural("a row's output depends on the other rows of its batch at "
-                                   "identical random numbers"))
-    return None
+            if not torch.equal(alone[0], out[row]):
+                if self.varies([(self.tensors, out, self.options), (single, alone, {})]):
+                    return None
+                return self.fail(f"row {row} gave {out[row].tolist()} in a batch of {out.shape[0]} "
+                                 f"but {alone[0].tolist()} alone, with every uniform forced to "
+                                 f"{sorted(log.values())}", row, out,
+                                 structural("a row's output depends on the other rows of its batch at "
+                                            "identical random numbers"))
+        return None
 
 
 def _same_seed(subject, tensors, seed: int, fail) -> PropertyFailure | None:
