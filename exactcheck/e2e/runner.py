@@ -72,82 +72,110 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
 
 def _run_generator_audit(generator, options: AuditOptions, subject_name, policies, greedy, progress,
                          executor) -> GeneratorAuditResult:
-    device = resolve_device(options.device)
-    options = dataclasses.replace(options, device=str(device))  # the report and reproduce lines name it as torch does
-    if not callable(generator):
-        raise UsageError(f"generator ({generator!r}) is not callable")
-    capabilities = capabilities_of(generator)
-    plan = plan_generator_audit(options, policies, greedy, capabilities, takes_different_tokenizers(generator))
-    not_applicable = dict(plan.not_applicable)
-    level, seed, budget = options.level, options.seed, plan.budget
-    n = options.generations_per_world
-    chosen = list(plan.worlds)
-    name = generator_name(generator)
-    lossy = name if is_lossy(generator) else None
-    sampled = {name for name, _ in plan.samples}  # the world and policy runs some law of the plan judges
-    runs = {w.name: tuple(p for p in world_policies(w, policies) if f"{w.name}{policy_suffix(p, w)}" in sampled)
-            for w in chosen}
-    stated = () if tuple(policies) == (SAMPLING,) else tuple(policies)
+    audit = _GeneratorRun(generator, options, subject_name, policies, greedy, progress, executor)
+    with audit.run.interruptible():
+        for world in audit.worlds:
+            audit.drive_world(world)
+    return audit.finish()
 
-    def reproduce_in(world_name: str) -> str:
-        return generator_audit_line(options, subject_name or name, world_name, stated, greedy,
-                                    by_command=subject_name is not None)
 
-    # the checks a generator cannot have (not applicable) are reported as such, never as "not run"
-    run = AuditRun([c for c in plan.checks if c.name not in not_applicable], budget, seed, reproduce_in,
-                   progress=progress)
-    run.planned = n * sum(len(v) for v in runs.values())
-    shards = options.shards
-    if options.jobs > 1:  # --jobs N: each run's generations in N worker processes, every one with its seed
-        if executor is not None:
-            raise UsageError("--jobs runs the generations in worker processes; give --jobs or an executor, not both")
-        executor, shards = run.executor(options.jobs), max(shards, options.jobs)
-    bar = run.bar(run.planned, unit="generation", desc="exactcheck: generations")
-    with run.interruptible():
-        for world in chosen:
-            world_seed = derive_seed(seed, world.name)
-            base = dict(world=world.name, seed=world_seed, reproduce=reproduce_in(world.name))
-            for policy in runs[world.name]:
-                suffix = policy_suffix(policy, world)
-                label = f"{world.name}/sampling{suffix}"
-                try:
-                    run_seed = derive_seed(world_seed, "sampling" + suffix)
-                    if shards > 1 or executor is not None:
-                        samples = drive_generator_sharded(generator, world, n, run_seed, policy,
-                                                          executor or LocalExecutor(), shards, options.device,
-                                                          progress=lambda k, label=label: bar.step(label, k))
-                    else:
-                        samples = drive_generator(generator, world, n, run_seed, policy, device=device,
-                                                  progress=lambda k, label=label: bar.step(label, k))
-                except SubjectError as exc:
-                    run.crashed(exc, world=world.name, seed=world_seed, samples=n, condition="every generation")
-                    continue
-                run.drawn += samples.size
-                run.extend(v for v in generation_law_verdicts(samples, budget.first_share, budget.alpha, base, lossy)
-                           if v.check not in not_applicable)  # (a text-law-only generator's token laws)
-                if capabilities is not None and capabilities.reports_draft_q:
-                    run.add(draft_q_verdict(samples, base, suffix))
-                if world.validate is not None:
-                    run.add(validity_verdict(samples, base))
-                if policy is world_policies(world, policies)[0]:
-                    run.add(rollback_verdict(samples, base, capabilities))
-            if f"{world.name}/forced_no_crash" in not_applicable:
-                continue
-            if greedy:
-                bar.step(f"{world.name}/greedy_identity", 0)
-                run.add(greedy_verdict(generator, world, world_seed, base, lossy, device))
-            if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in run.pending):
-                continue  # its contract verdict stands for the checks of a world it cannot be driven on
-            if f"{world.name}/draft_reuse" in plan.names:
-                bar.step(f"{world.name}/draft_reuse", 0)
-                run.add(draft_reuse_verdict(generator, world, world_seed, base, device, capabilities))
-            bar.step(f"{world.name}/forced_draws", 0)
-            run.extend(forced_draw_verdicts(generator, world, policies, derive_seed(world_seed, "forced"), base,
-                                            device, capabilities))
-    reached = {v.check for v in run.pending}
-    run.extend(not_run_verdict(c, derive_seed(seed, c.world), reproduce_in(c.world), not_applicable[c.name])
-               for c in plan.checks if c.name in not_applicable and c.name not in reached)
-    return run.finish(GeneratorAuditResult, decide=name_causes, order=plan.checks,
-                      subject=name + (" [lossy by design]" if lossy else ""), level=level.value, seed=seed,
-                      alpha=budget.alpha, device=options.device, environment=run_environment(),
-                      require=options.require)
+class _GeneratorRun:
+    """One generator audit: its plan (the worlds, each world's sampled policies, the checks the
+    generator cannot have), where the generations run (``shards``, ``executor``), and the run."""
+
+    def __init__(self, generator, options: AuditOptions, subject_name, policies, greedy, progress, executor):
+        self.device = device = resolve_device(options.device)
+        # the report and reproduce lines name the device as torch does
+        self.options = options = dataclasses.replace(options, device=str(device))
+        if not callable(generator):
+            raise UsageError(f"generator ({generator!r}) is not callable")
+        self.generator, self.subject_name, self.policies, self.greedy = generator, subject_name, policies, greedy
+        self.capabilities = capabilities_of(generator)
+        self.plan = plan = plan_generator_audit(options, policies, greedy, self.capabilities,
+                                                takes_different_tokenizers(generator))
+        self.not_applicable = dict(plan.not_applicable)
+        self.seed, self.budget, self.n = options.seed, plan.budget, options.generations_per_world
+        self.worlds = list(plan.worlds)
+        self.name = name = generator_name(generator)
+        self.lossy = name if is_lossy(generator) else None
+        sampled = {name for name, _ in plan.samples}  # the world and policy runs some law of the plan judges
+        self.runs = {w.name: tuple(p for p in world_policies(w, policies)
+                                   if f"{w.name}{policy_suffix(p, w)}" in sampled)
+                     for w in self.worlds}
+        self.stated = () if tuple(policies) == (SAMPLING,) else tuple(policies)
+        # the checks a generator cannot have (not applicable) are reported as such, never as "not run"
+        self.run = run = AuditRun([c for c in plan.checks if c.name not in self.not_applicable], self.budget,
+                                  self.seed, self.reproduce_in, progress=progress)
+        run.planned = self.n * sum(len(v) for v in self.runs.values())
+        self.shards, self.executor = options.shards, executor
+        if options.jobs > 1:  # --jobs N: each run's generations in N worker processes, every one with its seed
+            if executor is not None:
+                raise UsageError("--jobs runs the generations in worker processes; give --jobs or an executor, "
+                                 "not both")
+            self.executor, self.shards = run.executor(options.jobs), max(self.shards, options.jobs)
+        self.bar = run.bar(run.planned, unit="generation", desc="exactcheck: generations")
+
+    def reproduce_in(self, world_name: str) -> str:
+        return generator_audit_line(self.options, self.subject_name or self.name, world_name, self.stated,
+                                    self.greedy, by_command=self.subject_name is not None)
+
+    def drive_world(self, world) -> None:
+        """A world's sampled runs (one per policy) and their verdicts, then greedy identity, draft
+        reuse and the forced draws (not for a world the generator cannot be driven on)."""
+        run, bar, generator, device = self.run, self.bar, self.generator, self.device
+        world_seed = derive_seed(self.seed, world.name)
+        base = dict(world=world.name, seed=world_seed, reproduce=self.reproduce_in(world.name))
+        for policy in self.runs[world.name]:
+            self.sample(world, policy, world_seed, base)
+        if f"{world.name}/forced_no_crash" in self.not_applicable:
+            return
+        if self.greedy:
+            bar.step(f"{world.name}/greedy_identity", 0)
+            run.add(greedy_verdict(generator, world, world_seed, base, self.lossy, device))
+        if any(v.world == world.name and v.kind is CheckKind.CONTRACT for v in run.pending):
+            return  # its contract verdict stands for the checks of a world it cannot be driven on
+        if f"{world.name}/draft_reuse" in self.plan.names:
+            bar.step(f"{world.name}/draft_reuse", 0)
+            run.add(draft_reuse_verdict(generator, world, world_seed, base, device, self.capabilities))
+        bar.step(f"{world.name}/forced_draws", 0)
+        run.extend(forced_draw_verdicts(generator, world, self.policies, derive_seed(world_seed, "forced"), base,
+                                        device, self.capabilities))
+
+    def sample(self, world, policy, world_seed: int, base: dict) -> None:
+        """One policy's generations on a world and the verdicts on them (or the crash that stopped them)."""
+        run, n, budget, capabilities = self.run, self.n, self.budget, self.capabilities
+        suffix = policy_suffix(policy, world)
+        label = f"{world.name}/sampling{suffix}"
+        try:
+            run_seed = derive_seed(world_seed, "sampling" + suffix)
+            if self.shards > 1 or self.executor is not None:
+                samples = drive_generator_sharded(self.generator, world, n, run_seed, policy,
+                                                  self.executor or LocalExecutor(), self.shards, self.options.device,
+                                                  progress=lambda k, label=label: self.bar.step(label, k))
+            else:
+                samples = drive_generator(self.generator, world, n, run_seed, policy, device=self.device,
+                                          progress=lambda k, label=label: self.bar.step(label, k))
+        except SubjectError as exc:
+            run.crashed(exc, world=world.name, seed=world_seed, samples=n, condition="every generation")
+            return
+        run.drawn += samples.size
+        run.extend(v for v in generation_law_verdicts(samples, budget.first_share, budget.alpha, base, self.lossy)
+                   if v.check not in self.not_applicable)  # (a text-law-only generator's token laws)
+        if capabilities is not None and capabilities.reports_draft_q:
+            run.add(draft_q_verdict(samples, base, suffix))
+        if world.validate is not None:
+            run.add(validity_verdict(samples, base))
+        if policy is world_policies(world, self.policies)[0]:
+            run.add(rollback_verdict(samples, base, capabilities))
+
+    def finish(self) -> GeneratorAuditResult:
+        """The not-applicable checks reported as such; Holm over the plan's statistical checks."""
+        run, plan, seed = self.run, self.plan, self.seed
+        reached = {v.check for v in run.pending}
+        run.extend(not_run_verdict(c, derive_seed(seed, c.world), self.reproduce_in(c.world),
+                                   self.not_applicable[c.name])
+                   for c in plan.checks if c.name in self.not_applicable and c.name not in reached)
+        return run.finish(GeneratorAuditResult, decide=name_causes, order=plan.checks,
+                          subject=self.name + (" [lossy by design]" if self.lossy else ""),
+                          level=self.options.level.value, seed=seed, alpha=self.budget.alpha,
+                          device=self.options.device, environment=run_environment(), require=self.options.require)
