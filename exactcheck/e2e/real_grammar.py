@@ -61,95 +61,154 @@ def run_grammar_audit(generator, *, prompts: int = 4, draft_lengths=(1, 4, 8), s
     """Greedy identity, validity and chain-rule tests of ``generator`` on SmolLM2 under the
     xgrammar mask of ``FOUR_PROPERTY_SCHEMA`` (``exactcheck.e2e.plan.plan_grammar_audit`` names the
     checks). ``subject_name``: how the ``exactcheck grammar`` command names the generator; given
-    (and the settings are the command's), the reproduce line is a command."""
-    import importlib.metadata
+    (and the settings are the command's), the reproduce line is a command.
 
-    from exactcheck.adapters.xgrammar_mask import XGrammarMask, matches_schema
-    from toy_models import real_models
-    plan = plan_grammar_audit(alpha)
-    target, tokenizer = loaded or real_models.smollm2()
-    target = target.to(device)
-    draft = real_models.first_layers_draft(target, 4).to(device)
-    vocab = target.config.vocab_size
-    mask = XGrammarMask(tokenizer, vocab_size=vocab)
-    greedy_policy = DecodingPolicy(0.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema_greedy")
-    sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
-    prompt_ids = [tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
-    world = GRAMMAR_WORLD
-    reproduce = grammar_audit_line(subject_name or generator_name(generator), prompts, draft_lengths, samples,
-                                   new_tokens, seed, alpha, device, by_command=subject_name is not None)
-    base = dict(world=world, seed=seed, reproduce=reproduce)
-    texts = []
-    run = RealModelRun(plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", seed=seed,
-                       reproduce=reproduce, statistical=alpha is not None, progress=progress)
-
-    def text(new) -> str:
-        return tokenizer.decode([t for t in new if t not in mask.stop_tokens])
-
-    def keep(i, k, new, generation):
-        texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
-
-    finish = dict(subject=generator_name(generator), alpha=alpha, device=device, samples_planned=samples,
-                  environment={"xgrammar": importlib.metadata.version("xgrammar")})
-    done, outputs, failures = [], [], []
+    Four steps: plan (the models, the mask and its policies, the prompts), drive (greedy identity,
+    then the sampled outputs), judge (validity, the contract, the chain-rule tests), finish."""
+    audit = _GrammarRun(generator, prompts, draft_lengths, samples, new_tokens, seed, alpha, progress, loaded,
+                        device, subject_name)
     try:
-        result = run.greedy_identity(generator, target, draft, prompt_ids, draft_lengths, new_tokens, seed, vocab,
-                                     policy=greedy_policy, on_generation=keep)
-        condition = f"{prompts} prompts x draft lengths {list(draft_lengths)}, up to {new_tokens} tokens, masked greedy"
-        done.append(result.verdict(f"{world}/greedy_identity", condition, **base))
-        for i in range(samples):
-            prompt = prompt_ids[i % len(prompt_ids)]
-            try:
-                new, _ = call_generator(generator, target, draft, prompt[None].to(target.device), sample_policy,
-                                        new_tokens, derive_seed(seed, f"sample/{i}"), vocab)
-            except SubjectError as exc:
-                failures.append(exc)
-                continue
-            finally:
-                run.step("sampled outputs")
-            outputs.append((i % len(prompt_ids), new.tolist()))
-            texts.append((text(new.tolist()), bool(new.numel()) and int(new[-1]) in mask.stop_tokens))
+        audit.drive()
     except KeyboardInterrupt:
-        return run.finish_with(GrammarAuditResult, done, samples_drawn=len(outputs), interrupted=True, **finish)
-    # an output that reached max_new_tokens without a stop token was cut by the length limit (the
-    # policy's law includes that); every output that stopped must be JSON of the schema
-    stopped = [t for t, done in texts if done]
-    truncated = len(texts) - len(stopped)
-    invalid = [t for t in stopped if not matches_schema(t)]
-    validity = Verdict(check=f"{world}/valid_outputs", law="valid_outputs", samples=len(texts),
-                       condition=f"greedy and sampled outputs that stopped: JSON of the schema (max {new_tokens} tokens)",
+        return audit.run.finish_with(GrammarAuditResult, audit.done, samples_drawn=len(audit.outputs),
+                                     interrupted=True, **audit.finish_fields)
+    return audit.finish(audit.judge())
+
+
+class _GrammarRun:
+    """One grammar audit: the target and its first-layers draft, the xgrammar mask and its greedy
+    and sampling policies, the prompts; and what it has drawn (the greedy identity verdict, the
+    sampled outputs, every output's text and whether it stopped, the failed generations)."""
+
+    def __init__(self, generator, prompts: int, draft_lengths, samples: int, new_tokens: int, seed: int,
+                 alpha: float, progress: bool, loaded, device: str, subject_name: str | None):
+        import importlib.metadata
+
+        from exactcheck.adapters.xgrammar_mask import XGrammarMask, matches_schema
+        from toy_models import real_models
+        self.matches_schema = matches_schema  # checked by hand, not by xgrammar
+        self.generator, self.prompts, self.draft_lengths = generator, prompts, draft_lengths
+        self.samples, self.new_tokens, self.seed = samples, new_tokens, seed
+        self.plan = plan_grammar_audit(alpha)
+        target, self.tokenizer = loaded or real_models.smollm2()
+        self.target = target = target.to(device)
+        self.draft = real_models.first_layers_draft(target, 4).to(device)
+        self.vocab = target.config.vocab_size
+        self.mask = mask = XGrammarMask(self.tokenizer, vocab_size=self.vocab)
+        self.greedy_policy = DecodingPolicy(0.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema_greedy")
+        self.sample_policy = DecodingPolicy(1.0, mask=mask, stop_tokens=mask.stop_tokens, name="json_schema")
+        self.prompt_ids = [self.tokenizer(p, return_tensors="pt").input_ids[0] for p in JSON_PROMPTS[:prompts]]
+        reproduce = grammar_audit_line(subject_name or generator_name(generator), prompts, draft_lengths, samples,
+                                       new_tokens, seed, alpha, device, by_command=subject_name is not None)
+        self.base = dict(world=GRAMMAR_WORLD, seed=seed, reproduce=reproduce)
+        self.texts: list[tuple[str, bool]] = []  # every output's text and whether it stopped
+        self.run = RealModelRun(self.plan, prompts * len(draft_lengths) + samples, "exactcheck: grammar", seed=seed,
+                                reproduce=reproduce, statistical=alpha is not None, progress=progress)
+        self.finish_fields = dict(subject=generator_name(generator), alpha=alpha, device=device,
+                                  samples_planned=samples,
+                                  environment={"xgrammar": importlib.metadata.version("xgrammar")})
+        self.done: list[Verdict] = []
+        self.outputs: list[tuple[int, list[int]]] = []  # (prompt index, generated ids)
+        self.failures: list[SubjectError] = []
+
+    def keep(self, new: torch.Tensor) -> None:
+        """An output's text (stop tokens left out) and whether it ended with a stop token."""
+        stops = self.mask.stop_tokens
+        self.texts.append((self.tokenizer.decode([t for t in new.tolist() if t not in stops]),
+                           bool(new.numel()) and int(new[-1]) in stops))
+
+    # drive
+
+    def drive(self) -> None:
+        """Masked greedy identity at every draft length, then the sampled outputs."""
+        result = self.run.greedy_identity(self.generator, self.target, self.draft, self.prompt_ids, self.draft_lengths,
+                                          self.new_tokens, self.seed, self.vocab, policy=self.greedy_policy,
+                                          on_generation=lambda i, k, new, generation: self.keep(new))
+        condition = (f"{self.prompts} prompts x draft lengths {list(self.draft_lengths)}, up to {self.new_tokens} "
+                     f"tokens, masked greedy")
+        self.done.append(result.verdict(f"{GRAMMAR_WORLD}/greedy_identity", condition, **self.base))
+        for i in range(self.samples):
+            self.sample(i)
+
+    def sample(self, i: int) -> None:
+        prompt = self.prompt_ids[i % len(self.prompt_ids)]
+        try:
+            new, _ = call_generator(self.generator, self.target, self.draft, prompt[None].to(self.target.device),
+                                    self.sample_policy, self.new_tokens, derive_seed(self.seed, f"sample/{i}"),
+                                    self.vocab)
+        except SubjectError as exc:
+            self.failures.append(exc)
+            return
+        finally:
+            self.run.step("sampled outputs")
+        self.outputs.append((i % len(self.prompt_ids), new.tolist()))
+        self.keep(new)
+
+    # judge
+
+    def judge(self) -> list[Verdict]:
+        verdicts = [*self.done, self.validity()]
+        if self.failures:
+            verdicts.append(self.contract())
+        if self.outputs:
+            verdicts += self.chain_rule()
+        return verdicts
+
+    def validity(self) -> Verdict:
+        """Every output that stopped is JSON of the schema; an output that reached max_new_tokens
+        without a stop token was cut by the length limit (the policy's law includes that)."""
+        new_tokens, texts = self.new_tokens, self.texts
+        stopped = [t for t, done in texts if done]
+        truncated = len(texts) - len(stopped)
+        invalid = [t for t in stopped if not self.matches_schema(t)]
+        return Verdict(check=f"{GRAMMAR_WORLD}/valid_outputs", law="valid_outputs", samples=len(texts),
+                       condition=f"greedy and sampled outputs that stopped: JSON of the schema "
+                                 f"(max {new_tokens} tokens)",
                        outcome=Outcome.DEFECT if invalid else Outcome.EXACT, kind=CheckKind.VALIDITY,
                        evidence=FindingEvidence(pvalue=0.0 if invalid else 1.0),
-                       summary=(f"{len(stopped) - len(invalid)} of {len(stopped)} stopped outputs valid JSON of the schema"
+                       summary=(f"{len(stopped) - len(invalid)} of {len(stopped)} stopped outputs valid JSON of "
+                                f"the schema"
                                 + (f"; {truncated} cut by max_new_tokens={new_tokens}" if truncated else "")
-                                + (f"; first invalid: {invalid[0]!r}" if invalid else "")), **base)
-    verdicts = [*done, validity]
-    if failures:
-        verdicts.append(Verdict(check=f"{world}/contract", law="contract", condition="every sampled generation",
-                                outcome=Outcome.CRASHED if isinstance(failures[0], SubjectCrashed)
-                                else Outcome.CONTRACT_VIOLATION, kind=CheckKind.CONTRACT,
-                                evidence=FindingEvidence(pvalue=0.0), samples=samples,
-                                summary=(f"{len(failures)} generation{'s' * (len(failures) != 1)} failed; first: "
-                                         f"{failures[0]}"), **base))
-    if outputs:
-        parts = [pit_and_surprisal(target, sample_policy, prompt_ids[index], [o for i, o in outputs if i == index])
+                                + (f"; first invalid: {invalid[0]!r}" if invalid else "")), **self.base)
+
+    def contract(self) -> Verdict:
+        failures = self.failures
+        return Verdict(check=f"{GRAMMAR_WORLD}/contract", law="contract", condition="every sampled generation",
+                       outcome=Outcome.CRASHED if isinstance(failures[0], SubjectCrashed)
+                       else Outcome.CONTRACT_VIOLATION, kind=CheckKind.CONTRACT,
+                       evidence=FindingEvidence(pvalue=0.0), samples=self.samples,
+                       summary=(f"{len(failures)} generation{'s' * (len(failures) != 1)} failed; first: "
+                                f"{failures[0]}"), **self.base)
+
+    def chain_rule(self) -> list[Verdict]:
+        """The randomised PIT (Kolmogorov-Smirnov) and the summed surprisal's z-test of the sampled
+        outputs, the masked law recomputed by teacher forcing."""
+        outputs, base = self.outputs, self.base
+        parts = [pit_and_surprisal(self.target, self.sample_policy, self.prompt_ids[index],
+                                   [o for i, o in outputs if i == index])
                  for index in sorted({i for i, _ in outputs})]
         t = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        v = torch.rand(t["p"].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(derive_seed(seed, "pit")))
+        v = torch.rand(t["p"].shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(derive_seed(self.seed, "pit")))
         pit = (t["below_p"] + v * t["p"]).clamp(0, 1).numpy()
         ks = stats.kstest(pit, "uniform")
         surprisal = z_test("surprisal", t["surprisal"], t["surprisal_mean"], t["surprisal_var"], "surprisal -log p(x)")
         cond = f"{len(outputs)} sampled outputs, {pit.size} tokens, masked law by teacher forcing"
-        verdicts.append(Verdict(check=f"{world}/pit_target_order", law="pit_target_order", condition=cond,
-                                outcome=Outcome.EXACT, samples=pit.size, kind=CheckKind.CHAIN_RULE,
-                                evidence=LawEvidence(Evidence.FIXED_BUDGET, statistic=float(ks.statistic),
-                                                     statistic_name="Kolmogorov-Smirnov D (randomised PIT)",
-                                                     pvalue=float(ks.pvalue)),
-                                summary=f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}", **base))
-        verdicts.append(Verdict(check=f"{world}/surprisal", law="surprisal", condition=cond, outcome=Outcome.EXACT,
-                                samples=pit.size, kind=CheckKind.CHAIN_RULE, evidence=LawEvidence(
-                                    Evidence.FIXED_BUDGET, statistic=surprisal.statistic,
-                                    statistic_name=surprisal.statistic_name, pvalue=surprisal.pvalue),
-                                summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base))
-    finish["environment"]["outputs"] = [t for t, _ in texts][:12]
-    return run.finish_with(GrammarAuditResult, verdicts, samples_drawn=len(outputs), **finish)
+        return [Verdict(check=f"{GRAMMAR_WORLD}/pit_target_order", law="pit_target_order", condition=cond,
+                        outcome=Outcome.EXACT, samples=pit.size, kind=CheckKind.CHAIN_RULE,
+                        evidence=LawEvidence(Evidence.FIXED_BUDGET, statistic=float(ks.statistic),
+                                             statistic_name="Kolmogorov-Smirnov D (randomised PIT)",
+                                             pvalue=float(ks.pvalue)),
+                        summary=f"D = {ks.statistic:.4f}, p = {ks.pvalue:.3g}", **base),
+                Verdict(check=f"{GRAMMAR_WORLD}/surprisal", law="surprisal", condition=cond, outcome=Outcome.EXACT,
+                        samples=pit.size, kind=CheckKind.CHAIN_RULE, evidence=LawEvidence(
+                            Evidence.FIXED_BUDGET, statistic=surprisal.statistic,
+                            statistic_name=surprisal.statistic_name, pvalue=surprisal.pvalue),
+                        summary=f"z = {surprisal.statistic:.3f}, p = {surprisal.pvalue:.3g}", **base)]
+
+    # finish
+
+    def finish(self, verdicts: list[Verdict]) -> GrammarAuditResult:
+        self.finish_fields["environment"]["outputs"] = [t for t, _ in self.texts][:12]
+        return self.run.finish_with(GrammarAuditResult, verdicts, samples_drawn=len(self.outputs),
+                                    **self.finish_fields)
