@@ -322,17 +322,46 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
     smollm2) or a toy model world (``world``); the report's JSON
     (``exactcheck.report.cost_report.COST_SCHEMA``). ``exactness``: the audit of the generator's
     exactness on the same models, put in the same report (a function the registry hands over:
-    ``exactcheck.e2e.entry.cost_exactness``; None or False, no audit)."""
-    from exactcheck.version import __version__
+    ``exactcheck.e2e.entry.cost_exactness``; None or False, no audit).
+
+    Three steps: plan (the models and prompts, ``_cost_models``), drive (the timed requests,
+    ``_CostRun.measure``), finish (the report's JSON, ``_CostRun.report``, with the exactness audit)."""
     from exactcheck.contracts.policy import SAMPLING
     from exactcheck.errors import UsageError
-    from exactcheck.audit_run import AuditRun
-    from exactcheck.report.cost_report import COST_SCHEMA
     if (model is None) == (world is None):
         raise UsageError("give exactly one of --model and --world")
-    policy = policy or SAMPLING
     device = torch.device(device)
-    toy = None
+    models = _cost_models(model, world, prompts, new_tokens, seed, device)
+    cost = _CostRun(generator, models, model or f"toy world {world}", policy or SAMPLING, draft_lengths,
+                    tuple(draft_lengths) if hasattr(generator, "draft_length") else (None,), seed, progress, reproduce)
+    records, peaks = cost.measure()
+    data = cost.report(records, peaks)
+    if callable(exactness):
+        data["exactness"] = exactness(generator, model, models.toy, models.target, models.draft,
+                                      models.all_prompts if model else None, prompts, models.new_tokens,
+                                      draft_lengths, seed, device, progress)
+    return data
+
+
+@dataclass(frozen=True)
+class _CostModels:
+    """What a cost run measures on: the target and its draft (on the device, in eval mode), a model
+    pair's prompts (None for a toy world), the prompts chosen, the new tokens per request, and the
+    toy world (None for a model pair)."""
+
+    target: object
+    draft: object
+    all_prompts: list | None
+    chosen: list
+    new_tokens: int
+    toy: object = None
+
+
+def _cost_models(model: str | None, world: str | None, prompts: int, new_tokens: int | None, seed: int,
+                 device: torch.device) -> _CostModels:
+    """A real model pair (``model``) with its first ``prompts`` prompts, or a toy world (``world``)
+    with its first prompt ``prompts`` times."""
+    from exactcheck.errors import UsageError
     if model is not None:
         from toy_models.model_pairs import model_pair
         try:
@@ -341,62 +370,95 @@ def run_cost(generator, *, model: str | None = None, world: str | None = None, d
             raise UsageError(str(exc.args[0])) from None
         if prompts > len(all_prompts):
             raise UsageError(f"{model} has {len(all_prompts)} prompts; asked for {prompts}")
-        chosen = all_prompts[:prompts]
-        new_tokens = new_tokens or 32
-    else:
-        from toy_models.suite import all_model_worlds
-        known = {w.name: w for w in all_model_worlds() if w.policy is None}
-        if world not in known:
-            raise UsageError(f"unknown world {world!r}; known: {sorted(known)}")
-        toy = known[world]
-        target, draft = toy.models()
-        chosen = [toy.prompt_ids()[0]] * prompts
-        new_tokens = new_tokens or toy.new_tokens
-    target, draft = target.to(device).eval(), draft.to(device).eval()
-    lengths = tuple(draft_lengths) if hasattr(generator, "draft_length") else (None,)
-    # a measurement, not a test: the run core's bar and clock, no checks, no Holm
-    run = AuditRun((), None, seed, lambda _world: reproduce, progress=progress)
-    bar = run.bar(len(chosen) * len(lengths) * 2, unit="request", desc="exactcheck: cost")
-    done = [0]
+        return _CostModels(target.to(device).eval(), draft.to(device).eval(), all_prompts, all_prompts[:prompts],
+                           new_tokens or 32)
+    from toy_models.suite import all_model_worlds
+    known = {w.name: w for w in all_model_worlds() if w.policy is None}
+    if world not in known:
+        raise UsageError(f"unknown world {world!r}; known: {sorted(known)}")
+    toy = known[world]
+    target, draft = toy.models()
+    return _CostModels(target.to(device).eval(), draft.to(device).eval(), None, [toy.prompt_ids()[0]] * prompts,
+                       new_tokens or toy.new_tokens, toy)
 
-    def step(finished, _total):
-        bar.step("timed requests", finished - done[0])
-        done[0] = finished
 
-    records, peaks = measure_cost(generator, target, draft, chosen, policy, new_tokens, draft_lengths, seed, step)
-    run.close_bars()
-    overall = summarise(records, peaks, seed)
-    by_length = []
-    for k in lengths:
-        part = summarise([r for r in records if r.draft_length == k], peaks, seed)
-        row = {"draft_length": k, **part.to_dict()}
-        row.pop("ratios")
-        if toy is not None and k is not None and policy == SAMPLING:
-            row["expected_accepted_per_round"] = expected_accepted_per_round(toy, k, new_tokens)
-        by_length.append(row)
-    cost = overall.to_dict()
-    cost["by_draft_length"] = by_length
-    data = {
-        "schema": COST_SCHEMA, "generator": describe_generator(generator),
-        "model": model or f"toy world {world}", "seed": seed,
-        "records": [{**asdict(r), "decode_s": r.decode_s} for r in records],
-        "cost": cost,
-        "denominators": {
-            "time": ("wall time of one generate call, from call to return (CUDA synchronised); prefill is the time "
-                     "to the end of the target's first forward call (for a speculative run it includes the first "
-                     "drafts); model loading and one warm-up "
-                     "run per mode excluded; the baseline is the target alone (transformers generate, no draft) "
-                     "under the same policy and seed, each pair run in a random order"),
-            **environment(target), "prompt_lengths": sorted({int(p.numel()) for p in chosen}),
-            "draft_lengths": [k for k in lengths if k is not None],
-            "new_tokens": new_tokens, "policy": policy.label(), "exactcheck": __version__},
-        "reproduce": reproduce,
-    }
-    if toy is not None:
-        data["expected_note"] = ("Expected accepted drafts per round: exact, for a loop that drafts k tokens from the "
-                                 "world's draft law every round, verifies by Leviathan's rule and stops at "
-                                 f"{new_tokens} tokens ((L - E[R]) / E[R] by dynamic programming over the world's rows).")
-    if callable(exactness):
-        data["exactness"] = exactness(generator, model, toy, target, draft, all_prompts if model else None,
-                                      prompts, new_tokens, draft_lengths, seed, device, progress)
-    return data
+@dataclass(frozen=True)
+class _CostRun:
+    """One cost measurement: the generator, its models, what the report calls them (``label``), the
+    policy, the draft lengths asked for and those measured (``lengths``: (None,) for a generator
+    without ``draft_length``), the seed, and the reproduce line."""
+
+    generator: object
+    models: _CostModels
+    label: str
+    policy: object
+    draft_lengths: object
+    lengths: tuple
+    seed: int
+    progress: bool
+    reproduce: str
+
+    def measure(self) -> tuple[list[RequestCost], dict]:
+        """The timed requests (``measure_cost``), under the run core's bar and clock: a measurement,
+        not a test (no checks, no Holm)."""
+        from exactcheck.audit_run import AuditRun
+        models = self.models
+        run = AuditRun((), None, self.seed, lambda _world: self.reproduce, progress=self.progress)
+        bar = run.bar(len(models.chosen) * len(self.lengths) * 2, unit="request", desc="exactcheck: cost")
+        done = [0]
+
+        def step(finished, _total):
+            bar.step("timed requests", finished - done[0])
+            done[0] = finished
+
+        records, peaks = measure_cost(self.generator, models.target, models.draft, models.chosen, self.policy,
+                                      models.new_tokens, self.draft_lengths, self.seed, step)
+        run.close_bars()
+        return records, peaks
+
+    def by_length(self, records: list[RequestCost], peaks: dict) -> list[dict]:
+        """The summary of each draft length's requests (with the exact expected accepted drafts per
+        round on a toy world under plain sampling)."""
+        from exactcheck.contracts.policy import SAMPLING
+        toy, rows = self.models.toy, []
+        for k in self.lengths:
+            part = summarise([r for r in records if r.draft_length == k], peaks, self.seed)
+            row = {"draft_length": k, **part.to_dict()}
+            row.pop("ratios")
+            if toy is not None and k is not None and self.policy == SAMPLING:
+                row["expected_accepted_per_round"] = expected_accepted_per_round(toy, k, self.models.new_tokens)
+            rows.append(row)
+        return rows
+
+    def report(self, records: list[RequestCost], peaks: dict) -> dict:
+        """The report's JSON (``COST_SCHEMA``): the records, the cost overall and per draft length,
+        and what the times are per (the denominators)."""
+        from exactcheck.report.cost_report import COST_SCHEMA
+        from exactcheck.version import __version__
+        models, new_tokens = self.models, self.models.new_tokens
+        overall = summarise(records, peaks, self.seed)
+        by_length = self.by_length(records, peaks)
+        cost = overall.to_dict()
+        cost["by_draft_length"] = by_length
+        data = {
+            "schema": COST_SCHEMA, "generator": describe_generator(self.generator),
+            "model": self.label, "seed": self.seed,
+            "records": [{**asdict(r), "decode_s": r.decode_s} for r in records],
+            "cost": cost,
+            "denominators": {
+                "time": ("wall time of one generate call, from call to return (CUDA synchronised); prefill is the "
+                         "time to the end of the target's first forward call (for a speculative run it includes the "
+                         "first drafts); model loading and one warm-up "
+                         "run per mode excluded; the baseline is the target alone (transformers generate, no draft) "
+                         "under the same policy and seed, each pair run in a random order"),
+                **environment(models.target), "prompt_lengths": sorted({int(p.numel()) for p in models.chosen}),
+                "draft_lengths": [k for k in self.lengths if k is not None],
+                "new_tokens": new_tokens, "policy": self.policy.label(), "exactcheck": __version__},
+            "reproduce": self.reproduce,
+        }
+        if models.toy is not None:
+            data["expected_note"] = ("Expected accepted drafts per round: exact, for a loop that drafts k tokens from "
+                                     "the world's draft law every round, verifies by Leviathan's rule and stops at "
+                                     f"{new_tokens} tokens ((L - E[R]) / E[R] by dynamic programming over the world's "
+                                     "rows).")
+        return data
