@@ -15,6 +15,11 @@ merged, never guessed:
 So the cells partition every continuation and each cell's probability is exact (up to the
 reference's own float32 arithmetic, renormalised per prefix), whatever the budget: a coarser law
 is still the law of a function of the output. A sample maps to its cell by walking the tree.
+
+A prefix whose law the reference cannot be asked (``Unaskable``: a text-prompt server, where the
+prefix has no text that reads back as its ids) is left unexpanded in the same way, one pooled cell
+of its exact mass, and counted (``ContinuationLaw.unaskable``, ``note``); the root cannot be pooled
+(a law of one cell judges nothing), so an unaskable prompt is raised to the caller.
 """
 from __future__ import annotations
 
@@ -24,7 +29,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["NextTokenLaw", "ContinuationLaw", "expand"]
+__all__ = ["NextTokenLaw", "ContinuationLaw", "expand", "Unaskable"]
+
+
+class Unaskable(Exception):
+    """The law after this prefix cannot be asked of the reference (its ``reason`` in words): the
+    prefix stays one pooled cell of its exact mass (``expand``)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,9 @@ class NextTokenLaw:
 
     probabilities: dict[int, float]
     other: float = 0.0
+    # the most one unlisted token can weigh, where the list is not a top-N (string-keyed logprobs whose
+    # shared strings stay unlisted: ``text_prompts``); None: each unlisted token weighs at most the least listed
+    unlisted_at_most: float | None = None
 
     @classmethod
     def normalised(cls, listed: dict[int, float], listed_all: bool) -> "NextTokenLaw":
@@ -47,6 +60,13 @@ class NextTokenLaw:
         if listed_all or total >= 1.0:
             return cls({t: p / total for t, p in listed.items()}, 0.0)
         return cls(listed, 1.0 - total)
+
+    def top_two_margin(self) -> float | None:
+        """The most probable token's lead over the second, None where an unlisted token could be one of them."""
+        top = sorted(self.probabilities.values(), reverse=True) + [0.0, 0.0]
+        if self.unlisted_at_most is not None and self.other > 0 and self.unlisted_at_most >= top[1]:
+            return None
+        return top[0] - top[1]
 
 
 @dataclass
@@ -68,6 +88,9 @@ class ContinuationLaw:
     expected: np.ndarray
     calls: int  # reference requests made
     laws: dict  # prefix -> NextTokenLaw, every expanded prefix
+    # the prefixes the reference could not be asked about (``Unaskable``), each one pooled cell: (prefix, mass)
+    unaskable: tuple = ()
+    unaskable_reason: str = ""
 
     def cell_of(self, tokens: Sequence[int]) -> int:
         """The index of the cell a continuation falls in (shorter outputs: an end-of-text stop,
@@ -100,8 +123,24 @@ class ContinuationLaw:
             return "any other continuation"
         prefix, kind = self.cells[i]
         text = " ".join(map(str, prefix)) or "(empty)"
+        if kind == "prefix" and prefix in self._unaskable:
+            return f"[{text} ...] (pooled: the reference cannot be asked about this prefix)"
         return {"full": f"[{text}]", "prefix": f"[{text} ...] (not expanded)", "stopped": f"[{text}] (stopped)",
                 "other": f"[{text}, then a token the reference did not list]"}[kind]
+
+    @property
+    def _unaskable(self) -> set:
+        return {prefix for prefix, _ in self.unaskable}
+
+    @property
+    def note(self) -> str:
+        """Words for the prefixes pooled because the reference could not be asked about them ("" if none)."""
+        if not self.unaskable:
+            return ""
+        mass = sum(m for _, m in self.unaskable)
+        n = len(self.unaskable)
+        return (f"{n:,} prefix{'es' * (n != 1)} of mass {mass:.4f} pooled, each one cell of its exact mass, not "
+                f"expanded: {self.unaskable_reason}")
 
     def next_token(self, prefix: Sequence[int]) -> NextTokenLaw | None:
         return self.laws.get(tuple(int(t) for t in prefix))
@@ -112,16 +151,26 @@ def expand(next_token: Callable[[tuple[int, ...]], NextTokenLaw], length: int, *
     """The law of the first ``length`` tokens, expanding prefixes most probable first while their
     mass is at least ``min_mass`` and fewer than ``max_calls`` reference calls were made. An
     end-of-text token is a token like any other here (a continuation that stops early is the
-    prefix it stopped at; ``next_token`` may return an empty law for a prefix that ends the text)."""
+    prefix it stopped at; ``next_token`` may return an empty law for a prefix that ends the text).
+    A prefix ``next_token`` raises ``Unaskable`` for stays one pooled cell (the root re-raises: a law
+    of one cell would judge nothing)."""
     root = _Node((), 1.0)
     heap = [(-1.0, 0, root)]
     order, calls, laws = 1, 0, {}
+    unaskable, reason = [], ""
     while heap and calls < max_calls:
         negative, _, node = heapq.heappop(heap)
         if -negative < min_mass:
             heapq.heappush(heap, (negative, 0, node))
             break
-        law = next_token(node.prefix)
+        try:
+            law = next_token(node.prefix)
+        except Unaskable as exc:
+            if not node.prefix:
+                raise
+            unaskable.append((node.prefix, node.mass))
+            reason = reason or getattr(exc, "reason", None) or str(exc)
+            continue
         calls += 1
         laws[node.prefix] = law
         node.other = node.mass * law.other
@@ -152,4 +201,4 @@ def expand(next_token: Callable[[tuple[int, ...]], NextTokenLaw], length: int, *
     expected.append(0.0)
     expected = np.asarray(expected, dtype=np.float64)
     expected = expected / expected.sum()
-    return ContinuationLaw(length, tuple(cells[:-1]), expected, calls, laws)
+    return ContinuationLaw(length, tuple(cells[:-1]), expected, calls, laws, tuple(unaskable), reason)

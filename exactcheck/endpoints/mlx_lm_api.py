@@ -6,7 +6,10 @@ with text prompts. What it gives and what it lacks, each read in mlx-lm's source
   ``tokenizer.encode`` (a list of token ids fails there, and the server answers 404). The audit
   keeps token ids (its worlds and laws are over ids) and writes each prompt as the text the
   model directory's own tokenizer decodes it to, checked to encode back to the same ids (the server
-  loads that tokenizer with ``AutoTokenizer.from_pretrained``, as this module does). The
+  loads that tokenizer with ``AutoTokenizer.from_pretrained``, as this module does;
+  ``exactcheck.endpoints.text_prompts``). A prefix of the law with no such text (a byte-level BPE's
+  ``t`` ``he``) is not asked: it stays one pooled cell of its exact mass, and a probed token after
+  it is not compared (``Inexpressible``); a prompt with none is refused before the audit starts. The
   directory: ``--model DIR`` (the one ``mlx_lm.server --model DIR`` loaded; never sent: a request's
   ``model`` makes the server load that path), else the local directory its ``/v1/models`` lists
   (which answers an empty body when the Hugging Face cache directory is absent: ``scan_cache_dir``
@@ -32,14 +35,20 @@ with text prompts. What it gives and what it lacks, each read in mlx-lm's source
   (``generation_config.json``'s when set) and the tokenizer's;
 - **no speculation counters** (``speculation_ran`` is not judged) and **no settings endpoint**
   (``declared_settings`` is not judged); **no per-request prompt-cache switch** (the prompt cache
-  is shared across requests: ``LRUPromptCache``, ``--prompt-cache-size``);
+  is shared across requests: ``LRUPromptCache``, ``--prompt-cache-size``). Its penalties read the
+  tokens ``generate_step`` was handed: the prompt less what the prompt cache held, then the output
+  (``sample_utils.make_logits_processors``: each penalty over the last ``*_context_size``); the
+  audit cannot see the cache's size, so penalties are judged only where the operator declares
+  ``--server-setting prompt_cache=off`` (``--prompt-cache-size 0``: ``LRUPromptCache.insert_cache``
+  evicts every entry at once, so the history is the whole prompt), checked on every answer
+  (``usage.prompt_tokens_details.cached_tokens`` must be 0: else the law is not judged). Then the
+  one-token request's log-probabilities are the audited request's, penalties included, as they are;
 - **seeds**: a request with ``seed`` is served alone (``_is_batchable`` needs ``seed is None``),
   after ``mx.random.seed(seed)`` (``_serve_single``), so every request the audit sends is served
   one at a time.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
@@ -49,8 +58,9 @@ from exactcheck.endpoints.client import Client, EndpointError, Exchange
 from exactcheck.endpoints.continuation_law import NextTokenLaw
 from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling
 from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
+from exactcheck.endpoints.text_prompts import TextPrompts, load_tokenizer
 
-__all__ = ["MlxLmEndpoint", "detect", "load_tokenizer", "MAX_TOP_LOGPROBS", "GIVES"]
+__all__ = ["MlxLmEndpoint", "detect", "load_tokenizer", "MAX_TOP_LOGPROBS", "GIVES", "DECLARABLE"]
 
 MAX_TOP_LOGPROBS = 11  # server.py validate_model_parameters: top_logprobs in [0, 11] (or -1)
 # a token the audited server reports above 1/(n+1) + this is one the reference's top n must list,
@@ -65,7 +75,11 @@ PENALTIES_NOT_JUDGED = (
     "mlx-lm's penalties read the tokens generate_step was handed (generate.py _step: the processors see "
     "`tokens`, the prompt it was given plus the output), and the server hands it only the part of the prompt "
     "its prompt cache did not hold (server.py: fetch_nearest_cache, then stream_generate(prompt=rest)): the "
-    "history depends on what earlier requests left in the cache, which no request can turn off")
+    "history depends on what earlier requests left in the cache, which no request can turn off (a server started "
+    "with --prompt-cache-size 0 keeps nothing: declare it with --server-setting prompt_cache=off)")
+# the settings an operator may declare (--server-setting NAME=VALUE): what no answer of this API shows
+DECLARABLE = {"prompt_cache": {"off": "the server runs with --prompt-cache-size 0 (LRUPromptCache.insert_cache evicts "
+                                      "every entry at once): every request's penalties read its whole prompt"}}
 GIVES = dict(prompts="text (ids written through the model directory's tokenizer, checked to round-trip)",
              ids="logprobs.content[*].id with logprobs: true (no top_logprobs)",
              probabilities="raw, top 11 (top_logprobs <= 11)", counters="none (speculation_ran not judged)",
@@ -89,19 +103,6 @@ def detect(client: Client, base: str) -> bool:
     except EndpointError as exc:
         return "logprobs must be of type bool" in str(exc)
     return False
-
-
-@functools.lru_cache(maxsize=8)
-def load_tokenizer(directory: str):
-    """The tokenizer of a model directory, as transformers loads it (cached; one line if it cannot)."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise EndpointError("reading a model directory's tokenizer needs transformers (pip install transformers)") from None
-    try:
-        return AutoTokenizer.from_pretrained(directory)
-    except Exception as exc:  # noqa: BLE001 - any failure to load is the user's directory
-        raise EndpointError(f"cannot load the tokenizer of {directory}: {str(exc).splitlines()[0][:160]}") from None
 
 
 def _eos_ids(directory: Path, tokenizer) -> frozenset[int]:
@@ -134,6 +135,9 @@ class MlxLmEndpoint(Endpoint):
     def several(self, body: dict, k: int) -> dict:
         raise NotDeterminable("mlx_lm.server 0.32.2 reads no n (server.py 1299-1340: one sample per request)")
 
+    declarable = DECLARABLE
+    declared: dict = {}  # set by apis.open_endpoint
+
     def __init__(self, base: str, client: Client, *, model: str | None = None, reference_kind: str | None = None):
         if reference_kind not in (None, RAW):
             raise EndpointError("mlx-lm's server reports raw probabilities (generate.py: logprobs before the sampler); "
@@ -142,11 +146,17 @@ class MlxLmEndpoint(Endpoint):
         self.directory: Path | None = None
         self.eos_ids: frozenset[int] = frozenset()
         self.specials = 0  # tokens the server's encode adds to a prompt (a BOS)
-        self._texts: dict[tuple[int, ...], str | None] = {}
+        self.prompts: TextPrompts | None = None
+        self.cached: list[str] = []  # answers that reported cached prompt tokens while the cache is declared off
 
     def describe(self) -> str:
+        declared = "".join(f"; declared by the operator: {k}={v}" for k, v in sorted(self.declared.items()))
         return (f"{self.base} ({self.api}, prompts as text through the tokenizer of {self.directory}, token ids from "
-                f"logprobs, raw probabilities (top {MAX_TOP_LOGPROBS}), no speculation counters)")
+                f"logprobs, raw probabilities (top {MAX_TOP_LOGPROBS}), no speculation counters{declared})")
+
+    @property
+    def cache_off(self) -> bool:
+        return self.declared.get("prompt_cache") == "off"
 
     # --- the server and its tokenizer
 
@@ -155,7 +165,8 @@ class MlxLmEndpoint(Endpoint):
         if not isinstance(health, dict) or health.get("status") != "ok":
             raise EndpointError(f"{self.base}/health says {str(health)[:80]}")
         self.directory = self._model_directory()
-        tokenizer = load_tokenizer(str(self.directory))
+        self.prompts = TextPrompts(self.directory)
+        tokenizer = self.prompts.tokenizer
         self.eos_ids = _eos_ids(self.directory, tokenizer)
         self.vocab_size = len(tokenizer)
         special = set(tokenizer.all_special_ids)
@@ -202,29 +213,26 @@ class MlxLmEndpoint(Endpoint):
 
     def _text(self, ids: Sequence[int]) -> str | None:
         """The text the tokenizer decodes ``ids`` to, None where it does not encode back to them."""
-        key = tuple(int(i) for i in ids)
-        if key not in self._texts:
-            tokenizer = load_tokenizer(str(self.directory))
-            text = tokenizer.decode(list(key), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            back = tokenizer.encode(text, add_special_tokens=False)
-            self._texts[key] = text if tuple(back) == key else None
-        return self._texts[key]
+        return self.prompts.text(ids)
 
     def tokenize(self, text: str) -> list[int]:
-        ids = load_tokenizer(str(self.directory)).encode(text, add_special_tokens=False)
+        ids = self.prompts.encode(text)
         if self._text(ids) is None:
             raise EndpointError(f"the text {text[:40]!r} tokenizes to {ids[:8]} whose text does not read back as the "
                                 f"same ids: give prompts as token ids (--prompt-ids)")
         return list(ids)
 
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        if self._text(prompt) is None:
+            raise EndpointError(f"the prompt {list(prompt)[:12]} has no text that {self.directory}'s tokenizer reads "
+                                f"back as the same ids, and mlx-lm's server takes text prompts only: give another "
+                                f"prompt (--prompt TEXT is always one)")
+
     # --- requests and answers
 
     def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
              cache: bool = True, tag: str | None = None, top_logprobs: int = 0) -> dict:
-        text = self._text(prompt)
-        if text is None:
-            raise EndpointError(f"the token ids {list(prompt)[:12]} have no text that {self.directory}'s tokenizer "
-                                f"reads back as the same ids (mlx-lm's server takes text prompts only)")
+        text = self.prompts.require(prompt)  # Inexpressible: the caller pools or stops (never a usage error)
         # logprobs: the only way ids come back; no "model" (the server would load that path), no
         # ignore_eos (not an mlx-lm field: an answer may end on an end-of-text token)
         body = {"prompt": text, "max_tokens": n_predict, "stream": False, "seed": int(seed), "logprobs": True,
@@ -249,6 +257,11 @@ class MlxLmEndpoint(Endpoint):
         if expected is not None and usage.get("prompt_tokens") != expected + self.specials:
             raise EndpointError(f"{self.base} read a prompt of {expected} token ids as {usage.get('prompt_tokens')} "
                                 f"tokens (expected {expected + self.specials}): its tokenizer is not {self.directory}'s")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if self.cache_off and isinstance(cached, int) and cached > 0 and len(self.cached) < 8:
+            self.cached.append(f"{self.base} answered a prompt of {usage.get('prompt_tokens')} tokens with {cached} "
+                               f"from its prompt cache")
         return content
 
     def read(self, exchange: Exchange) -> Completion:
@@ -269,6 +282,9 @@ class MlxLmEndpoint(Endpoint):
         probabilities = None
         if exchange.body.get("exactcheck_probed"):
             probabilities = self._listed_prefix(exchange.body, content)
+            # a probed token is compared only after a context the reference can be sent as text
+            depth = self.prompts.expressible_depth(self.prompts.encode(exchange.body["prompt"]), tokens)
+            probabilities = probabilities[:depth + 1]
         return Completion(tokens, probabilities, None, None, stopped, RAW)
 
     def _listed_prefix(self, body: dict, content: list[dict]) -> tuple[float, ...]:
@@ -307,8 +323,11 @@ class MlxLmEndpoint(Endpoint):
                         n_probs: int, kind: str = POST_SAMPLING) -> list[NextTokenLaw]:
         """As ``Endpoint.next_token_laws``, from the raw top ``min(n_probs, 11)``; a prefix holding an
         end-of-text token ends the text (no request: the server would go on past it)."""
-        if sampling.penalized:  # its logprobs too are after the penalties: neither kind is known
+        if sampling.penalized and not self.cache_off:  # its logprobs too are after the penalties: neither kind is known
             raise NotDeterminable(PENALTIES_NOT_JUDGED)
+        if sampling.penalized and self.cached:
+            raise NotDeterminable(f"the prompt cache was declared off (--server-setting prompt_cache=off), but "
+                                  f"{self.cached[0]}: its penalties then read only the rest of the prompt")
         if kind == POST_SAMPLING and sampling.top_k and sampling.top_p < 1 and not sampling.greedy:
             raise NotDeterminable("top-k with top-p: mlx-lm applies top-p before top-k (sample_utils.make_sampler), "
                                   "vLLM and llama.cpp after, so its law is not the one a raw top list gives by the "
@@ -319,9 +338,7 @@ class MlxLmEndpoint(Endpoint):
             if end:
                 continue
             ids = list(prompt) + list(prefix)
-            if self._text(ids) is None:
-                raise NotDeterminable(f"the prefix {ids[-8:]} has no text that the tokenizer reads back as these ids "
-                                      f"(mlx-lm's server takes text prompts only)")
+            self.prompts.require(ids)  # Inexpressible: a law expansion pools the prefix (continuation_law.expand)
             bodies.append(self.body(ids, 1, sampling, 0, top_logprobs=max(1, n_probs)))
         answers = iter(self.client.post_many(self.base, self.path, bodies))
         listed_n = min(max(1, n_probs), MAX_TOP_LOGPROBS)

@@ -45,6 +45,14 @@ def sampling_law_from_raw(raw: NextTokenLaw, sampling) -> NextTokenLaw:
     order = sorted(raw.probabilities.items(), key=lambda kv: (-kv[1], kv[0]))
     if not order:
         return raw
+    if raw.unlisted_at_most is not None and raw.other > 0 and raw.unlisted_at_most >= order[-1][1]:
+        # not a top-N list: an unlisted token may outweigh listed ones (ids sharing one logprob string)
+        t, k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+        if t == 1 and not k and top_p >= 1 and min_p <= 0:
+            return raw
+        raise NotDeterminable(f"ids that share a logprob string carry {raw.other:.3g} of the mass, and one may rank "
+                              f"above a listed token: which tokens the settings keep (or, greedy, the top one) is "
+                              f"not known")
     other = raw.other
     t, k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
     if t <= 0:
@@ -131,4 +139,5 @@ def with_output_penalties(raw: NextTokenLaw, sampling, output: tuple[int, ...]) 
         raise NotDeterminable("presence/frequency penalty: a penalised token fell below the least listed one, so "
                               "where it stands among the unlisted tokens is not known (raise --n-probs)")
     total = sum(weights.values()) + raw.other
-    return NextTokenLaw({t: w / total for t, w in weights.items()}, raw.other / total)
+    bound = None if raw.unlisted_at_most is None else raw.unlisted_at_most / total
+    return NextTokenLaw({t: w / total for t, w in weights.items()}, raw.other / total, unlisted_at_most=bound)

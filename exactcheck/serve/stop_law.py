@@ -64,7 +64,8 @@ def stopped_law(law: ContinuationLaw, text_of: Callable[[list[tuple[int, ...]]],
     cells = tuple(masses)
     expected = np.asarray([*masses.values(), 0.0], dtype=np.float64)  # the last: "beyond", probability 0
     expected = expected / expected.sum()
-    return ContinuationLaw(law.length, cells, expected, law.calls, law.laws), texts
+    return ContinuationLaw(law.length, cells, expected, law.calls, law.laws, law.unaskable,
+                           law.unaskable_reason), texts
 
 
 def ends_disagreeing(tokens: Sequence[Sequence[int]], texts: dict[tuple[int, ...], str], stops: Sequence[str],

@@ -46,8 +46,9 @@ def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion]
     indices = cell_indices(law, completions)
     counts = np.bincount(indices, minlength=law.expected.size).astype(np.int64)
     plan = LawPlan("continuation", condition, law.expected, law.label)
-    return sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
-                              cause or _cause(law, indices, completions))
+    verdict = sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
+                                 cause or _cause(law, indices, completions))
+    return replace(verdict, summary=f"{verdict.summary}; {law.note}") if law.note else verdict
 
 
 def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completion]], condition: str, share: float,
@@ -154,15 +155,20 @@ def greedy_verdict(pairs: list[tuple[list[int], tuple[int, ...], tuple[int, ...]
                   condition=condition or f"temperature 0, {len(pairs)} prompts, speculation on vs off", samples=len(pairs))
     if not diverged:
         return Verdict(outcome=Outcome.EXACT, summary=f"identical on all {len(pairs)} pairs", **common)
-    real = [(i, a, r) for i, a, r in diverged if margins.get(i, (0, 1.0))[1] >= near_tie]
+    # a margin of None: the reference could not be asked there (a text-prompt server), so no near-tie is ruled out
+    real = [(i, a, r) for i, a, r in diverged if (margins.get(i, (0, 1.0))[1] or 0.0) >= near_tie
+            and margins.get(i, (0, 1.0))[1] is not None]
     i, a, r = (real or diverged)[0]
     position, margin = margins.get(i, (None, None))
     where = f"prompt {i}: first difference at token {position}: speculation on gave {a[position] if position is not None and position < len(a) else 'the end'}, off gave {r[position] if position is not None and position < len(r) else 'the end'}"
     if not real:
+        unknown = sum(margins.get(j, (0, 1.0))[1] is None for j, _, _ in diverged)
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
             f"{len(diverged)} of {len(pairs)} prompts differ, each at a numerical near-tie (the reference's top two "
-            f"tokens within {near_tie:g}: batch-shape arithmetic, not a defect); {where}, margin {margin:.2e}"),
-            **common)
+            f"tokens within {near_tie:g}: batch-shape arithmetic, not a defect)"
+            + (f" or where the reference's top two cannot be read ({unknown}: a prefix a text-prompt server cannot be "
+               f"sent, or ids sharing a logprob string)" if unknown else "")
+            + f"; {where}, margin " + ("not known" if margin is None else f"{margin:.2e}")), **common)
     return Verdict(outcome=Outcome.DEFECT, summary=(
         f"{len(real)} of {len(pairs)} prompts diverge where the reference's top token leads by at least {near_tie:g}: "
         f"{where}, the reference's margin {margin:.3f}"), **common, evidence=FindingEvidence(
