@@ -236,7 +236,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
                                      "target alone on the same prompts and policy, per draft length; or a served "
                                      "system (a URL) against --reference, speculation off",
         cost.cost_arguments, cost.cost_settings, _cost_subject, None,
-        functools.partial(cost.run, exactness=e2e.cost_exactness), "exactcheck.cost.entry:CostResult",
+        functools.partial(cost.run, exactness_audit=e2e.cost_exactness), "exactcheck.cost.entry:CostResult",
         reproduce.cost_line, cost.cost_stem, show=cost.show_cost, levels=False, options=("seed", "device"),
         settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce",
                   "reference", "api", "served_prompts", "samplings", "timeout")),

@@ -197,6 +197,9 @@ LINES = (
     '  seed_cache                 answers a request from a cache keyed without its seed: every seed gets the first answer',
     "  copied_samples             answers a request for several samples (n, n_cmpl) with one sample copied: the children of a request seeded alike (llama.cpp PR #18700's review: each child takes seed + i)",
     "  stop_one_late              answers a request with stop strings with one token more than the one that completed the stop (a verify step's accepted tokens not cut at the stop); llama.cpp's /completion",
+    '  stream_drops_token         streams an event of several tokens without its last one (its id, text and probability): what a streaming user receives loses a token the answer has (vLLM #52469: streamed text dropped words under MTP)',
+    '  stream_repeats_last        repeats the last token of a stream in its final event (a finish event that re-sends what was already streamed)',
+    "  stream_past_stop           streams the text past a stop string that the answer ends at (the stop searched only when the answer is assembled, vLLM #47616's class)",
     "  chat_hotter                serves the chat endpoint's answers at temperature x 1.3 of what the request asks, the completions endpoints as asked (a chat handler that maps the sampling fields its own way)",
 )
 

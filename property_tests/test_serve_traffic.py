@@ -89,3 +89,38 @@ def test_greedy_identity_is_swept_over_the_number_of_requests_in_flight(referenc
     found = {v.law: v for v in result.failed}
     assert "greedy_under_load" in found and "greedy_identity" not in found, [v.describe() for v in result.failed]
     assert "2, 4, 8 times at once" in found["greedy_under_load"].condition
+
+
+# --- streamed answers (issue 67): a share of each world's requests streamed and judged as received
+
+STOPS = (Sampling(), Sampling(stop=("c",)))
+
+
+@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+def test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_several_tokens(api):
+    with served_model(ToyServedModel(api=api)) as audited:
+        result = run_serve_audit(audited.url, prompts=([1, 2],), samplings=STOPS, **QUICK,
+                                 **({"api": "openai"} if api == "vllm" else {}))
+    assert result.passed, [v.describe() for v in result.failed]
+    streamed = [v for v in result.verdicts if v.law == "streamed"]
+    assert len(streamed) == 3 and all(v.outcome.value == "exact" for v in streamed)
+    assert all("up to 2 tokens an event" in v.summary for v in streamed)
+    assert "each the same ids and text as the non-streamed answer of its seed" in streamed[0].summary
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+@pytest.mark.parametrize("mutant, cause", [("stream_drops_token", "usage does not count the tokens they carried"),
+                                           ("stream_repeats_last", "usage does not count the tokens they carried"),
+                                           ("stream_past_stop", "runs past a stop string")])
+def test_each_stream_mutant_is_found_streaming_and_not_without(api, mutant, cause):
+    from exactcheck.serve.mutants import proxy
+    kw = {"api": "openai"} if api == "vllm" else {}
+    with served_model(ToyServedModel(api=api)) as target, proxy(mutant, target.url) as p:
+        streaming = run_serve_audit(p.url, reference=target.url, prompts=([1, 2],), samplings=STOPS, **QUICK, **kw)
+        quiet = run_serve_audit(p.url, reference=target.url, prompts=([1, 2],), samplings=STOPS, stream_share=0.0,
+                                **QUICK, **kw)
+    found = {v.law: v for v in streaming.failed}
+    assert set(found) == {"streamed"}, [v.describe() for v in streaming.failed]
+    assert cause in found["streamed"].summary or cause in found["streamed"].describe(), found["streamed"].describe()
+    assert quiet.passed, [v.describe() for v in quiet.failed]

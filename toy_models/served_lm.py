@@ -25,17 +25,8 @@ tokenizes ``messages`` on ``/tokenize`` and returns ``prompt_token_ids`` and ``t
 ``return_token_ids``. ``chat``: ``"ids"`` (as above), ``"text"`` (answers with text only), ``"none"``
 (no chat template: every chat request and rendering answers 400).
 
-``api="mlx-lm"`` speaks mlx-lm 0.32.2's server (``mlx_lm/server.py``) as far as
-``exactcheck.endpoints.mlx_lm_api`` reads it: text prompts read into ids by the tokenizer of
-``tokenizer_dir`` (a model directory: ``toy_models.hf_served_models.write_llama``'s word-level
-tokenizer, so ``vocab`` 64), ``logprobs`` a bool (``logprobs: 1`` is a 400 before anything is
-generated), ids back only as ``logprobs.content[*].id``, raw log-probabilities, ``top_logprobs`` <= 11
-whose entries are the first of each unsorted top list (``dict(top[0], top_logprobs=top)``), no
-``ignore_eos`` (an answer stops on the directory's end-of-text ids, included, ``finish_reason:
-"stop"``), no counters, ``GET /v1/models`` listing the directory, and ``Not Found`` as a plain 404
-body for an unknown path. It samples with the order above (mlx-lm applies top-p before top-k: the
-two differ only for top-k with top-p, which the audit does not judge on mlx-lm) and has no prompt
-cache; its chat endpoint is not served (the audit sends mlx-lm no chat request).
+``api="mlx-lm"`` and ``api="llama-cpp-python"`` speak those servers' text-prompt dialects
+(``toy_models.served_text``): text prompts read into ids by the tokenizer of ``tokenizer_dir``.
 
 Requests for several samples (llama.cpp's ``n_cmpl`` on ``/completion``, a list of results back;
 OpenAI's ``n``, indexed ``choices``) draw sample j with the request's seed + j, as llama.cpp and vLLM
@@ -50,10 +41,8 @@ is bounded by its ``n_predict``.
 """
 from __future__ import annotations
 
-import functools
 import json
 import threading
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -249,12 +238,14 @@ class ToyServedModel:
 
     def generate(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
                  stops: list[str] | None = None, handed: list[int] | None = None,
-                 record: list[int] | None = None) -> tuple[list[int], int, int, str | None]:
+                 record: list[int] | None = None, steps_out: list[int] | None = None
+                 ) -> tuple[list[int], int, int, str | None]:
         """``complete``, then the answer ended at the first token whose text (``token_text`` of the
         continuation, the prompt not searched) completes a stop string: (tokens, drafted, accepted,
         the stop string found or None). ``stop_mutant="step_end"`` ends it at the end of that
-        token's speculation step instead (the tokens a verify step accepted past the stop returned)."""
-        steps: list[int] = []
+        token's speculation step instead (the tokens a verify step accepted past the stop returned).
+        ``steps_out``: the number of tokens out after each step is appended to it (a stream's events)."""
+        steps: list[int] = steps_out if steps_out is not None else []
         tokens, drafted, accepted = self.complete(prompt, n_predict, sampling, seed, steps, handed, record)
         text = ""
         for j, token in enumerate(tokens, start=1):
@@ -266,12 +257,13 @@ class ToyServedModel:
         return tokens, drafted, accepted, None
 
 
-    def generate_request(self, prompt: list[int], n_predict: int, sampling: dict, body: dict):
+    def generate_request(self, prompt: list[int], n_predict: int, sampling: dict, body: dict,
+                         steps: list[int] | None = None):
         """``generate`` for one single-sample completion request: on its own, or (``batch_mutant``)
-        as a row of the batch it is in flight with."""
-        row = _Row(list(prompt), n_predict, sampling, _seed_of(body), body.get("stop"), not _seeded(body))
+        as a row of the batch it is in flight with; ``steps``: where each speculation step ended."""
+        row = _Row(list(prompt), n_predict, sampling, _seed_of(body), body.get("stop"), not _seeded(body), steps)
         if self.batch_mutant is None:
-            return self.generate(row.prompt, row.n_predict, row.sampling, row.seed, row.stops)
+            return self.generate(row.prompt, row.n_predict, row.sampling, row.seed, row.stops, steps_out=steps)
         with self.lock:
             if self._batcher is None:
                 self._batcher = _Batcher(self)
@@ -305,7 +297,7 @@ class ToyServedModel:
             if mutant == "other_row_accepted" and j > 0 and len(r.prompt) != len(first.prompt):
                 handed = counts  # a row of another length handed the first row's accepted counts
             record: list[int] = []
-            out.append(self.generate(r.prompt, r.n_predict, r.sampling, r.seed, r.stops, handed, record))
+            out.append(self.generate(r.prompt, r.n_predict, r.sampling, r.seed, r.stops, handed, record, r.steps))
             if j == 0:
                 counts = record
         return out
@@ -333,6 +325,7 @@ class _Row:
     seed: int
     stops: list | None
     unseeded: bool
+    steps: list | None = None
 
 
 class _Batcher:
@@ -427,14 +420,28 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         except ValueError:
             return self._reply(400, {"error": "not JSON"})
-        self._reply(*respond(self.server.model, self.path, body))
+        status, answer = respond(self.server.model, self.path, body)
+        if status == 200 and body.get("stream") and isinstance(answer, dict) and "events" in answer:
+            return self._stream(answer["events"], done=self.path != "/completion")
+        self._reply(status, answer)
+
+    def _stream(self, events: list[dict], done: bool) -> None:
+        """Server-sent events, one ``data:`` line each (OpenAI's routes end with ``data: [DONE]``)."""
+        text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + ("data: [DONE]\n\n" if done else "")
+        body = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict | list | str]:
     """(HTTP status, answer) of the served model to a GET (``body`` None) or a POST: JSON, or text
     (a ``str``: vLLM's ``/metrics``, mlx-lm's ``Not Found``)."""
-    if model.api == "mlx-lm":
-        return _mlx_respond(model, path, body)
+    if model.api in ("mlx-lm", "llama-cpp-python"):  # the text-prompt dialects: toy_models.served_text
+        from toy_models.served_text import text_respond
+        return text_respond(model, path, body)
     several = _several(body, path)
     if several > 1:
         return _respond_several(model, path, body, several)
@@ -484,17 +491,44 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     sampling = _sampling(body)
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
     forced = [t for t, bias in body.get("logit_bias") or [] if isinstance(bias, (int, float)) and bias >= 100]
+    steps: list[int] = []
     if forced:  # a logit bias that large decides every token (what the audit uses it for: a token's piece)
         tokens, drafted, accepted, found = [int(forced[0])] * n_predict, 0, 0, None
     else:
-        tokens, drafted, accepted, found = model.generate_request(prompt, n_predict, sampling, body)
+        tokens, drafted, accepted, found = model.generate_request(prompt, n_predict, sampling, body, steps)
     answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
               "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
     if n_probs:
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
                                                             bool(body.get("post_sampling_probs")))
+    if body.get("stream"):
+        return 200, {"events": _llama_events(answer, steps)}
     return 200, answer
+
+
+def _segments(tokens: list[int], steps: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each speculation step's tokens: what one streamed event carries."""
+    ends = sorted({min(e, len(tokens)) for e in steps if e > 0} | {len(tokens)})
+    starts = [0] + ends[:-1]
+    return [(a, b) for a, b in zip(starts, ends) if b > a]
+
+
+def _llama_events(answer: dict, steps: list[int]) -> list[dict]:
+    """llama.cpp's /completion streamed: one event per speculation step (its tokens, their text,
+    their probabilities), then the final event (``stop: true``, the stop type, the timings, the
+    tokens predicted). The text of each event is its tokens' text, cut where the answer's is."""
+    tokens, content = answer["tokens"], answer["content"]
+    entries = answer.get("completion_probabilities")
+    events = []
+    for a, b in _segments(tokens, steps):
+        event = {"index": 0, "content": content[a:b], "tokens": tokens[a:b], "stop": False}
+        if entries is not None:
+            event["completion_probabilities"] = entries[a:b]
+        events.append(event)
+    final = {k: v for k, v in answer.items() if k not in ("tokens", "content", "completion_probabilities")}
+    events.append({**final, "index": 0, "content": "", "tokens": [], "stop": True, "tokens_predicted": len(tokens)})
+    return events
 
 
 def token_text(token: int) -> str:
@@ -731,7 +765,8 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
-    tokens, drafted, accepted, found = model.generate_request(prompt, n, sampling, body)
+    steps: list[int] = []
+    tokens, drafted, accepted, found = model.generate_request(prompt, n, sampling, body, steps)
     choice = {"index": 0, "text": _cut(tokens, found), "logprobs": None,
               "finish_reason": "stop" if found else "length", "stop_reason": found}
     answer = {"object": "text_completion", "model": _model_name(model), "choices": [choice],
@@ -742,7 +777,7 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
         if logprobs is not None and int(logprobs) > 0:
             choice["logprobs"] = {"content": _llama_entries(model, prompt, tokens, sampling, int(logprobs),
                                                             bool(body.get("post_sampling_probs")))}
-        return 200, answer
+        return 200, ({"events": _openai_events(answer, steps, body)} if body.get("stream") else answer)
     if body.get("return_token_ids"):
         choice["token_ids"] = list(tokens)
     if logprobs is not None:
@@ -757,120 +792,31 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
             context.append(token)
         choice["logprobs"] = {"tokens": [name(t) for t, _, _ in rows], "token_logprobs": [lp for _, lp, _ in rows],
                               "top_logprobs": [top for _, _, top in rows], "text_offset": [0] * len(rows)}
-    return 200, answer
+    return 200, ({"events": _openai_events(answer, steps, body)} if body.get("stream") else answer)
 
 
-# --- mlx-lm's dialect (mlx_lm/server.py 0.32.2: APIHandler.do_GET / do_POST, validate_model_parameters,
-# handle_completion, generate_response, _format_top_logprobs)
-
-_MLX_POSTS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
-# validate_model_parameters, in its order: (field, types, min, max, whitelist); bool is an int, as there
-_MLX_CHECKS = (("stream", (bool,), None, None, ()), ("max_tokens", (int,), 1, None, ()),
-               ("temperature", (float, int), 0, None, ()), ("top_p", (float, int), 0, 1, ()),
-               ("top_k", (int,), 0, None, ()), ("min_p", (float, int), 0, 1, ()),
-               ("logprobs", (bool,), None, None, ()), ("top_logprobs", (int,), 0, 11, (-1,)),
-               ("model", (str,), None, None, ()), ("seed", (int, type(None)), None, None, ()))
-# the server's defaults (its command line's: --temp 0, --top-p 1, --top-k 0, --min-p 0, --max-tokens 512)
-_MLX_DEFAULTS = dict(stream=False, max_tokens=512, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=False,
-                     top_logprobs=-1, model="default_model", seed=None)
-
-
-@functools.lru_cache(maxsize=4)
-def _mlx_tokenizer(directory: str):
-    """The directory's tokenizer as mlx-lm loads it (``AutoTokenizer``) and its end-of-text ids
-    (config.json's ``eos_token_id``, generation_config.json's when set, and the tokenizer's)."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    configs = [json.loads(f.read_text()) for f in (Path(directory) / "config.json",
-                                                   Path(directory) / "generation_config.json") if f.is_file()]
-    eos = next((c["eos_token_id"] for c in reversed(configs) if c.get("eos_token_id") is not None), None)
-    ids = set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-    if isinstance(tokenizer.eos_token_id, int):
-        ids.add(tokenizer.eos_token_id)
-    return tokenizer, frozenset(ids)
-
-
-@functools.lru_cache(maxsize=4096)
-def _mlx_encode(directory: str, text: str) -> tuple[int, ...]:
-    return tuple(_mlx_tokenizer(directory)[0].encode(text))  # handle_text_completions -> tokenizer.encode
-
-
-@functools.lru_cache(maxsize=4096)
-def _mlx_decode(directory: str, ids: tuple[int, ...]) -> str:
-    return _mlx_tokenizer(directory)[0].decode(list(ids))
-
-
-def _mlx_respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, dict | str]:
-    """A GET or POST as mlx_lm.server answers it."""
-    from pathlib import Path
-
-    if model.tokenizer_dir is None:
-        raise ValueError("api='mlx-lm' needs tokenizer_dir: a model directory whose tokenizer reads the text prompts")
-    directory = str(Path(model.tokenizer_dir).resolve())
-    if body is None:
-        if path.startswith("/v1/models"):
-            return 200, {"object": "list", "data": [{"id": directory, "object": "model", "created": 0}]}
-        if path == "/health":
-            return 200, {"status": "ok"}
-        return 404, "Not Found"
-    if path not in _MLX_POSTS:
-        return 404, "Not Found"
-    args = {name: body.get(name, default) for name, default in _MLX_DEFAULTS.items()}
-    args["max_tokens"] = body.get("max_completion_tokens", args["max_tokens"])
-    for name, types, low, high, allowed in _MLX_CHECKS:
-        value = args[name]
-        if not isinstance(value, types):
-            shown = types[0].__name__ if len(types) == 1 else tuple(t.__name__ for t in types if t is not type(None))
-            return 400, {"error": f"{'requested_model' if name == 'model' else name} must be of type {shown}"}
-        if value is None or value in allowed:
-            continue
-        if low is not None and value < low:
-            return 400, {"error": f"{name} must be at least {low}"}
-        if high is not None and value > high:
-            return 400, {"error": f"{name} must be at most {high}"}
-    if path != "/v1/completions":
-        return 404, {"error": "the toy serves mlx-lm's text completions only"}
-    if "prompt" not in body:
-        return 400, {"error": "Request did not contain a prompt"}
-    tokenizer, eos = _mlx_tokenizer(directory)
-    if len(tokenizer) != model.vocab:
-        raise ValueError(f"the tokenizer of {directory} has {len(tokenizer)} tokens, the toy's vocab is {model.vocab}")
-    if args["model"] not in ("default_model", directory):  # the server would load that path
-        return 404, {"error": f"Repository Not Found for url: {args['model']}"}
-    if not isinstance(body["prompt"], str):  # tokenizer.encode refuses it inside generate: a 404
-        return 404, {"error": "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]"}
-    prompt = list(_mlx_encode(directory, body["prompt"]))
-    if not prompt:
-        return 404, {"error": "[generate_step] the prompt is empty"}
-    top_p = float(args["top_p"]) if 0 < args["top_p"] < 1 else 1.0  # make_sampler: top-p only inside (0, 1)
-    sampling = {"temperature": float(args["temperature"]), "top_k": int(args["top_k"]), "top_p": top_p,
-                "min_p": float(args["min_p"])}
-    seed = args["seed"] if args["seed"] is not None else int(np.random.default_rng().integers(2 ** 31))
-    tokens, _, _ = model.complete(prompt, int(args["max_tokens"]), sampling, int(seed))
-    stop = next((i for i, t in enumerate(tokens) if t in eos), None)
-    if stop is not None:
-        tokens = tokens[:stop + 1]  # the end-of-text token is in the ids, not in the text
-    choice = {"index": 0, "finish_reason": "length" if stop is None else "stop"}
-    top_n, raws, context = int(args["top_logprobs"]), [], list(prompt)
-    for token in tokens:
-        raws.append(np.log(model.row(model.target, context)).astype(np.float32))  # raw: before the sampler
-        context.append(token)
-    if top_n > 0:
-        tops = []
-        for raw in raws:  # _format_top_logprobs: argpartition's top top_n, unsorted
-            ids = [int(i) for i in np.argpartition(-raw, top_n - 1)[:top_n]]
-            names = tokenizer.convert_ids_to_tokens(ids)
-            tops.append([{"id": i, "token": s, "logprob": float(raw[i])} for i, s in zip(ids, names)])
-        choice["logprobs"] = {"content": [dict(top[0], top_logprobs=top) for top in tops]}
-    elif args["logprobs"]:
-        choice["logprobs"] = {"content": [{"id": int(t), "logprob": float(raw[t])} for t, raw in zip(tokens, raws)]}
-    choice["text"] = _mlx_decode(directory, tuple(tokens[:stop] if stop is not None else tokens))
-    return 200, {"id": f"cmpl-{uuid.uuid4()}", "system_fingerprint": "toy", "object": "text_completion",
-                 "model": args["model"], "created": 0, "choices": [choice],
-                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens),
-                           "total_tokens": len(prompt) + len(tokens), "prompt_tokens_details": {"cached_tokens": 0}}}
+def _openai_events(answer: dict, steps: list[int], body: dict) -> list[dict]:
+    """/v1/completions streamed: one chunk per speculation step (``choices[0]``: its text, its
+    ``token_ids``, its slice of each logprobs list), a chunk with the finish reason, and, asked by
+    ``stream_options.include_usage``, one with no choices and the usage."""
+    choice = answer["choices"][0]
+    text, ids, logprobs = choice["text"], choice.get("token_ids"), choice.get("logprobs")
+    count = answer["usage"]["completion_tokens"]
+    events = []
+    for a, b in _segments(list(range(count)), steps):
+        delta = {"index": 0, "text": text[a:b], "logprobs": None, "finish_reason": None}
+        if ids is not None:
+            delta["token_ids"] = ids[a:b]
+        if logprobs is not None:
+            delta["logprobs"] = {k: v[a:b] for k, v in logprobs.items() if isinstance(v, list)}
+        events.append({"object": "text_completion", "model": answer["model"], "choices": [delta]})
+    final = {"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"],
+             "stop_reason": choice.get("stop_reason")}
+    events.append({"object": "text_completion", "model": answer["model"], "choices": [final],
+                   **({"timings": answer["timings"]} if "timings" in answer else {})})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({"object": "text_completion", "model": answer["model"], "choices": [], "usage": answer["usage"]})
+    return events
 
 
 class served_model(LoopbackServer):

@@ -181,10 +181,10 @@ def cost_stem(args) -> str:
 
 
 def run(subject, options: AuditOptions, *, subject_name=None, progress: bool = True, executor=None,
-        exactness=None, **settings) -> CostResult:
+        exactness_audit=None, **settings) -> CostResult:
     """The measurement: ``exactcheck.cost.served`` for a served system (a URL), else
-    ``exactcheck.cost.generators`` with ``exactness`` (the audit that goes into the same report,
-    handed over by the registry) unless ``--no-exactness``."""
+    ``exactcheck.cost.generators`` with ``exactness_audit`` (the audit that goes into the same report,
+    handed over by the registry) unless ``--no-exactness`` (``exactness`` False)."""
     if isinstance(subject, str):
         from exactcheck.cost.served import run_served_cost
         prompts = settings.pop("served_prompts", None)
@@ -195,7 +195,7 @@ def run(subject, options: AuditOptions, *, subject_name=None, progress: bool = T
                                           **({"timeout": timeout} if timeout is not None else {}), **settings))
     from exactcheck.core import resolve_device
     from exactcheck.cost.generators import run_cost
-    audit = exactness if settings.pop("exactness", True) else None
+    audit = exactness_audit if settings.pop("exactness", True) else None
     return CostResult(run_cost(subject, device=resolve_device(options.device), seed=options.seed, progress=progress,
                                exactness=audit, **settings))
 

@@ -31,7 +31,7 @@ from typing import Iterable
 
 from exactcheck.errors import ExactcheckError
 
-__all__ = ["EndpointError", "Client", "Exchange", "ClientStats", "curl_line", "MAX_ANSWER_BYTES"]
+__all__ = ["EndpointError", "Client", "Exchange", "ClientStats", "curl_line", "read_events", "MAX_ANSWER_BYTES"]
 
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
@@ -241,7 +241,8 @@ class Client:
             self.stats.sent += 1
             self.stats.seconds += seconds / max(1, self.concurrency)
             self.stats.tokens += sum(len(a.get("tokens") or ()) or _completion_tokens(a)
-                                     for a in answer.get("results", [answer]) if isinstance(a, dict))
+                                     for a in answer.get("results", answer.get("events", [answer]))
+                                     if isinstance(a, dict))
         if self._journal is not None:
             line = json.dumps({"key": exchange.key, "path": path, "body": body, "answer": answer,
                                "seconds": round(seconds, 4)}, separators=(",", ":"))
@@ -284,6 +285,8 @@ class Client:
                 if body is None and attempt >= 1:  # a fact query: the server is down, say so soon
                     break
                 continue
+            if body is not None and body.get("stream"):  # a streamed answer: its events, in order
+                return {"events": read_events(text, url)}
             try:
                 answer = json.loads(text)
             except ValueError:
@@ -310,6 +313,28 @@ class Client:
                 raise EndpointError(f"{url} was still sending its answer after {self.timeout:g} s (a body that "
                                     "never ends)", server_fault=True)
             chunks.append(chunk)
+
+
+def read_events(text: str, url: str = "the server") -> list[dict]:
+    """The events of a server-sent-event stream (``text/event-stream``): each ``data: {...}`` line's
+    JSON, in order, up to ``data: [DONE]`` (OpenAI's end) or the end of the answer (llama.cpp's);
+    a line that is not JSON is the server's fault (an ``EndpointError``)."""
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue  # comments, event names, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise EndpointError(f"{url} streamed an event that is not JSON ({data[:80]!r})", server_fault=True) from None
+        if not isinstance(event, dict):
+            raise EndpointError(f"{url} streamed a JSON {type(event).__name__}, not an event object", server_fault=True)
+        events.append(event)
+    return events
 
 
 def _completion_tokens(answer: dict) -> int:

@@ -175,6 +175,10 @@ class Completion:
     # when the request was in flight (``time.monotonic``): None for an answer taken from the journal
     sent_at: float | None = None
     answered_at: float | None = None
+    # a streamed answer (``Endpoint.read_stream``): the token ids each event carried (in order), and the
+    # completion tokens its usage (or final event) counted, None where it reports none
+    events: tuple[int, ...] | None = None
+    usage_tokens: int | None = None
 
 
 class Endpoint:
@@ -201,11 +205,28 @@ class Endpoint:
     def tokenize(self, text: str) -> list[int]:
         raise EndpointError(f"{self.describe()} cannot tokenize text: give prompts as token ids (--prompt-ids)")
 
+    # server settings no answer shows, which an operator may declare (--server-setting NAME=VALUE): name ->
+    # {value: what it means}; ``declared``: what was declared (``apis.open_endpoint`` checks and sets it)
+    declarable: dict = {}
+    declared: dict = {}
+
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        """A prompt of token ids this API can send (a text-prompt dialect: one whose text reads back as
+        them); ``EndpointError`` before the audit starts where it cannot."""
+
     def body(self, prompt: Sequence[int], n_predict: int, sampling: Sampling, seed: int, *, n_probs: int = 0,
              cache: bool = True, tag: str | None = None) -> dict:  # pragma: no cover
         raise NotImplementedError
 
     def read(self, exchange: Exchange) -> Completion:  # pragma: no cover
+        raise NotImplementedError
+
+    def streamed(self, body: dict) -> dict:
+        """``body`` asking its answer as a stream of events (``read_stream`` reassembles it); a
+        dialect whose stream the audit does not read: ``NotDeterminable`` with the reason."""
+        raise NotDeterminable(f"{self.api}: its streamed answers are not read by the audit")
+
+    def read_stream(self, exchange: Exchange) -> Completion:  # pragma: no cover - where ``streamed`` is
         raise NotImplementedError
 
     def unseeded(self, body: dict, tag: str) -> dict:
@@ -311,5 +332,6 @@ def complete_mixed(requests: list[tuple["Endpoint", dict]], concurrency: int | N
         return []
     client = requests[0][0].client
     exchanges = client.post_mixed([(endpoint.base, endpoint.path, body) for endpoint, body in requests], concurrency)
-    return [replace(endpoint.read(exchange), sent_at=exchange.sent_at, answered_at=exchange.answered_at)
-            for (endpoint, _), exchange in zip(requests, exchanges)]
+    return [replace(endpoint.read_stream(exchange) if body.get("stream") else endpoint.read(exchange),
+                    sent_at=exchange.sent_at, answered_at=exchange.answered_at)
+            for (endpoint, body), exchange in zip(requests, exchanges)]

@@ -8,6 +8,8 @@ docs/serving-llama-cpp.md for what each field is in llama.cpp's source.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Sequence
 
 from exactcheck.endpoints.client import Client, EndpointError, Exchange
@@ -117,6 +119,36 @@ class LlamaCppEndpoint(Endpoint):
         the window is the last ``repeat_last_n`` tokens of prompt + continuation either way."""
         return law
 
+    def streamed(self, body: dict) -> dict:
+        """``stream: true``: the answer as events, each with its ``content`` and ``tokens`` (and its
+        ``completion_probabilities`` where asked); the last, ``stop: true``, carries ``stop_type``,
+        ``timings`` and ``tokens_predicted`` (llama.cpp's server sends one per token it emits)."""
+        return {**body, "stream": True}
+
+    def read_stream(self, exchange: Exchange) -> Completion:
+        """The events reassembled into the answer ``read`` reads: every event's tokens, text and
+        probabilities joined in order, the final event's stop and timings; with the tokens each event
+        carried and the count the final event gives (``tokens_predicted``)."""
+        events = [e for e in exchange.answer.get("events") or () if isinstance(e, dict)]
+        if not events:
+            raise EndpointError(f"{self.base}/completion streamed no events")
+        tokens, content, probabilities, carried = [], "", [], []
+        for event in events:
+            ids = event.get("tokens") or []
+            if not isinstance(ids, list):
+                raise EndpointError(f"{self.base}/completion streamed tokens {str(ids)[:60]}, not a list")
+            tokens += ids
+            piece = event.get("content")
+            content += piece if isinstance(piece, str) else ""
+            probabilities += event.get("completion_probabilities") or []
+            if ids:
+                carried.append(len(ids))
+        final = events[-1]
+        merged = {k: v for k, v in final.items() if k not in ("tokens", "content", "completion_probabilities")}
+        merged.update(tokens=tokens, content=content, completion_probabilities=probabilities)
+        completion = self.read(Exchange(exchange.base, exchange.path, exchange.body, merged, exchange.seconds))
+        return replace(completion, events=tuple(carried), usage_tokens=int_or_none(final.get("tokens_predicted")))
+
     def read(self, exchange: Exchange) -> Completion:
         answer = exchange.answer
         tokens = answer.get("tokens")
@@ -132,7 +164,8 @@ class LlamaCppEndpoint(Endpoint):
         content = answer.get("content")
         return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
                           int_or_none(timings.get("draft_n_accepted")), stopped, POST_SAMPLING,
-                          content if isinstance(content, str) else None)
+                          content if isinstance(content, str) else None,
+                          usage_tokens=int_or_none(answer.get("tokens_predicted")))
 
     def listed_next_token(self, exchange: Exchange) -> dict[int, float] | None:
         entries = exchange.answer.get("completion_probabilities")

@@ -18,6 +18,8 @@ llama.cpp serve it.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 from typing import Sequence
 
@@ -153,9 +155,58 @@ class OpenAICompletionsEndpoint(Endpoint):
         probabilities = _token_probabilities(choice, len(tokens)) if exchange.body.get("logprobs") else None
         timings = answer.get("timings") or {}
         text = choice.get("text")
+        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
         return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
                           int_or_none(timings.get("draft_n_accepted")), choice.get("finish_reason") == "stop",
-                          self.kind, text if isinstance(text, str) else None)
+                          self.kind, text if isinstance(text, str) else None,
+                          usage_tokens=int_or_none(usage.get("completion_tokens")))
+
+    def streamed(self, body: dict) -> dict:
+        """``stream: true`` with the usage in a last chunk (``stream_options.include_usage``): chunks of
+        ``choices[0]`` deltas (``text``, vLLM's ``token_ids``, ``logprobs``), the last with its
+        ``finish_reason``."""
+        return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+    def read_stream(self, exchange: Exchange) -> Completion:
+        """The chunks reassembled into the answer ``read`` reads: the deltas of ``choices[0]`` joined in
+        order (text, token ids, the logprobs' lists), the last finish reason and timings; with the
+        token ids each chunk carried and the usage's completion tokens."""
+        events = [e for e in exchange.answer.get("events") or () if isinstance(e, dict)]
+        text, ids, carried, finish, timings, usage = "", [], [], None, None, None
+        logprobs: dict = {}
+        any_ids = False
+        for event in events:
+            if isinstance(event.get("usage"), dict):
+                usage = event["usage"]
+            if isinstance(event.get("timings"), dict):
+                timings = event["timings"]
+            choice = _choice(event)
+            if choice is None:
+                continue
+            text += choice.get("text") if isinstance(choice.get("text"), str) else ""
+            delta = choice.get("token_ids")
+            if isinstance(delta, list):
+                any_ids = True
+                ids += delta
+            chunk_logprobs = choice.get("logprobs")
+            if isinstance(chunk_logprobs, dict):
+                for key, value in chunk_logprobs.items():
+                    if isinstance(value, list):
+                        logprobs.setdefault(key, []).extend(value)
+            carried_here = len(delta) if isinstance(delta, list) else len((chunk_logprobs or {}).get("tokens") or
+                                                                           (chunk_logprobs or {}).get("content") or [])
+            if carried_here:
+                carried.append(carried_here)
+            if choice.get("finish_reason") is not None:
+                finish = choice.get("finish_reason")
+        merged_choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs or None}
+        if any_ids:
+            merged_choice["token_ids"] = ids
+        merged = {"choices": [merged_choice], "usage": usage}
+        if timings is not None:
+            merged["timings"] = timings
+        completion = self.read(Exchange(exchange.base, exchange.path, exchange.body, merged, exchange.seconds))
+        return replace(completion, events=tuple(carried))
 
     def continuation_texts(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
         """llama.cpp: its pieces (``llama_cpp_texts``). vLLM searches the text its incremental

@@ -51,11 +51,20 @@ PROXY_MUTANTS = {m.name: m for m in (
     ProxyMutant("stop_one_late", "answers a request with stop strings with one token more than the one that "
                                  "completed the stop (a verify step's accepted tokens not cut at the stop); "
                                  "llama.cpp's /completion", caught_by="continuation"),
+    ProxyMutant("stream_drops_token", "streams an event of several tokens without its last one (its id, text and "
+                                      "probability): what a streaming user receives loses a token the answer has "
+                                      "(vLLM #52469: streamed text dropped words under MTP)", caught_by="streamed"),
+    ProxyMutant("stream_repeats_last", "repeats the last token of a stream in its final event (a finish event that "
+                                       "re-sends what was already streamed)", caught_by="streamed"),
+    ProxyMutant("stream_past_stop", "streams the text past a stop string that the answer ends at (the stop searched "
+                                    "only when the answer is assembled, vLLM #47616's class)", caught_by="streamed"),
     ProxyMutant("chat_hotter", "serves the chat endpoint's answers at temperature x 1.3 of what the request asks, "
                                "the completions endpoints as asked (a chat handler that maps the sampling fields "
                                "its own way)", caught_by="continuation"),
 )}
 _COMPLETIONS = ("/completion", "/v1/completions")
+# the mutants that rewrite a whole (non-streamed) answer; a streamed request passes them unchanged
+_ANSWER_MUTANTS = ("zero_logprobs", "draft_logprobs", "copied_samples", "stop_one_late", "seed_cache")
 _CHAT = "/v1/chat/completions"
 
 
@@ -180,6 +189,72 @@ def _cut_one_late(server: _Server, stops: list[str], answer: dict) -> dict:
     return answer
 
 
+def _forward_events(base: str, path: str, body: dict) -> tuple[int, list[dict] | dict]:
+    """A streamed request passed on: the upstream's events, parsed."""
+    from exactcheck.endpoints.client import read_events
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(base.rstrip("/") + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, read_events(response.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        return exc.code, {"error": exc.read().decode("utf-8", "replace")[:200]}
+
+
+def _carried(event: dict) -> tuple[dict, str]:
+    """The part of an event that carries tokens (llama.cpp's event itself, or OpenAI's ``choices[0]``)
+    and the key of its token ids there."""
+    if "choices" in event:
+        return (event["choices"][0] if event["choices"] else {}), "token_ids"
+    return event, "tokens"
+
+
+def _cut_last(part: dict, key: str) -> None:
+    """The last token of an event's part removed: its id, its text (one character a token here, the
+    toy's; a real server's last piece otherwise unknown: its whole text kept but for one character)
+    and its probability entries."""
+    part[key] = part[key][:-1]
+    for text_key in ("content", "text"):
+        if isinstance(part.get(text_key), str) and part[text_key]:
+            part[text_key] = part[text_key][:-1]
+    if isinstance(part.get("completion_probabilities"), list):
+        part["completion_probabilities"] = part["completion_probabilities"][:-1]
+    if isinstance(part.get("logprobs"), dict):
+        part["logprobs"] = {k: (v[:-1] if isinstance(v, list) else v) for k, v in part["logprobs"].items()}
+
+
+def _stream_mutant(server: "_Server", path: str, body: dict) -> tuple[int, list[dict] | dict]:
+    """The stream mutants: the upstream's events, one thing broken."""
+    name = server.mutant.name
+    asked = {k: v for k, v in body.items() if k != "stop"} if name == "stream_past_stop" else body
+    status, events = _forward_events(server.upstream, path, asked)
+    if status != 200 or not isinstance(events, list):
+        return status, events
+    if name == "stream_drops_token":
+        for event in events:
+            part, key = _carried(event)
+            if isinstance(part.get(key), list) and len(part[key]) > 1:
+                _cut_last(part, key)
+                break
+    elif name == "stream_repeats_last":
+        parts = [_carried(event) for event in events if "choices" not in event or event["choices"]]
+        carrying = [(part, key) for part, key in parts if isinstance(part.get(key), list) and part[key]]
+        if carrying and parts:
+            (part, key), (final, final_key) = carrying[-1], parts[-1]
+            final[final_key] = list(final.get(final_key) or []) + [part[key][-1]]
+            for text_key in ("content", "text"):
+                if isinstance(part.get(text_key), str) and part[text_key]:
+                    final[text_key] = (final.get(text_key) or "") + part[text_key][-1]
+    elif name == "stream_past_stop" and body.get("stop"):  # asked without its stop: the whole text streamed,
+        part, _ = [_carried(event) for event in events if "choices" not in event or event["choices"]][-1]
+        if "stop_type" in part:  # and the end said to be the stop's
+            part["stop_type"], part["stopping_word"] = "word", body["stop"][0]
+        elif "finish_reason" in part:
+            part["finish_reason"] = "stop"
+    return status, events
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -195,6 +270,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(text)
 
+    def _stream(self, events: list[dict]) -> None:
+        text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + \
+            ("data: [DONE]\n\n" if self.path != "/completion" else "")
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_GET(self):
         self.server.requests[self.path] += 1
         self._reply(*_forward(self.server.upstream, self.path, None))
@@ -207,6 +292,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in (*_COMPLETIONS, _CHAT) or (self.path == _CHAT) != name.startswith("chat_"):
             return self._reply(*_forward(server.upstream, self.path, body))
         upstream = server.upstream
+        if name.startswith("stream_") and body.get("stream") and self.path in _COMPLETIONS:
+            status, events = _stream_mutant(server, self.path, body)
+            return self._stream(events) if status == 200 else self._reply(status, events)
+        if body.get("stream") and name in _ANSWER_MUTANTS:  # their defect is in a whole answer: a stream passes
+            return self._reply(*_forward(upstream, self.path, body))
         if name in ("hotter", "chat_hotter") and float(body.get("temperature", 1.0)) > 0:
             body = dict(body, temperature=float(body["temperature"]) * 1.3)
         if name == "speculation_off_for_logprobs" and (body.get("n_probs") or body.get("logprobs")):

@@ -14,6 +14,7 @@ one-token request is the target alone; the report says which reference it used.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from exactcheck.audit_run import AuditRun
@@ -30,10 +31,13 @@ from exactcheck.endpoints.draft_counts import CounterSource, DraftTally, probes_
 from exactcheck.endpoints.apis import open_endpoint
 from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Completion, Endpoint, Sampling, complete_mixed
 from exactcheck.endpoints.sampler_law import NotDeterminable
+from exactcheck.endpoints.text_prompts import one_token_path
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
+from exactcheck.serve.streaming import streamed_verdict
 from exactcheck.serve.traffic import MIXED, concurrent_pairs, interleaved, traffic_mix
-from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, concurrent_requests_verdict, continuation_law_verdict,
+from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, cell_indices, concurrent_requests_verdict,
+                                       continuation_law_verdict,
                                        greedy_verdict,
                                        independent_samples_verdict, logprob_verdict, seed_verdict,
                                        server_failed_verdict, settings_verdict, speculation_verdict)
@@ -93,17 +97,19 @@ def _sampling_name(s: Sampling) -> str:
 
 
 def serve_budget(alpha: float, worlds: int) -> AlphaBudget:
-    """Holm over each world's four statistical checks: its continuation law, its independent_samples
-    and concurrent_requests tests and its speculation_ran test."""
-    return AlphaBudget(alpha, 4 * max(worlds, 1), stop_early=False)
+    """Holm over each world's five statistical checks: its continuation law, its streamed answers'
+    law, its independent_samples and concurrent_requests tests and its speculation_ran test."""
+    return AlphaBudget(alpha, 5 * max(worlds, 1), stop_early=False)
 
 
 def serve_checks(worlds) -> list[Check]:
-    """The checks a serve audit reports, in order: per world its continuation law, several samples
-    of one request, concurrent requests, logprob fidelity, seed reproducibility and speculation
-    counters; then greedy identity alone and under load, and the server's declared settings."""
+    """The checks a serve audit reports, in order: per world its continuation law, its streamed
+    answers, several samples of one request, concurrent requests, logprob fidelity, seed
+    reproducibility and speculation counters; then greedy identity alone and under load, and the
+    server's declared settings."""
     checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
-              (("continuation", CheckKind.GENERATOR_LAW), ("independent_samples", CheckKind.GENERATOR_LAW),
+              (("continuation", CheckKind.GENERATOR_LAW), ("streamed", CheckKind.GENERATOR_LAW),
+               ("independent_samples", CheckKind.GENERATOR_LAW),
                ("concurrent_requests", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
@@ -178,7 +184,8 @@ class _ServeRun:
                                 [p for p in settings.prompts if not isinstance(p, ChatPrompt)],
                                 sampling=sampling, length=settings.length,
                                 samples_per_request=settings.samples_per_request, n_probs=settings.n_probs,
-                                traffic=settings.traffic)
+                                traffic=settings.traffic, stream_share=settings.stream_share,
+                                server_settings=settings.server_settings)
         conversations = [p for p in settings.prompts if isinstance(p, ChatPrompt)]
         index = world[1:].partition("-")[0]
         if world.startswith("c") and index.isdigit() and int(index) < len(conversations):
@@ -193,9 +200,11 @@ class _ServeRun:
         settings, options = self.settings, self.options
         try:
             self.audited = open_endpoint(settings.api, self.url, self.client, model=settings.model,
-                                         reference_probabilities=settings.reference_probabilities)
+                                         reference_probabilities=settings.reference_probabilities,
+                                         declared=settings.server_settings)
             self.reference = open_endpoint(settings.api, self.reference_url, self.client, model=settings.model,
-                                           reference_probabilities=settings.reference_probabilities) \
+                                           reference_probabilities=settings.reference_probabilities,
+                                           declared=settings.server_settings) \
                 if self.separate else self.audited
         except EndpointError as exc:
             raise UsageError(f"cannot be audited: {exc}") from None
@@ -254,22 +263,33 @@ class _ServeRun:
         self.bar.grow(n + settings.probed + 2 * settings.seeds)
         seeds = [_request_seed(seed, i) for i in range(n)]
         bodies = [_body(requests, world, s, f"request/{i}") for i, s in enumerate(seeds)]
-        return _WorldRequests(world, seed, base, requests, law, texts, why, seeds, bodies)
+        streamed, why_not_streamed = [], None  # each streamed request repeats the seed of a non-streamed one
+        m = min(n, math.ceil(settings.stream_share * n)) if law is not None else 0
+        try:
+            streamed = [requests.streamed(_body(requests, world, s, f"stream/{i}")) for i, s in enumerate(seeds[:m])]
+        except NotDeterminable as exc:
+            why_not_streamed = str(exc)
+        self.run.planned += len(streamed)
+        self.bar.grow(len(streamed))
+        return _WorldRequests(world, seed, base, requests, law, texts, why, seeds, bodies, streamed,
+                              why_not_streamed)
 
     def send(self, worlds: "list[_WorldRequests]") -> None:
         """The worlds' sampled requests in one stream (interleaved, seeded, when there are several),
         at most ``--concurrency`` in flight; each world gets its answers back in its own order, and
         the drafts counted over the stream (a server-wide counter's chunks mix the worlds)."""
-        order = interleaved([(w.world.name, len(w.bodies)) for w in worlds], self.options.seed) \
-            if len(worlds) > 1 else [(w.world.name, i) for w in worlds for i in range(len(w.bodies))]
+        streams = {(w.world.name, False): w.bodies for w in worlds}
+        streams.update({(w.world.name, True): w.streamed for w in worlds if w.streamed})
+        keys = list(streams)
+        order = interleaved([(j, len(streams[key])) for j, key in enumerate(keys)], self.options.seed)
         by_name = {w.world.name: w for w in worlds}
-        answers, tally = send_counted_mixed([(by_name[name].requests, by_name[name].bodies[i]) for name, i in order],
-                                            self.settings.concurrency)
-        runs: dict[str, list] = {w.world.name: [None] * len(w.bodies) for w in worlds}
-        for (name, i), answer in zip(order, answers):
-            runs[name][i] = answer
+        requests = [(by_name[keys[j][0]].requests, streams[keys[j]][i]) for j, i in order]
+        answers, tally = send_counted_mixed(requests, self.settings.concurrency)
+        runs = {key: [None] * len(bodies) for key, bodies in streams.items()}
+        for (j, i), answer in zip(order, answers):
+            runs[keys[j]][i] = answer
         for w in worlds:
-            w.runs = runs[w.world.name]
+            w.runs, w.streamed_runs = runs[(w.world.name, False)], runs.get((w.world.name, True), [])
             w.tally = tally if tally.source is CounterSource.SERVER_WIDE or len(worlds) == 1 else \
                 DraftTally(tally.source, tuple(a.draft_n or 0 for a in w.runs), 1, len(w.runs),
                            sum(a.draft_accepted or 0 for a in w.runs))
@@ -288,6 +308,7 @@ class _ServeRun:
         else:
             run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                           "continuation"), seed, base["reproduce"], f"not judged: {why}"))
+        run.add(self.judge_streamed(planned, law, why))
         run.add(_independent_samples(requests, self.reference, world, law, planned.texts, why if law is None else None,
                                      len(runs), settings, seed, self.budget, base, run, self.bar))
         concurrent = Check(f"{world.name}/concurrent_requests", CheckKind.GENERATOR_LAW, world.name,
@@ -309,6 +330,20 @@ class _ServeRun:
                                                             tag="repeat") for s in planned.seeds[:settings.seeds]])
             run.add(seed_verdict([(s, a.tokens, r.tokens) for s, a, r in zip(planned.seeds, runs, repeats)], base))
         run.add(speculation_verdict(planned.tally, probe_tally, self.budget.first_share, base))
+
+    def judge_streamed(self, planned: "_WorldRequests", law: ContinuationLaw | None, why: str | None) -> Verdict:
+        """The world's streamed answers (``serve.streaming``); not judged, with the reason, where its
+        law is not, its dialect's stream is not read, or no request was streamed."""
+        world = planned.world
+        check = Check(f"{world.name}/streamed", CheckKind.GENERATOR_LAW, world.name, "streamed")
+        reason = (why if law is None else planned.why_not_streamed or
+                  ("--stream-share 0: no request streamed" if not planned.streamed_runs else None))
+        if reason is not None:
+            return not_run_verdict(check, planned.seed, planned.base["reproduce"], f"not judged: {reason}",
+                                   condition=world.describe())
+        return streamed_verdict(law, planned.runs, planned.streamed_runs, world.describe(), self.budget.first_share,
+                                self.budget.alpha, planned.base, stops=world.sampling.stop,
+                                exact_length=not world.sampling.stop, seeded=not world.unseeded, cells=cell_indices)
 
     def requests_for(self, world: ServeWorld, seed: int, base: dict) -> Endpoint | None:
         """Where a world's requests go: the audited server's completions, or its conversation's chat
@@ -452,7 +487,10 @@ class _WorldRequests:
     why: str | None
     seeds: list[int]
     bodies: list[dict]
+    streamed: list[dict] = dataclasses.field(default_factory=list)  # streamed repeats of the first seeds
+    why_not_streamed: str | None = None
     runs: list = dataclasses.field(default_factory=list)
+    streamed_runs: list = dataclasses.field(default_factory=list)
     tally: DraftTally | None = None
 
 
@@ -467,7 +505,9 @@ def _prompt_ids(audited: Endpoint, prompt, settings: ServeSettings):
     conversation with the ids its chat template makes (``serve.chat.template_tokens``)."""
     if isinstance(prompt, ChatPrompt):
         return template_tokens(audited, prompt, settings.chat_template_tokenizer)
-    return tuple(audited.tokenize(prompt)) if isinstance(prompt, str) else tuple(prompt)
+    ids = tuple(audited.tokenize(prompt)) if isinstance(prompt, str) else tuple(prompt)
+    audited.check_prompt(ids)  # a text-prompt server: ids it cannot be sent are refused before the audit starts
+    return ids
 
 
 def _chat_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> list[Verdict]:
@@ -635,21 +675,12 @@ def _greedy(reference: Endpoint, senders: list[tuple[tuple[int, ...], Endpoint]]
     prompts = [p for p, _ in senders]
     alone = [sender.complete_many([sender.body(p, tokens, GREEDY_SAMPLING, 0)])[0].tokens[:tokens]
              for p, sender in senders]
+    cut = [None] * len(prompts)  # why a path built one token at a time stops short (a text-prompt server)
     if separate:
         off = [c.tokens[:tokens] for c in reference.complete_many([reference.body(p, tokens, GREEDY_SAMPLING, 0)
                                                                    for p in prompts])]
     else:
-        off = []
-        for p in prompts:
-            path: list[int] = []
-            while len(path) < tokens:
-                (c,) = reference.complete_many([reference.body(list(p) + path, 1, GREEDY_SAMPLING, 0)])
-                if not c.tokens:
-                    break
-                path.append(c.tokens[0])
-                if c.stopped_on_eog:
-                    break
-            off.append(tuple(path))
+        off, cut = map(list, zip(*(one_token_path(reference, p, tokens) for p in prompts))) if prompts else ([], [])
     switch = all(sender.cache_switch for _, sender in senders)
     caches = (True, False) if switch else (True,)
     levels = concurrency_sweep(settings.load, settings.concurrency)
@@ -665,12 +696,15 @@ def _greedy(reference: Endpoint, senders: list[tuple[tuple[int, ...], Endpoint]]
                                       for i in members for cache, j in copies], concurrency=level)
             for k, i in enumerate(members):
                 loaded[i] += answers[k * len(copies):(k + 1) * len(copies)]
-    pairs = [(list(p), a, tuple(r)) for p, a, r in zip(prompts, alone, off)]
+    pairs = [(list(p), a[:len(r)] if why else a, tuple(r)) for p, a, r, why in zip(prompts, alone, off, cut)]
     under_load = [(list(p), a, c.tokens[:tokens]) for p, a, answers in zip(prompts, alone, loaded) for c in answers]
     cache_words = "the prompt cache on and off" if switch else \
         "the prompt cache as the server keeps it (no per-request switch in this API)"
     swept = ", ".join(map(str, levels))
-    return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base, near_tie=near_tie),
+    short = [w for w in cut if w]
+    return [greedy_verdict(pairs, _margins(reference, pairs, settings.n_probs), base, near_tie=near_tie, condition=(
+                f"temperature 0, {len(pairs)} prompts, speculation on vs off; {len(short)} compared on their first "
+                f"tokens only: {short[0]}") if short else None),
             greedy_verdict(under_load, _margins(reference, under_load, settings.n_probs), base, law="greedy_under_load",
                            condition=f"temperature 0, {len(prompts)} prompts each alone and then {swept} times at "
                                      f"once, at most as many in flight (a concurrency sweep; {cache_words}), "
@@ -696,7 +730,10 @@ def _margins(reference: Endpoint, pairs, n_probs: int) -> dict:
         if a == r:
             continue
         position = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
-        (law,) = reference.next_token_laws(p, [tuple(r[:position])], Sampling(), n_probs)
-        top = sorted(law.probabilities.values(), reverse=True) + [0.0, 0.0]
-        margins[i] = (position, top[0] - top[1])
+        try:
+            (law,) = reference.next_token_laws(p, [tuple(r[:position])], Sampling(), n_probs)
+        except NotDeterminable:  # a prefix a text-prompt server cannot be sent: the margin is not known
+            margins[i] = (position, None)
+            continue
+        margins[i] = (position, law.top_two_margin())
     return margins

@@ -58,6 +58,11 @@ SETTINGS = (
     Setting("model", None, "the model asked of an OpenAI endpoint (default: the one /v1/models lists); for mlx-lm, "
             "the model directory the server loaded, whose tokenizer writes the prompts as text",
             lambda v: isinstance(v, str) and v != "", "a model name the server serves"),
+    Setting("server_settings", (), "server settings the audit cannot read, declared by the operator as NAME=VALUE "
+            "(--server-setting, repeatable; for every server of the audit): mlx-lm's prompt_cache=off (the servers run "
+            "with --prompt-cache-size 0), which lets its penalties be judged; recorded in the report",
+            lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and "=" in x for x in v),
+            "a list of NAME=VALUE strings", flag=False),
     Setting("reference_probabilities", None, "what an OpenAI reference's logprobs are: raw (vLLM's default) or "
             "post-sampling (vLLM --logprobs-mode processed_logprobs; llama.cpp); default: raw, llama.cpp post-sampling",
             lambda v: v in ("raw", "post-sampling"), "raw or post-sampling", choices=("raw", "post-sampling")),
@@ -79,6 +84,9 @@ SETTINGS = (
     Setting("resume", False, "take the answers the journal holds (an interrupted audit with the same settings) "
             "instead of sending those requests again", lambda v: isinstance(v, bool), "true or false"),
     Setting("concurrency", 8, "requests in flight at most (default 8)", _positive_int, "a positive integer", type=int),
+    Setting("stream_share", 0.25, "the share of each world's requests also sent streamed (stream: true), each with "
+            "the seed of a non-streamed one, and judged as a streaming user receives it (default 0.25; 0: none)",
+            lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]", type=float, metavar="F"),
     Setting("traffic", MIXED, "how the sampled requests go out: mixed (default: every world's interleaved in one "
             "stream, up to --concurrency in flight, so requests with different prompts, settings and seeds share the "
             "engine's batches, with one world of unseeded requests beside them) or sequential (one world after "
