@@ -32,6 +32,14 @@ reports/serve-false-alarms-new-worlds.json (``--paths new``).
     python benchmarks/serve_false_alarms.py --paths penalties --seeds 200 --jobs 1
     python benchmarks/serve_false_alarms.py --paths stops --seeds 200 --jobs 1
 
+``--paths bpe`` (issue 69): the text-prompt dialects over a byte-level BPE tokenizer
+(``toy_models.bpe_models``: 320 ids, 132 sharing their text), prompts as text, each path its own
+reference: ``mlx-lm-bpe`` (draft-model speculation; temperature 1, temperature 0.7 / top-k 8),
+``mlx-lm-bpe-penalties`` (``--server-setting prompt_cache=off``; repetition 1.3, and temperature 0.7 /
+top-k 8 with presence and frequency 0.5, on a prompt that repeats) and ``llama-cpp-python-bpe``
+(prompt-lookup speculation, ids read from logprob texts, the whole vocabulary asked; temperature 1,
+and presence and frequency 0.5). Writes reports/serve-false-alarms-bpe.json.
+
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
 "cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
 speculating from the draft table.
@@ -82,8 +90,25 @@ STOPS = (Sampling.parse("stop=b,stop=cd"), Sampling.parse("temperature=0.7,top_k
 NEW_PATHS.update({"stops-llama": (dict(), "auto", ((1, 2),), STOPS),
                   "stops-vllm": (dict(api="vllm"), "openai", ((1, 2),), STOPS)})
 STOP_PATHS = ("stops-llama", "stops-vllm")
+# byte-level BPE worlds (issue 69): the text-prompt dialects over toy_models.bpe_models' tokenizer (320 ids, 132 of
+# them sharing their text with another), prompts as text; prefixes with no text that reads back as their ids pooled,
+# llama-cpp-python's shared texts merged: (model fields, api, prompts, samplings, further run_serve_audit settings)
+BPE_PROMPT, BPE_REPEATS = ("Once upon a time",), ("one, two, one, two,",)
+BPE_PATHS = {
+    # draft-model speculation (the toy's exact rejection sampling), the audited server as its own reference
+    "mlx-lm-bpe": (dict(api="mlx-lm"), "auto", BPE_PROMPT, (Sampling(), Sampling(temperature=0.7, top_k=8)), {}),
+    # penalties judged under the operator's declaration that the prompt cache is off
+    "mlx-lm-bpe-penalties": (dict(api="mlx-lm"), "auto", BPE_REPEATS,
+                             (Sampling(repetition_penalty=1.3), Sampling(temperature=0.7, top_k=8, presence_penalty=0.5,
+                                                                         frequency_penalty=0.5)),
+                             dict(server_settings=("prompt_cache=off",))),
+    # prompt lookup (llama-cpp-python's only speculation), logprob texts read back as ids, the whole vocabulary asked
+    "llama-cpp-python-bpe": (dict(api="llama-cpp-python", drafter="ngram", ngram=1), "auto", BPE_REPEATS,
+                             (Sampling(), Sampling(presence_penalty=0.5, frequency_penalty=0.5)), dict(n_probs=320)),
+}
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
-           "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json"}
+           "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json",
+           "bpe": "reports/serve-false-alarms-bpe.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -104,9 +129,22 @@ def tokenizer_dir() -> str:
     return str(write_llama(seed=0))
 
 
+@functools.lru_cache(maxsize=1)
+def bpe_dir() -> str:
+    from toy_models.bpe_models import write_bpe_llama
+    return str(write_bpe_llama(seed=0))
+
+
 def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
     path = paths[seed % len(paths)]
-    if path in NEW_PATHS:
+    extra = {}
+    if path in BPE_PATHS:
+        fields, api, prompts, samplings, extra = BPE_PATHS[path]
+        model = ToyServedModel(vocab=320, **fields, tokenizer_dir=bpe_dir())
+        transport = http_like(model)
+        # two in flight: concurrent_requests is judged (with one, its verdict is built without evidence and raises)
+        extra = dict(extra, concurrency=2, **(dict(model=bpe_dir()) if fields["api"] == "llama-cpp-python" else {}))
+    elif path in NEW_PATHS:
         fields, api, prompts, samplings = NEW_PATHS[path]
         model = ToyServedModel(**fields, tokenizer_dir=tokenizer_dir() if fields.get("api") == "mlx-lm" else None)
         transport = http_like(model)
@@ -120,7 +158,8 @@ def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
 
     begun = time.perf_counter()
     result = run_serve_audit("local://toy-served", level="quick", seed=seed, alpha=1e-3, progress=False, api=api,
-                             prompts=prompts, samplings=samplings, transport=transport, concurrency=1)
+                             prompts=prompts, samplings=samplings, transport=transport,
+                             **{"concurrency": 1, **extra})
     spec = [v for v in result.verdicts if v.law == "speculation_ran"]
     statistical = [v for v in result.verdicts if v.kind.statistical]
     return {"seed": seed, "path": path, "passed": result.passed, "failed": [v.check for v in result.failed],
@@ -130,6 +169,11 @@ def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
             "requests": result.samples_drawn,
             "min_pvalue": min((v.pvalue for v in result.verdicts if v.kind.statistical and v.pvalue is not None),
                               default=None),
+            # the text-prompt dialects: prefixes pooled (no text reads back as them) in each continuation law
+            "pooled": {v.check: v.summary.rsplit("; ", 1)[-1].split(" pooled")[0] for v in result.verdicts
+                       if v.law == "continuation" and " pooled, each one cell" in (v.summary or "")},
+            "not_judged": [v.check for v in result.verdicts if v.law == "continuation"
+                           and (v.summary or "").startswith("not judged")],
             "speculation_ran": [(v.outcome.value, v.pvalue) for v in spec],
             "seconds": round(time.perf_counter() - begun, 2)}
 
@@ -140,20 +184,24 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--paths", default="old", help="old (the first three paths), new (mlx-lm, chat-llama, "
                                                        "chat-vllm), penalties (penalty-llama, penalty-vllm), stops "
-                                                       "(stops-llama, stops-vllm) or a comma-separated list of paths")
+                                                       "(stops-llama, stops-vllm), bpe (mlx-lm-bpe, "
+                                                       "mlx-lm-bpe-penalties, llama-cpp-python-bpe) or a "
+                                                       "comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
-        STOP_PATHS if args.paths == "stops" else \
+        STOP_PATHS if args.paths == "stops" else tuple(BPE_PATHS) if args.paths == "bpe" else \
         tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
         tuple(args.paths.split(","))
-    unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS]
+    unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS and p not in BPE_PATHS]
     if unknown:
-        parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS])}")
+        parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS, *BPE_PATHS])}")
     out = args.out or REPORTS.get(args.paths, "reports/serve-false-alarms-" + "-".join(paths) + ".json")
     if any(p in NEW_PATHS for p in paths):
         tokenizer_dir()  # written once, before the workers read it
+    if any(p in BPE_PATHS for p in paths):
+        bpe_dir()
     begun = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(args.jobs) as pool:

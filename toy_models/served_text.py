@@ -21,8 +21,9 @@ the output: what mlx-lm's ``speculative_generate_step`` does (its ``_prefill`` l
 and the processors' ``prev_tokens`` start there), so a penalty over the prompt is lost under speculation.
 
 ``api="llama-cpp-python"`` (llama_cpp/server/app.py, llama.py 0.3.36): ``POST /v1/completions`` with
-a text prompt (a list of ids is refused), the server's defaults for every field not sent (temperature
-0.8, top-k 40, top-p 0.95, min-p 0.05, ``repeat_penalty`` 1.1), ``<s>`` before the prompt, an answer
+a text prompt (a list of ids is refused: pydantic's validation error comes back as HTTP 500), the
+server's defaults for every field not sent (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+``repeat_penalty`` 1.1), ``<s>`` before the prompt, an answer
 that stops on ``</s>`` without it (``finish_reason: "stop"``), and ``logprobs: N`` as
 ``Llama._create_completion`` writes it: raw log-probabilities (log-softmax of the logits, before the
 sampler), ``tokens`` each token's text, ``top_logprobs`` a dict from text to log-probability over the
@@ -283,9 +284,10 @@ def _lcp_respond(model, directory: str, path: str, body: dict | None):
     prompt = body.get("prompt", "")
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) and len(prompt) <= 1:
         prompt = prompt[0] if prompt else ""
-    if not isinstance(prompt, str):  # pydantic: Union[str, List[str]]
-        return 422, {"detail": [{"type": "string_type", "loc": ["body", "prompt", "str"],
-                                 "msg": "Input should be a valid string"}]}
+    if not isinstance(prompt, str):  # pydantic refuses it (Union[str, List[str]]), and the server answers 500
+        return 500, {"error": {"message": "4 validation errors: {'type': 'string_type', 'loc': ('body', 'prompt', "
+                                          "'str'), 'msg': 'Input should be a valid string'}",
+                               "type": "internal_server_error", "param": None, "code": None}}
     args = {k: body.get(k, v) if body.get(k) is not None or k in ("seed", "logprobs") else v
             for k, v in _LCP_DEFAULTS.items()}
     ids = list(_encode(directory, prompt)) if prompt else []

@@ -33,6 +33,10 @@ def serve_arguments(parser) -> None:
                         help="sampling settings of a world, e.g. 'temperature=0.7,top_k=8', 'top_p=0.9,min_p=0.05', "
                              "penalties 'repetition_penalty=1.3,presence_penalty=0.5,frequency_penalty=0.5,"
                              "repeat_last_n=64' (repeatable; default three settings)")
+    parser.add_argument("--server-setting", action="append", metavar="NAME=VALUE", dest="server_setting",
+                        help="a server setting the audit cannot read, declared by the operator for every server of the "
+                             "audit and recorded in the report (repeatable): mlx-lm's prompt_cache=off (started with "
+                             "--prompt-cache-size 0), which lets its penalties be judged")
     settings.add_arguments(parser)
     arguments.output(parser)
     arguments.require(parser)
@@ -64,6 +68,11 @@ def serve_settings(args) -> dict:
         values["prompts"] = tuple(prompts)
     if samplings:
         values["samplings"] = tuple(samplings)
+    if args.server_setting:
+        bad = [item for item in args.server_setting if "=" not in item]
+        if bad:
+            raise UsageError(f"--server-setting {bad[0]!r}: expected NAME=VALUE, e.g. prompt_cache=off")
+        values["server_settings"] = tuple(args.server_setting)
     return values
 
 
