@@ -196,10 +196,14 @@ def test_llama_cpp_python_is_detected_and_reads_ids_from_texts_merging_shared_on
 def test_llama_cpp_python_prompt_lookup_passes_and_a_hotter_proxy_is_found(lcp_bpe, bpe_dir):
     target, plain = lcp_bpe
     settings = dict(QUICK, prompts=(REPEATS,), samplings=(Sampling(),), model=bpe_dir, n_probs=320)
-    result = run_serve_audit(target.url, reference=plain.url, **settings)
+    result = run_serve_audit(target.url, reference=plain.url, **dict(settings, samplings=(
+        Sampling(), Sampling(temperature=0.7, top_k=8))))
     assert result.passed, [v.describe() for v in result.failed]
     verdicts = _by_check(result)
     assert verdicts["p0-t1/continuation"].outcome.value == "exact"
+    # a world that cannot be judged at all says why, and the audit goes on
+    law = verdicts["p0-temperature0_7-top_k8/continuation"]
+    assert law.outcome.value == "inconclusive" and "share a logprob string" in law.summary, law.summary
     assert verdicts["p0-t1/independent_samples"].outcome.value == "inconclusive"  # n is dropped
     with proxy("hotter", target.url) as p:
         hotter = run_serve_audit(p.url, reference=plain.url, api="llama-cpp-python", **settings)
