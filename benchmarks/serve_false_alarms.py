@@ -40,6 +40,13 @@ top-k 8 with presence and frequency 0.5, on a prompt that repeats) and ``llama-c
 (prompt-lookup speculation, ids read from logprob texts, the whole vocabulary asked; temperature 1,
 and presence and frequency 0.5). Writes reports/serve-false-alarms-bpe.json.
 
+``--paths traffic`` (issue 67): the traffic users send, each audit under the default mixed traffic (up to
+4 in flight), a quarter of each world's requests streamed, an unseeded world, and answers that may end on
+the toy's end-of-generation token: ``traffic-llama`` (two prompts, the ``-ends`` world the audit adds,
+its id read from ``/props``) and ``traffic-vllm`` (a world with ``ignore_eos=0,min_tokens=2``, the id
+declared with ``eos_ids``). Writes reports/serve-false-alarms-traffic.json with the p-values of the new
+statistical checks (streamed, concurrent_requests).
+
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
 "cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
 speculating from the draft table.
@@ -106,9 +113,21 @@ BPE_PATHS = {
     "llama-cpp-python-bpe": (dict(api="llama-cpp-python", drafter="ngram", ngram=1), "auto", BPE_REPEATS,
                              (Sampling(), Sampling(presence_penalty=0.5, frequency_penalty=0.5)), dict(n_probs=320)),
 }
+# the traffic users send (issue 67): the default mixed traffic, up to 4 in flight, a quarter of each world's
+# requests streamed, an unseeded world, and answers that may end on the toy's end-of-generation token (id 5:
+# about a third of 3-token answers at sharpness 1 end on it): llama.cpp's dialect with the -ends world the audit
+# adds (its id read from /props and /tokenize), vLLM's with a min_tokens world (the id declared: --eos-ids)
+ENDS = dict(eos=5, sharpness=1.0)
+TRAFFIC_PATHS = {
+    "traffic-llama": (ENDS, "auto", ((1, 2), (3, 4, 5)), SAMPLINGS, dict(concurrency=4)),
+    "traffic-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),),
+                     (Sampling(), Sampling(temperature=0.7, top_k=5),
+                      Sampling(temperature=0.8, ignore_eos=False, min_tokens=2)), dict(concurrency=4, eos_ids="5")),
+}
+BPE_PATHS.update(TRAFFIC_PATHS)  # the same shape: (model fields, api, prompts, samplings, settings)
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
            "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json",
-           "bpe": "reports/serve-false-alarms-bpe.json"}
+           "bpe": "reports/serve-false-alarms-bpe.json", "traffic": "reports/serve-false-alarms-traffic.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -138,7 +157,11 @@ def bpe_dir() -> str:
 def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
     path = paths[seed % len(paths)]
     extra = {}
-    if path in BPE_PATHS:
+    if path in TRAFFIC_PATHS:
+        fields, api, prompts, samplings, extra = TRAFFIC_PATHS[path]
+        model = ToyServedModel(**fields)
+        transport = http_like(model)
+    elif path in BPE_PATHS:
         fields, api, prompts, samplings, extra = BPE_PATHS[path]
         model = ToyServedModel(vocab=320, **fields, tokenizer_dir=bpe_dir())
         transport = http_like(model)
@@ -166,6 +189,8 @@ def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
             "outcomes": {v.check: v.outcome.value for v in result.verdicts},
             "continuation_pvalues": {v.check: v.pvalue for v in statistical if v.law == "continuation"},
             "independent_samples_pvalues": {v.check: v.pvalue for v in statistical if v.law == "independent_samples"},
+            "streamed_pvalues": {v.check: v.pvalue for v in statistical if v.law == "streamed"},
+            "concurrent_requests_pvalues": {v.check: v.pvalue for v in statistical if v.law == "concurrent_requests"},
             "requests": result.samples_drawn,
             "min_pvalue": min((v.pvalue for v in result.verdicts if v.kind.statistical and v.pvalue is not None),
                               default=None),
@@ -191,7 +216,8 @@ def main() -> None:
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
-        STOP_PATHS if args.paths == "stops" else tuple(BPE_PATHS) if args.paths == "bpe" else \
+        STOP_PATHS if args.paths == "stops" else tuple(TRAFFIC_PATHS) if args.paths == "traffic" else \
+        tuple(p for p in BPE_PATHS if p not in TRAFFIC_PATHS) if args.paths == "bpe" else \
         tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
         tuple(args.paths.split(","))
     unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS and p not in BPE_PATHS]
@@ -200,7 +226,7 @@ def main() -> None:
     out = args.out or REPORTS.get(args.paths, "reports/serve-false-alarms-" + "-".join(paths) + ".json")
     if any(p in NEW_PATHS for p in paths):
         tokenizer_dir()  # written once, before the workers read it
-    if any(p in BPE_PATHS for p in paths):
+    if any(p in BPE_PATHS and p not in TRAFFIC_PATHS for p in paths):
         bpe_dir()
     begun = time.perf_counter()
     rows = []
@@ -211,6 +237,15 @@ def main() -> None:
     data = write(rows, paths, args, out, begun)
     print(f"{data['false_alarms']} false alarms in {len(rows)} quick serve audits at alpha 1e-3 ({data['seconds']} s); "
           f"by path: {json.dumps(data['by_path'])}; written {out}")
+
+
+def deciles(values: list[float]) -> list[int]:
+    """How many p-values fall in [0, 0.1), [0.1, 0.2), ... [0.9, 1]: about even under the null (the
+    exact discrete tests put their mass on fewer points, piled toward 1)."""
+    counts = [0] * 10
+    for p in values:
+        counts[min(int(p * 10), 9)] += 1
+    return counts
 
 
 def write(rows: list[dict], paths: tuple[str, ...], args, out: str, begun: float) -> dict:
@@ -240,6 +275,12 @@ def write(rows: list[dict], paths: tuple[str, ...], args, out: str, begun: float
                              (p for r in mine for p in r.get("independent_samples_pvalues", {}).values()
                               if p is not None), default=None),
                          "seconds": round(sum(r["seconds"] for r in mine), 1)}
+        for law in ("streamed", "concurrent_requests"):  # the new statistical checks (issue 67): their p-values
+            values = [p for r in mine for p in r.get(f"{law}_pvalues", {}).values() if p is not None]
+            by_path[name].update({f"{law}_judged": len(values), f"{law}_false_alarms": sum(
+                any(c.endswith(f"/{law}") for c in r["failed"]) for r in mine),
+                f"smallest_{law}_pvalue": min(values, default=None), f"{law}_pvalue_deciles": deciles(values)})
+        by_path[name]["finish_findings"] = sum(any(c.endswith("/finish") for c in r["failed"]) for r in mine)
     data = {"what": "quick serve audits of exact toy served models (2 worlds: 1 prompt x 2 samplings; continuation "
                     "laws of 3 tokens, independent_samples (2 samples a request: the pooled law and the same-cell "
                     "pair count) and speculation_ran tests under Holm at alpha 1e-3, plus the deterministic "

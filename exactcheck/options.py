@@ -542,6 +542,7 @@ class CheckKind(enum.Enum):
     SPECULATION = "speculation ran"  # a server's own speculation counters: drafting units compared (stats.rates)
     DECLARED_SETTINGS = "declared settings"  # the speculation settings a server exposes
     SEED_REPRODUCIBILITY = "seed reproducibility"  # the same seeded request twice
+    ANSWER_END = "answer end"  # what each served answer says of its end (finish reason, usage) against its tokens
 
     @property
     def statistical(self) -> bool:

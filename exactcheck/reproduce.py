@@ -202,7 +202,7 @@ def serve_audit_line(url: str, reference: str | None, options: AuditOptions, wor
                      model: str | None = None, reference_probabilities: str | None = None, prompts=(),
                      sampling: str | None = None, length: int = 3, samples_per_request: int = 2,
                      n_probs: int = 256, traffic: str = "mixed", stream_share: float = 0.25,
-                     server_settings=()) -> str:
+                     server_settings=(), eos_ids: str | None = None) -> str:
     """``exactcheck serve``'s line for ``world`` (the command is the only way to name a server):
     every setting that names the world or changes what it draws: the prompts in their order
     (``prompts``: texts or id tuples, empty for the defaults: a world's name is its prompt's index),
@@ -224,6 +224,8 @@ def serve_audit_line(url: str, reference: str | None, options: AuditOptions, wor
         settings.append(Setting(f"--traffic {traffic}", ""))
     if stream_share != 0.25:
         settings.append(Setting(f"--stream-share {stream_share:g}", ""))
+    if eos_ids:  # where answers may end: the ids they end on
+        settings.append(Setting(f"--eos-ids {shlex.quote(str(eos_ids))}", ""))
     settings += _when_set(options, "max_samples", "detect_tv")
     return reproduce_line("serve", shlex.quote(url), settings)
 

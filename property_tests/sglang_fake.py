@@ -28,7 +28,7 @@ DRAFT_TOKENS = 4  # speculative_num_draft_tokens: draft_max + 1
 class SGLangToy(ToyServedModel):
     """The toy's tables with SGLang's order: temperature, then the truncations."""
 
-    def law(self, context, sampling, history=None):
+    def law(self, context, sampling, history=None, position=None):
         row = self.row(self.target, context)
         t = sampling["temperature"]
         if t <= 0:

@@ -235,3 +235,42 @@ def test_stop_strings_keep_the_law_on_the_real_server_and_one_token_late_is_foun
     assert speculating.outcome.value == "exact", speculating.describe()
     assert late.outcome.value == "defect" and "run past the token that completed a stop string" in late.summary, \
         late.describe()
+
+
+# --- the traffic users send (issue 67): four slots, a draft, mixed, streamed and finishing requests
+
+ENDING_PROMPTS = ([1, 5, 6], [1, 9, 30])  # with eos_lift 1.0, about 30% and 4% of 3-token answers end on </s>
+
+
+@pytest.fixture(scope="module")
+def ending_pair():
+    from toy_models.gguf_models import GGUFConfig
+    llama_server_binary()
+    return write_pair(seed=0, config=GGUFConfig(eos_lift=1.0))
+
+
+@pytest.mark.long
+def test_four_slots_with_a_draft_under_mixed_streamed_and_finishing_traffic(ending_pair):
+    """llama-server -np 4 with draft-model speculation (probabilistic, 3 drafts) against the target
+    alone, under the default traffic: every world's requests interleaved up to 8 in flight (so the
+    four slots batch requests of different prompts, settings and seeds), a quarter of them streamed,
+    an unseeded world, and worlds whose answers may end on </s> (ignore_eos off; llama.cpp names it in
+    /props). Each law, the streamed answers, the pairs in flight and every answer's end are exact;
+    the logprobs of speculated tokens are 1.0 (the known loss, test_draft_model_speculation...)."""
+    from dataclasses import replace
+    samplings = (SAMPLINGS[0], replace(SAMPLINGS[1], ignore_eos=False))
+    audit = dict(AUDIT, prompts=ENDING_PROMPTS, samplings=samplings)
+    with llama_server(ending_pair[0]) as reference, \
+            llama_server(ending_pair[0], draft=ending_pair[1], draft_sampling="probabilistic", draft_max=3,
+                         extra_args=("-np", "4")) as audited:
+        result = run_serve_audit(audited, reference=reference, **audit)
+    verdicts = _laws(result)
+    for law in ("continuation", "streamed", "concurrent_requests", "finish", "independent_samples"):
+        judged = [v for v in result.verdicts if v.law == law]
+        assert judged and all(v.outcome.value == "exact" for v in judged), [v.describe() for v in judged]
+    ends = verdicts["p0-temperature0_7-top_k8-top_p0_95-min_p0_05-ignore_eos0/finish"]
+    assert "ended on an end-of-generation token, each said so" in ends.summary
+    assert int(ends.summary.split(" ended on")[0].split(": ")[-1].replace(",", "")) > 0.1 * ends.samples
+    assert "up to 8 in flight" in result.traffic and "p0-t1-unseeded" in result.traffic
+    assert verdicts["greedy/greedy_under_load"].outcome.value in ("exact", "inconclusive"), \
+        verdicts["greedy/greedy_under_load"].describe()

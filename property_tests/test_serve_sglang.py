@@ -37,7 +37,7 @@ def test_auto_finds_sglang_and_not_the_others(servers):
         assert detect_api(client, vllm.url) == "openai"  # /get_server_info alone is not SGLang's shape
     with served_model(ToyServedModel()) as llama:
         assert detect_api(client, llama.url) == "llama.cpp"
-    assert list(DIALECTS) == ["llama.cpp", "mlx-lm", "sglang", "openai"]
+    assert list(DIALECTS) == ["llama.cpp", "mlx-lm", "llama-cpp-python", "sglang", "openai"]
     endpoint = open_endpoint("auto", target.url, client)
     assert isinstance(endpoint, SGLangEndpoint) and endpoint.model == "toy-sglang"
     assert endpoint.speculation_settings()["speculative_num_draft_tokens"] == 4

@@ -107,8 +107,12 @@ def test_where_the_stop_text_is_not_known_the_world_is_not_judged_with_the_reaso
 def test_stop_strings_parse_percent_encoded_and_unjudged_fields_are_refused_with_the_reason():
     s = Sampling.parse("temperature=0.5,stop=%0A,stop=a%2Cb")
     assert s.stop == ("\n", "a,b") and Sampling.parse(s.spec()) == s and s.fields()["stop"] == ["\n", "a,b"]
-    with pytest.raises(ValueError, match="min_tokens is not judged: every audit request sets ignore_eos"):
-        Sampling.parse("min_tokens=4")
+    with pytest.raises(ValueError, match="only with ignore_eos=0"):
+        Sampling.parse("min_tokens=4")  # with ignore_eos every answer has the asked length: min_tokens says nothing
+    with pytest.raises(ValueError, match="n is not judged: every world's independent_samples check asks n"):
+        Sampling.parse("n=3")
+    ends = Sampling.parse("temperature=0.5,ignore_eos=0,min_tokens=2")
+    assert ends.finishes and ends.min_tokens == 2 and Sampling.parse(ends.spec()) == ends
 
 
 def test_a_server_without_detokenize_is_not_judged_never_a_usage_error():

@@ -56,8 +56,10 @@ def test_an_exact_server_under_mixed_traffic_passes_and_the_report_states_the_tr
     unseeded = {v.law: v for v in result.verdicts if v.world == "p0-t1-unseeded"}
     assert unseeded["continuation"].outcome.value == "exact" and "unseeded" in unseeded["continuation"].condition
     assert "not judged" in unseeded["same_seed"].summary
-    pairs = [v for v in result.verdicts if v.law == "concurrent_requests"]
+    pairs = [v for v in result.verdicts if v.law == "concurrent_requests" and not v.world.endswith("-ends")]
     assert pairs and all(v.outcome.value == "exact" and v.samples > 100 for v in pairs)
+    ends = {v.law: v for v in result.verdicts if v.world == "p0-t1-ends"}  # a toy without an end of generation
+    assert "names no eos_token" in ends["continuation"].summary and "--eos-ids" in ends["continuation"].summary
     assert "mixed traffic: every world's sampled requests interleaved in one stream, up to 8 in flight" in \
         result.traffic and "p0-t1-unseeded" in result.traffic
 
@@ -102,7 +104,7 @@ def test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_sev
         result = run_serve_audit(audited.url, prompts=([1, 2],), samplings=STOPS, **QUICK,
                                  **({"api": "openai"} if api == "vllm" else {}))
     assert result.passed, [v.describe() for v in result.failed]
-    streamed = [v for v in result.verdicts if v.law == "streamed"]
+    streamed = [v for v in result.verdicts if v.law == "streamed" and not v.world.endswith("-ends")]
     assert len(streamed) == 3 and all(v.outcome.value == "exact" for v in streamed)
     assert all("up to 2 tokens an event" in v.summary for v in streamed)
     assert "each the same ids and text as the non-streamed answer of its seed" in streamed[0].summary
@@ -124,3 +126,12 @@ def test_each_stream_mutant_is_found_streaming_and_not_without(api, mutant, caus
     assert set(found) == {"streamed"}, [v.describe() for v in streaming.failed]
     assert cause in found["streamed"].summary or cause in found["streamed"].describe(), found["streamed"].describe()
     assert quiet.passed, [v.describe() for v in quiet.failed]
+
+
+def test_one_request_in_flight_leaves_concurrent_requests_not_judged_with_the_reason():
+    with served_model(ToyServedModel(eos=5)) as audited:
+        result = run_serve_audit(audited.url, prompts=([1, 2],), samplings=(Sampling(),), concurrency=1,
+                                 stream_share=0.0, samples_per_request=1, **dict(QUICK, max_samples=300))
+    pairs = [v for v in result.verdicts if v.law == "concurrent_requests"]
+    assert pairs and all(v.outcome.value == "inconclusive" and "--concurrency 1" in v.summary for v in pairs)
+    assert result.passed, [v.describe() for v in result.failed]

@@ -74,6 +74,9 @@ class GGUFConfig:
     output_scale: float = 3.0  # standard deviation of the logits at the output head, roughly
     draft_noise: float = 0.35  # relative noise added to the draft's copies of the target's blocks
     special_shift: float = 3.0  # pushes <unk>, <s>, </s> and the newline byte down (about -10 logits); 0: off
+    # lifts </s> back up (its output row reads the constant dimension with this weight instead): 0, off,
+    # keeps it rare; about 1 gives it a few percent per token, so answers end inside a short window
+    eos_lift: float = 0.0
     dtype: str = "f32"  # "f32" or "f16" for the 2-D weights (norms stay f32, as llama.cpp wants)
 
     def __post_init__(self):
@@ -129,6 +132,8 @@ def _weights(config: GGUFConfig, seed: int) -> tuple[dict[str, np.ndarray], dict
         embd[:, 0] = np.float32(c.special_shift)
         out[:, 0] = 0.0
         out[:NEWLINE_ID + 1, 0] = np.float32(-c.special_shift)
+        if c.eos_lift:
+            out[EOS_ID, 0] = np.float32(c.eos_lift)
     shared = {
         # unit-variance embeddings: the residual stream starts at norm ~ sqrt(n_embd)
         "token_embd.weight": embd,

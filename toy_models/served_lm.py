@@ -116,6 +116,15 @@ class ToyServedModel:
     # together are then served as one batch (those arriving within ``batch_window`` seconds of the first,
     # at most ``max_batch``), as an engine's scheduler batches them; None: each request on its own
     batch_mutant: str | None = None
+    # an end-of-generation token: a request without ignore_eos ends where it is sampled (its id in the
+    # answer's tokens, llama.cpp's stop_type "eos", OpenAI's finish_reason "stop"); with ignore_eos,
+    # llama.cpp masks it (a -inf bias), vLLM does not stop at it; min_tokens (vLLM) masks it for the
+    # first tokens. None: no such token (every answer has the asked length)
+    eos: int | None = None
+    # a defect at the end of an answer: "past_eos" keeps the tokens a speculation step accepted after
+    # an end-of-generation token; "length_hides_stop" reports an answer ended by one as cut by the
+    # length cap; "usage_drafted" counts the rejected drafts among the completion tokens
+    finish_mutant: str | None = None
     batch_window: float = 0.004
     max_batch: int = 8
     target: np.ndarray = field(init=False, repr=False)
@@ -143,22 +152,54 @@ class ToyServedModel:
         """The same target without speculation."""
         return ToyServedModel(self.vocab, self.seed, self.sharpness, self.draft_noise, speculative=False, api=self.api,
                               drafter=self.drafter, ngram=self.ngram, chat=self.chat,
-                              tokenizer_dir=self.tokenizer_dir)
+                              tokenizer_dir=self.tokenizer_dir, eos=self.eos)
 
     def row(self, table: np.ndarray, context: list[int]) -> np.ndarray:
         return table[context[-1] if context else self.vocab]
 
-    def law(self, context: list[int], sampling: dict, history: list[int] | None = None) -> np.ndarray:
+    def law(self, context: list[int], sampling: dict, history: list[int] | None = None,
+            position: int | None = None) -> np.ndarray:
         """The target's law after ``context`` under ``sampling``: its penalties (``Penalties``) read
-        ``history`` (default: the context itself), then the sampler chain."""
-        sampling = dict(sampling)
-        penalties = sampling.pop("penalties", None)
+        ``history`` (default: the context itself), the end-of-generation token masked where the
+        request's settings mask it at the answer's ``position`` (``masks_eos``), then the sampler chain."""
         row = self.row(self.target, context)
+        penalties = sampling.get("penalties")
         if penalties is not None:
             row = penalties.apply(row, context if history is None else history)
-        return sampler_chain(row, **sampling)
+        return sampler_chain(self.masked(row, sampling, position), **_chain(sampling))
 
-    def _propose(self, context: list[int], k: int, sampling: dict, rng) -> tuple[list[int], list[np.ndarray]]:
+    def masks_eos(self, sampling: dict, position: int | None) -> bool:
+        """Whether the end-of-generation token is masked here: llama.cpp's ignore_eos (a -inf bias), or
+        vLLM's min_tokens while the answer is shorter than it."""
+        if self.eos is None:
+            return False
+        ignored = sampling.get("ignore_eos", True) and self.api != "vllm"
+        return bool(ignored or (position is not None and position < sampling.get("min_tokens", 0)))
+
+    def masked(self, row: np.ndarray, sampling: dict, position: int | None) -> np.ndarray:
+        if not self.masks_eos(sampling, position):
+            return row
+        row = row.copy()
+        row[self.eos] = 0.0
+        return row / row.sum()
+
+    def ended(self, tokens: list[int], sampling: dict) -> bool:
+        """Whether the answer is said to have ended on the end-of-generation token (its last)
+        (``finish_mutant="length_hides_stop"``: never, the length cap named instead)."""
+        return bool(self.ends(sampling) and tokens and tokens[-1] == self.eos
+                    and self.finish_mutant != "length_hides_stop")
+
+    def counted(self, tokens: list[int], drafted: int, accepted: int) -> int:
+        """The completion tokens the answer's usage counts (``finish_mutant="usage_drafted"``: the
+        rejected drafts too)."""
+        return len(tokens) + (drafted - accepted if self.finish_mutant == "usage_drafted" else 0)
+
+    def ends(self, sampling: dict) -> bool:
+        """Whether an answer ends where the end-of-generation token is sampled (no ignore_eos)."""
+        return self.eos is not None and not sampling.get("ignore_eos", True)
+
+    def _propose(self, context: list[int], k: int, sampling: dict, rng,
+                 position: int | None = None) -> tuple[list[int], list[np.ndarray]]:
         """Up to ``k`` draft tokens and the law each was drawn from (one-hot for prompt lookup)."""
         if self.drafter == "ngram":
             n = self.ngram
@@ -169,8 +210,9 @@ class ToyServedModel:
                     return proposal, [np.eye(self.vocab)[x] for x in proposal]
             return [], []
         proposal, q_rows, draft_context = [], [], list(context)
-        for _ in range(k):
-            q = sampler_chain(self.row(self.draft, draft_context), **_chain(sampling))  # drafts: no penalty
+        for i in range(k):
+            row = self.masked(self.row(self.draft, draft_context), sampling, None if position is None else position + i)
+            q = sampler_chain(row, **_chain(sampling))  # drafts: no penalty
             x = _sample(q, rng)
             proposal.append(x)
             q_rows.append(q)
@@ -188,33 +230,36 @@ class ToyServedModel:
         rng = np.random.default_rng(seed)
         context, out, drafted, accepted = list(prompt), [], 0, 0
         spec_steps = 0  # speculation steps done
-        while len(out) < n_predict:
+        ends = self.ends(sampling)
+        while len(out) < n_predict and not (ends and self.eos in out):
             if steps is not None and out:
                 steps.append(len(out))
             if not self.speculative or not out or sampling["temperature"] <= 0:
-                token = _sample(self.law(context, sampling), rng)
+                token = _sample(self.law(context, sampling, position=len(out)), rng)
                 out.append(token)
                 context.append(token)
                 continue
             k = min(self.draft_max, n_predict - len(out))
-            proposal, q_rows = self._propose(context, k, sampling, rng)
+            proposal, q_rows = self._propose(context, k, sampling, rng, len(out))
             if not proposal:  # nothing to draft here (n-gram: the context does not repeat)
-                token = _sample(self.law(context, sampling), rng)
+                token = _sample(self.law(context, sampling, position=len(out)), rng)
                 out.append(token)
                 context.append(token)
                 continue
             drafted += len(proposal)
             step_start = list(context)
-            verify = _chain(sampling) if self.penalty_mutant == "ignored" else sampling
+            verify = {**_chain(sampling), **_ending(sampling)} if self.penalty_mutant == "ignored" else sampling
             given = handed[spec_steps] if handed is not None and spec_steps < len(handed) else None
             spec_steps += 1
             before = accepted
             for i, (x, q) in enumerate(zip(proposal, q_rows)):
-                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None)
+                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None, len(out))
                 if (rng.random() < min(1.0, p[x] / q[x])) if given is None else i < given:
                     accepted += 1
                     out.append(x)
                     context.append(x)
+                    if ends and x == self.eos and self.finish_mutant != "past_eos":
+                        break  # the answer ends at an accepted end-of-generation token
                     continue
                 residual = np.maximum(p - q, 0.0)
                 residual = residual if residual.sum() > 0 else p
@@ -223,8 +268,8 @@ class ToyServedModel:
                 context.append(token)
                 break
             else:  # every draft accepted: the bonus token
-                if len(out) < n_predict:
-                    token = _sample(self.law(context, sampling), rng)
+                if len(out) < n_predict and not (ends and self.eos in out[len(out) - len(proposal):]):
+                    token = _sample(self.law(context, sampling, position=len(out)), rng)
                     out.append(token)
                     context.append(token)
             if record is not None:
@@ -276,8 +321,8 @@ class ToyServedModel:
             self.batches[len(rows)] += 1
         mutant, first = self.batch_mutant, rows[0]
         if mutant == "other_row_settings":  # every row sampled with the first row's sampler settings
-            rows = [replace(r, sampling=_with_penalties(_chain(first.sampling), r.sampling.get("penalties")))
-                    for r in rows]
+            rows = [replace(r, sampling=_with_penalties({**_chain(first.sampling), **_ending(r.sampling)},
+                                                        r.sampling.get("penalties"))) for r in rows]
         elif mutant == "batch_penalties":  # a row without penalties given a batch mate's
             donor = next((r.sampling["penalties"] for r in rows if r.sampling.get("penalties") is not None), None)
             if donor is not None:
@@ -371,6 +416,13 @@ def _seeded(body: dict) -> bool:
     return isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
 
 
+EOS_TEXT = "<eos>"  # the end-of-generation token's text, as /props names it (its own text: none in an answer's)
+
+
+def _without_eos(model: ToyServedModel, tokens: list[int]) -> list[int]:
+    return [t for t in tokens if t != model.eos] if model.eos is not None else tokens
+
+
 def _seed_of(body: dict) -> int:
     """A request's seed; none (or llama.cpp's -1) is a fresh one from the OS, as a real server draws
     for an unseeded request."""
@@ -457,7 +509,8 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
                 return 200, _metrics(model)  # Prometheus text, not JSON
             return 404, {"error": "not found"}
         if path == "/props":
-            return 200, {"model_path": _model_name(model), "n_vocab": model.vocab, "speculative": model.speculative}
+            props = {"model_path": _model_name(model), "n_vocab": model.vocab, "speculative": model.speculative}
+            return 200, {**props, "eos_token": EOS_TEXT} if model.eos is not None else props
         if path == "/slots":
             return 200, [{"id": 0, "speculative": model.speculative,
                           "params": {"speculative.types": "none,draft-simple" if model.speculative else "none"}}]
@@ -480,7 +533,10 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     if model.api == "vllm":
         return 404, {"error": "not found"}
     if path == "/tokenize":
-        return 200, {"tokens": [ord(c) % model.vocab for c in str(body.get("content", ""))]}
+        content = str(body.get("content", ""))
+        if model.eos is not None and body.get("parse_special") and content == EOS_TEXT:
+            return 200, {"tokens": [model.eos]}
+        return 200, {"tokens": [ord(c) % model.vocab for c in content]}
     if path == "/detokenize":
         return 200, {"content": "".join(token_text(t) for t in body.get("tokens") or [])}
     if path != "/completion":
@@ -496,8 +552,10 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
         tokens, drafted, accepted, found = [int(forced[0])] * n_predict, 0, 0, None
     else:
         tokens, drafted, accepted, found = model.generate_request(prompt, n_predict, sampling, body, steps)
-    answer = {"tokens": tokens, "content": _cut(tokens, found), "stop_type": "word" if found else "limit",
-              "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted)}
+    answer = {"tokens": tokens, "content": _cut(_without_eos(model, tokens), found),
+              "stop_type": "word" if found else "eos" if model.ended(tokens, sampling) else "limit",
+              "stopping_word": found or "", "timings": _timings(tokens, drafted, accepted),
+              "tokens_predicted": model.counted(tokens, drafted, accepted)}
     n_probs = int(body.get("n_probs", 0) or 0)
     if n_probs:
         answer["completion_probabilities"] = _llama_entries(model, prompt, tokens, sampling, n_probs,
@@ -527,7 +585,8 @@ def _llama_events(answer: dict, steps: list[int]) -> list[dict]:
             event["completion_probabilities"] = entries[a:b]
         events.append(event)
     final = {k: v for k, v in answer.items() if k not in ("tokens", "content", "completion_probabilities")}
-    events.append({**final, "index": 0, "content": "", "tokens": [], "stop": True, "tokens_predicted": len(tokens)})
+    events.append({**final, "index": 0, "content": "", "tokens": [], "stop": True,
+                   "tokens_predicted": answer.get("tokens_predicted", len(tokens))})
     return events
 
 
@@ -606,7 +665,7 @@ def _chat_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
         return 400, {"error": {"message": "'messages' is required", "code": 400}}
     prompt = chat_template_ids(model, messages)
     sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
-                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0)), **_ending(body)}
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
@@ -668,13 +727,26 @@ def _token_ids(model: ToyServedModel, prompt) -> bool:
 
 def _sampling(body: dict) -> dict:
     sampling = {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40) or 0),
-                "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05))}
+                "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05)),
+                **_ending(body)}
     return _with_penalties(sampling, Penalties.llama_cpp(body))
 
 
+_CHAIN = ("temperature", "top_k", "top_p", "min_p")
+
+
 def _chain(sampling: dict) -> dict:
-    """The sampler chain's own settings (the penalties left out)."""
-    return {k: v for k, v in sampling.items() if k != "penalties"}
+    """The sampler chain's own settings (the penalties and the end-of-generation settings left out)."""
+    return {k: v for k, v in sampling.items() if k in _CHAIN}
+
+
+def _ending(settings: dict) -> dict:
+    """A request's end-of-generation settings: ``ignore_eos`` (its default off, as the engines'), and
+    ``min_tokens`` where it asks some."""
+    out = {"ignore_eos": bool(settings.get("ignore_eos", False))}
+    if settings.get("min_tokens"):
+        out["min_tokens"] = int(settings["min_tokens"])
+    return out
 
 
 def _with_penalties(sampling: dict, penalties: "Penalties | None") -> dict:
@@ -761,16 +833,16 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
         return 400, {"error": {"message": "prompt must be token ids", "code": 400}}
     # the OpenAI defaults: temperature 1, top_p 1, no top-k or min-p unless asked
     sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
-                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0))}
+                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0)), **_ending(body)}
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))
     steps: list[int] = []
     tokens, drafted, accepted, found = model.generate_request(prompt, n, sampling, body, steps)
-    choice = {"index": 0, "text": _cut(tokens, found), "logprobs": None,
-              "finish_reason": "stop" if found else "length", "stop_reason": found}
+    choice = {"index": 0, "text": _cut(_without_eos(model, tokens), found), "logprobs": None,
+              "finish_reason": "stop" if found or model.ended(tokens, sampling) else "length", "stop_reason": found}
     answer = {"object": "text_completion", "model": _model_name(model), "choices": [choice],
-              "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(tokens)}}
+              "usage": {"prompt_tokens": len(prompt), "completion_tokens": model.counted(tokens, drafted, accepted)}}
     logprobs = body.get("logprobs")
     if model.api == "llama.cpp":
         answer["timings"] = _timings(tokens, drafted, accepted)

@@ -147,13 +147,15 @@ class ContinuationLaw:
 
 
 def expand(next_token: Callable[[tuple[int, ...]], NextTokenLaw], length: int, *, min_mass: float,
-           max_calls: int) -> ContinuationLaw:
+           max_calls: int, ends: Callable[[tuple[int, ...]], bool] | None = None) -> ContinuationLaw:
     """The law of the first ``length`` tokens, expanding prefixes most probable first while their
     mass is at least ``min_mass`` and fewer than ``max_calls`` reference calls were made. An
     end-of-text token is a token like any other here (a continuation that stops early is the
     prefix it stopped at; ``next_token`` may return an empty law for a prefix that ends the text).
     A prefix ``next_token`` raises ``Unaskable`` for stays one pooled cell (the root re-raises: a law
-    of one cell would judge nothing)."""
+    of one cell would judge nothing). ``ends(prefix)``: the prefix ends every answer that reaches it
+    (its last token is an end-of-generation token): a whole output of its own, whatever its mass,
+    asked of no reference, so an answer running past it maps to no cell (probability 0)."""
     root = _Node((), 1.0)
     heap = [(-1.0, 0, root)]
     order, calls, laws = 1, 0, {}
@@ -177,6 +179,9 @@ def expand(next_token: Callable[[tuple[int, ...]], NextTokenLaw], length: int, *
         for token, p in law.probabilities.items():
             child = _Node(node.prefix + (token,), node.mass * p)
             node.children[token] = child
+            if ends is not None and ends(child.prefix):
+                laws[child.prefix] = NextTokenLaw({}, 0.0)  # the answer ends here: nothing follows
+                continue
             if len(child.prefix) < length and child.mass > 0:
                 heapq.heappush(heap, (-child.mass, order, child))
                 order += 1

@@ -52,6 +52,11 @@ class Sampling:
     # stop strings: the server ends an answer at the first token whose text completes one (the law
     # of such answers: ``exactcheck.serve.stop_law``)
     stop: tuple[str, ...] = ()
+    # True (the default): every answer has exactly the asked number of tokens (end-of-generation tokens
+    # masked); False: an answer ends where the server samples one, and its law ends there too
+    ignore_eos: bool = True
+    # vLLM's min_tokens: end-of-generation tokens masked for an answer's first tokens (with ignore_eos False)
+    min_tokens: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -63,11 +68,17 @@ class Sampling:
 
     def fields(self) -> dict:
         """The truncation and temperature settings and the stop strings where set (every dialect's
-        names); penalties: ``penalty_fields``."""
+        names); penalties: ``penalty_fields``; the end of generation: ``ignore_eos`` and ``min_tokens``
+        (each dialect writes them its own way)."""
         fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
         if self.stop:
             fields["stop"] = list(self.stop)
         return fields
+
+    @property
+    def finishes(self) -> bool:
+        """Whether an answer may end on an end-of-generation token (``ignore_eos`` off)."""
+        return not self.ignore_eos
 
     def penalty_fields(self, names: dict[str, str]) -> dict:
         """The penalties that are set, under a dialect's ``names`` (our name -> its field; a penalty
@@ -106,6 +117,9 @@ class Sampling:
             words += f" over the last {self.repeat_last_n} tokens"
         if self.stop:
             words += ", stop at " + " or ".join(map(repr, self.stop))
+        if self.finishes:
+            words += ", ending at an end-of-generation token" + (
+                f" (masked for the first {self.min_tokens} tokens: min_tokens)" if self.min_tokens else "")
         return words
 
     def spec(self) -> str:
@@ -113,6 +127,8 @@ class Sampling:
                   "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty, "repeat_last_n": self.repeat_last_n}
         parts = [f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k)]
+        parts += ["ignore_eos=0"] if self.finishes else []
+        parts += [f"min_tokens={self.min_tokens}"] if self.min_tokens else []
         return ",".join(parts + [f"stop={quote(s, safe='')}" for s in self.stop])
 
     @classmethod
@@ -123,7 +139,8 @@ class Sampling:
         if spec.strip() == "greedy":
             return GREEDY_SAMPLING
         kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
-                 "presence_penalty": float, "frequency_penalty": float, "repeat_last_n": int}
+                 "presence_penalty": float, "frequency_penalty": float, "repeat_last_n": int,
+                 "ignore_eos": _switch, "min_tokens": int}
         values, stops = {}, []
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
@@ -144,18 +161,24 @@ class Sampling:
                 and (sampling.repeat_last_n is None or sampling.repeat_last_n >= -1)):
             raise ValueError(f"sampling {spec!r}: repetition_penalty > 0, presence and frequency penalties finite, "
                              f"repeat_last_n >= -1 (-1: the whole context, llama.cpp)")
+        if sampling.min_tokens < 0 or (sampling.min_tokens and sampling.ignore_eos):
+            raise ValueError(f"sampling {spec!r}: min_tokens >= 0, and only with ignore_eos=0 (with ignore_eos every "
+                             f"answer has the asked length and min_tokens says nothing)")
         return sampling
 
 
 GREEDY_SAMPLING = Sampling(temperature=0.0)
 # settings a request can carry that the serve audit does not judge, and why (``Sampling.parse`` refuses them)
 UNJUDGED_FIELDS = {
-    "min_tokens": "every audit request sets ignore_eos, so its answers have exactly the asked length whatever "
-                  "min_tokens says; a law of answers that may end on an end-of-generation token (and of min_tokens, "
-                  "which masks it for the first tokens) is not built",
-    "ignore_eos": "every audit request sets it (the law is of exactly the asked number of tokens)",
     "n": "every world's independent_samples check asks n (--samples-per-request)",
 }
+
+
+def _switch(value: str) -> bool:
+    words = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    if value.strip().lower() not in words:
+        raise ValueError(f"{value!r} is not 0 or 1")
+    return words[value.strip().lower()]
 
 
 @dataclass(frozen=True)
@@ -191,6 +214,8 @@ class Endpoint:
     cache_switch = False  # whether a request can turn the server's prompt (prefix) cache off
     path = "/completion"
     chat_dialect: str | None = None  # its chat endpoint's dialect (``serve.chat.CHAT_DIALECTS``); None: not audited
+    min_tokens = False  # whether a request can carry ``min_tokens`` (vLLM's)
+    takes_ignore_eos = True  # whether a request can carry ``ignore_eos`` (else answers end where the model ends them)
 
     def __init__(self, base: str, client: Client, *, model: str | None = None):
         self.base, self.client, self.model = base, client, model
@@ -220,6 +245,12 @@ class Endpoint:
 
     def read(self, exchange: Exchange) -> Completion:  # pragma: no cover
         raise NotImplementedError
+
+    def end_of_generation(self) -> frozenset[int]:
+        """The token ids that end an answer (``Sampling.ignore_eos`` off), as the server names them;
+        ``NotDeterminable`` with the reason where the audit cannot read them (``--eos-ids`` declares them)."""
+        raise NotDeterminable(f"{self.api}: its end-of-generation ids are not read by the audit (declare them with "
+                              f"--eos-ids)")
 
     def streamed(self, body: dict) -> dict:
         """``body`` asking its answer as a stream of events (``read_stream`` reassembles it); a

@@ -85,7 +85,7 @@ class LlamaCppEndpoint(Endpoint):
         # reference's one-token requests too, so the law stays the engine's own); stop handling is
         # not audited here
         body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
-                "cache_prompt": bool(cache), "stream": False, "ignore_eos": True, **sampling.fields()}
+                "cache_prompt": bool(cache), "stream": False, "ignore_eos": sampling.ignore_eos, **sampling.fields()}
         body.update(sampling.penalty_fields(PENALTY_FIELDS))
         if n_probs:
             body.update(n_probs=n_probs, post_sampling_probs=True)
@@ -118,6 +118,9 @@ class LlamaCppEndpoint(Endpoint):
         feeds the penalties' window: sampling.cpp ``llama_sampler_accept(gsmpl->chain, token)``), so
         the window is the last ``repeat_last_n`` tokens of prompt + continuation either way."""
         return law
+
+    def end_of_generation(self) -> frozenset[int]:
+        return llama_cpp_end_of_generation(self.client, self.base)
 
     def streamed(self, body: dict) -> dict:
         """``stream: true``: the answer as events, each with its ``content`` and ``tokens`` (and its
@@ -159,7 +162,8 @@ class LlamaCppEndpoint(Endpoint):
         probabilities = None
         listed = answer.get("completion_probabilities")
         if exchange.body.get("n_probs") and isinstance(listed, list):
-            probabilities = tuple(_token_probability(entry) for entry in listed[:len(tokens)])
+            # every entry read (an entry past the answer's tokens is the finish check's finding)
+            probabilities = tuple(_token_probability(entry) for entry in listed)
         timings = answer.get("timings") or {}
         content = answer.get("content")
         return Completion(tuple(tokens), probabilities, int_or_none(timings.get("draft_n")),
@@ -212,3 +216,21 @@ def _token_probability(entry: dict) -> float:
     if p is None:
         raise EndpointError(f"a completion probability entry has neither prob nor logprob: {str(entry)[:80]}")
     return p
+
+
+def llama_cpp_end_of_generation(client: Client, base: str) -> frozenset[int]:
+    """llama.cpp's end-of-generation id: the ``eos_token`` its ``/props`` names, tokenized with
+    ``parse_special`` (one id); ``NotDeterminable`` where it names none or it is not one token. (An
+    answer that ends on another end-of-generation token, a model's end-of-turn, is then not judged:
+    the runner checks every answer's end against these ids.)"""
+    props = client.get(base, "/props")
+    token = props.get("eos_token") if isinstance(props, dict) else None
+    if not isinstance(token, str) or not token:
+        raise NotDeterminable(f"{base}/props names no eos_token (declare the model's end-of-generation ids with "
+                              f"--eos-ids)")
+    answer = client.post(base, "/tokenize", {"content": token, "add_special": False, "parse_special": True}).answer
+    ids = answer.get("tokens")
+    if not (isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], int) and not isinstance(ids[0], bool)):
+        raise NotDeterminable(f"{base}/tokenize gave {str(ids)[:40]} for the eos_token {token!r}, not one id "
+                              f"(declare the model's end-of-generation ids with --eos-ids)")
+    return frozenset(ids)

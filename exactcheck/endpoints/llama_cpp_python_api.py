@@ -34,7 +34,9 @@
   sign-dependent and not judged; no per-request window (``repeat_last_n`` refused);
 - **end of text**: no ``ignore_eos``; an end-of-generation token ends the answer and is not returned
   (``finish_reason: "stop"``): the answer is its tokens, then a token whose text is ``""`` (the end
-  token renders as nothing, so it is in that text's cell);
+  token renders as nothing, so it is in that text's cell). An answer whose text ends inside a
+  multi-byte character runs past ``max_tokens`` (``_create_completion``'s ``multibyte_fix`` ``continue``
+  skips the length check): its first ``max_tokens`` tokens are read, the law being of those;
 - **speculation**: ``--draft_model`` makes ``LlamaPromptLookupDecoding`` (prompt lookup,
   ``llama_speculative.py``), verified by sample-and-match (``Llama.generate``: the chain samples every
   drafted position, the draft kept while equal); no counters (``speculation_ran`` not judged), no
@@ -79,6 +81,7 @@ def detect(client: Client, base: str) -> bool:
 
 class LlamaCppPythonEndpoint(Endpoint):
     api = "llama-cpp-python /v1/completions"
+    takes_ignore_eos = False  # no ignore_eos field: answers end where the model ends them
     kind = RAW
     cache_switch = False
     path = "/v1/completions"
@@ -199,12 +202,12 @@ class LlamaCppPythonEndpoint(Endpoint):
             raise EndpointError(f"{self.base} read a prompt of {expected} token ids as {usage.get('prompt_tokens')} "
                                 f"tokens (expected {expected + self.specials}): its tokenizer is not {self.directory}'s")
         tokens = [self._id(t) for t in texts]
-        stopped = choice.get("finish_reason") == "stop"
         n = exchange.body.get("max_tokens")
+        # an answer runs past max_tokens while its text ends inside a multi-byte character (llama.py: the
+        # multibyte_fix `continue` skips the max_tokens check): its first max_tokens tokens are the ones judged
+        stopped = choice.get("finish_reason") == "stop" and len(tokens) < n
+        tokens = tokens[:n]
         if stopped:
-            if len(tokens) >= n:
-                raise EndpointError(f"{self.base} stopped after {len(tokens)} tokens for max_tokens {n} (no stop "
-                                    f"string was sent)")
             tokens.append(self._id(""))  # the end-of-generation token renders as nothing: that text's cell
         elif len(tokens) != n:
             raise EndpointError(f"{self.base} answered {len(tokens)} tokens for max_tokens {n} without stopping")

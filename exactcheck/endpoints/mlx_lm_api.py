@@ -127,6 +127,7 @@ def _eos_ids(directory: Path, tokenizer) -> frozenset[int]:
 
 class MlxLmEndpoint(Endpoint):
     api = "mlx-lm /v1/completions"
+    takes_ignore_eos = False  # no ignore_eos field: answers end where the model ends them
     kind = RAW
     cache_switch = False
     path = "/v1/completions"

@@ -26,7 +26,8 @@ from typing import Sequence
 from exactcheck.endpoints.client import Client, EndpointError, Exchange
 from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
 from exactcheck.endpoints.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
-from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_texts
+from exactcheck.endpoints.llama_cpp_api import (LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_end_of_generation,
+                                               llama_cpp_texts)
 from exactcheck.endpoints.sampler_law import NotDeterminable, with_output_penalties
 
 __all__ = ["OpenAICompletionsEndpoint", "parse_metrics", "openai_sampling_body"]
@@ -42,7 +43,9 @@ def openai_sampling_body(n_predict: int, sampling: Sampling, seed: int) -> dict:
     """The fields an OpenAI-style request (completions or chat) carries for one sample of
     ``n_predict`` tokens: length, seed, temperature and truncation (top-k and min-p only when set)."""
     body = {"max_tokens": n_predict, "n": 1, "stream": False, "seed": int(seed), "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "ignore_eos": True, "return_token_ids": True}
+            "top_p": sampling.top_p, "ignore_eos": sampling.ignore_eos, "return_token_ids": True}
+    if sampling.min_tokens:
+        body["min_tokens"] = sampling.min_tokens
     if sampling.top_k:
         body["top_k"] = sampling.top_k
     if sampling.min_p:
@@ -152,7 +155,7 @@ class OpenAICompletionsEndpoint(Endpoint):
         tokens = _choice_token_ids(answer) or _logprob_token_ids(choice)
         if tokens is None:
             raise EndpointError(f"{self.base}{self.path} answered no token ids (choices[0]: {str(choice)[:80]})")
-        probabilities = _token_probabilities(choice, len(tokens)) if exchange.body.get("logprobs") else None
+        probabilities = _token_probabilities(choice) if exchange.body.get("logprobs") else None
         timings = answer.get("timings") or {}
         text = choice.get("text")
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
@@ -160,6 +163,16 @@ class OpenAICompletionsEndpoint(Endpoint):
                           int_or_none(timings.get("draft_n_accepted")), choice.get("finish_reason") == "stop",
                           self.kind, text if isinstance(text, str) else None,
                           usage_tokens=int_or_none(usage.get("completion_tokens")))
+
+    @property
+    def min_tokens(self) -> bool:
+        """vLLM takes ``min_tokens``; llama.cpp's OpenAI route has none."""
+        return not self.llama_cpp
+
+    def end_of_generation(self) -> frozenset[int]:
+        if self.llama_cpp:
+            return llama_cpp_end_of_generation(self.client, self.base)
+        return super().end_of_generation()
 
     def streamed(self, body: dict) -> dict:
         """``stream: true`` with the usage in a last chunk (``stream_options.include_usage``): chunks of
@@ -354,15 +367,15 @@ def _logprob_token_ids(choice: dict | None) -> list[int] | None:
     return None
 
 
-def _token_probabilities(choice: dict, n: int) -> tuple[float, ...] | None:
+def _token_probabilities(choice: dict) -> tuple[float, ...] | None:
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         return None
     content = logprobs.get("content")
     if isinstance(content, list):
-        values = [probability_of(entry) for entry in content[:n]]
-    else:
-        values = [probability_of({"logprob": v}) for v in (logprobs.get("token_logprobs") or [])[:n]]
+        values = [probability_of(entry) for entry in content]  # every entry: one past the answer's tokens is
+    else:                                                          # the finish check's finding
+        values = [probability_of({"logprob": v}) for v in (logprobs.get("token_logprobs") or [])]
     if any(v is None for v in values):
         raise EndpointError(f"a logprobs entry has no probability: {str(logprobs)[:80]}")
     return tuple(values)

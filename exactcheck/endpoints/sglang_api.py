@@ -123,7 +123,7 @@ class SGLangEndpoint(Endpoint):
              cache: bool = True, tag: str | None = None) -> dict:
         # ignore_eos: every answer has exactly n_predict tokens; sampling_seed: SamplingParams' seed field
         params = {"max_new_tokens": n_predict, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                  "top_k": sampling.top_k or -1, "min_p": sampling.min_p, "ignore_eos": True,
+                  "top_k": sampling.top_k or -1, "min_p": sampling.min_p, "ignore_eos": sampling.ignore_eos,
                   "sampling_seed": int(seed), **sampling.penalty_fields(PENALTY_FIELDS)}
         if sampling.stop:
             params["stop"] = list(sampling.stop)

@@ -34,6 +34,7 @@ from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.endpoints.text_prompts import one_token_path
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
+from exactcheck.serve.finishing import as_ended, finish_verdict, parse_ids, reference_next_token
 from exactcheck.serve.streaming import streamed_verdict
 from exactcheck.serve.traffic import MIXED, concurrent_pairs, interleaved, traffic_mix
 from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, cell_indices, concurrent_requests_verdict,
@@ -74,10 +75,13 @@ class ServeWorld:
         return f"the first {self.length} tokens after prompt {list(self.prompt)}, {self.sampling.describe()}"
 
 
-def serve_worlds(prompts: list, samplings, length: int, unseeded: bool = False) -> list[ServeWorld]:
+def serve_worlds(prompts: list, samplings, length: int, unseeded: bool = False,
+                 finishing: bool = False) -> list[ServeWorld]:
     """One world per prompt and sampling: ``p{i}-...`` for a prompt of token ids, ``c{i}-...`` for a
     conversation (a ``ChatPrompt``, its ids those its template made: empty before they are known);
-    ``unseeded``: and the first prompt's first sampling again with unseeded requests (``...-unseeded``)."""
+    ``unseeded``: and the first prompt's first sampling again with unseeded requests (``...-unseeded``);
+    ``finishing``: and again with answers that may end on an end-of-generation token (``...-ends``:
+    ``ignore_eos`` off), where no world asks that already."""
     worlds, counts = [], {"p": 0, "c": 0}
     for p in prompts:
         chat = p if isinstance(p, ChatPrompt) else None
@@ -88,6 +92,10 @@ def serve_worlds(prompts: list, samplings, length: int, unseeded: bool = False) 
     first = next((w for w in worlds if not w.sampling.greedy), None)
     if unseeded and first is not None:
         worlds.append(dataclasses.replace(first, name=f"{first.name}-unseeded", unseeded=True))
+    plain = next((w for w in worlds if not w.sampling.greedy and w.chat is None and not w.sampling.stop), None)
+    if finishing and plain is not None and not any(w.sampling.finishes for w in worlds):
+        worlds.append(dataclasses.replace(plain, name=f"{plain.name}-ends",
+                                          sampling=dataclasses.replace(plain.sampling, ignore_eos=False)))
     return worlds
 
 
@@ -104,13 +112,14 @@ def serve_budget(alpha: float, worlds: int) -> AlphaBudget:
 
 def serve_checks(worlds) -> list[Check]:
     """The checks a serve audit reports, in order: per world its continuation law, its streamed
-    answers, several samples of one request, concurrent requests, logprob fidelity, seed
-    reproducibility and speculation counters; then greedy identity alone and under load, and the
-    server's declared settings."""
+    answers, several samples of one request, concurrent requests, what each answer says of its end,
+    logprob fidelity, seed reproducibility and speculation counters; then greedy identity alone and
+    under load, and the server's declared settings."""
     checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
               (("continuation", CheckKind.GENERATOR_LAW), ("streamed", CheckKind.GENERATOR_LAW),
                ("independent_samples", CheckKind.GENERATOR_LAW),
-               ("concurrent_requests", CheckKind.GENERATOR_LAW), ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
+               ("concurrent_requests", CheckKind.GENERATOR_LAW), ("finish", CheckKind.ANSWER_END),
+               ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
                ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
@@ -169,6 +178,7 @@ class _ServeRun:
         self.cap = self.min_mass = self.max_calls = None
         self.mix = None  # what the server met (``serve.traffic.TrafficMix``): set once the worlds are sent
         self.laws: dict = {}  # each (prompt, sampling, conversation, length)'s law from the reference
+        self.eog: frozenset[int] | None = None  # the end-of-generation ids, once a world asks for them
 
     @property
     def separate(self) -> bool:
@@ -177,7 +187,10 @@ class _ServeRun:
 
     def reproduce(self, world: str) -> str:
         settings = self.settings
-        sampling = next((w.sampling.spec() for w in self.worlds if w.name == world), None)
+        # a twin world (-unseeded, -ends) is named after the world it repeats: that world's sampling
+        sampling = next((dataclasses.replace(w.sampling, ignore_eos=True, min_tokens=0).spec()
+                         if w.name.endswith("-ends") else w.sampling.spec() for w in self.worlds if w.name == world),
+                        None)
         line = serve_audit_line(self.url, settings.reference, self.options, world, api=settings.api,
                                 model=settings.model, reference_probabilities=settings.reference_probabilities,
                                 prompts=() if tuple(settings.prompts) == DEFAULT_PROMPTS else
@@ -185,7 +198,7 @@ class _ServeRun:
                                 sampling=sampling, length=settings.length,
                                 samples_per_request=settings.samples_per_request, n_probs=settings.n_probs,
                                 traffic=settings.traffic, stream_share=settings.stream_share,
-                                server_settings=settings.server_settings)
+                                server_settings=settings.server_settings, eos_ids=settings.eos_ids)
         conversations = [p for p in settings.prompts if isinstance(p, ChatPrompt)]
         index = world[1:].partition("-")[0]
         if world.startswith("c") and index.isdigit() and int(index) < len(conversations):
@@ -209,7 +222,8 @@ class _ServeRun:
         except EndpointError as exc:
             raise UsageError(f"cannot be audited: {exc}") from None
         self.prompts = [_prompt_ids(self.audited, p, settings) for p in settings.prompts]
-        worlds = serve_worlds(self.prompts, settings.samplings, settings.length, unseeded=settings.traffic == MIXED)
+        worlds = serve_worlds(self.prompts, settings.samplings, settings.length, unseeded=settings.traffic == MIXED,
+                              finishing=settings.traffic == MIXED and self.audited.takes_ignore_eos)
         if options.worlds:
             unknown = sorted(set(options.worlds) - {w.name for w in worlds})
             if unknown:
@@ -320,7 +334,10 @@ class _ServeRun:
             pairs = concurrent_pairs([(r.sent_at, r.answered_at) for r in runs])
             run.add(concurrent_requests_verdict(law, runs, pairs, world.describe(), self.budget.first_share,
                                                 self.budget.alpha, base, settings.concurrency))
-        probe_tally = self.judge_probes(requests, world, law, seed, base, planned.tally, len(runs))
+        probe_tally, probes = self.judge_probes(requests, world, law, seed, base, planned.tally, len(runs))
+        run.add(finish_verdict([*runs, *planned.streamed_runs, *probes], world.length, world.sampling,
+                               self.eog if world.sampling.finishes else None, base, world.describe(),
+                               masks=requests.takes_ignore_eos))
         if world.unseeded:
             run.add(not_run_verdict(Check(f"{world.name}/same_seed", CheckKind.SEED_REPRODUCIBILITY, world.name,
                                           "same_seed"), seed, base["reproduce"],
@@ -371,7 +388,8 @@ class _ServeRun:
         texts = None  # a world with stop strings: the text of each prefix of the law, as the server searches it
         why = None
         try:
-            law = _reference_law(self.reference, world, self.settings.n_probs, self.min_mass, self.max_calls)
+            eog = self.ends_of(world)
+            law = _reference_law(self.reference, world, self.settings.n_probs, self.min_mass, self.max_calls, eog)
         except NotDeterminable as exc:
             law, why = None, f"the reference's probabilities do not determine the law of these settings " \
                              f"({exc})"
@@ -389,11 +407,35 @@ class _ServeRun:
                     law, why = None, f"the text the server searches for stop strings is not known ({exc})"
         return law, texts, why
 
+    def ends_of(self, world: ServeWorld) -> frozenset[int] | None:
+        """The end-of-generation ids a world's answers may end on (None: a world whose answers have the
+        asked length); ``NotDeterminable`` where the audit cannot know them or cannot build that law."""
+        sampling = world.sampling
+        if not sampling.finishes:
+            return None
+        if world.chat is not None:
+            raise NotDeterminable("answers that end on an end-of-generation token are judged on the completions "
+                                  "endpoint only")
+        if sampling.min_tokens and not (self.audited.min_tokens and self.reference.min_tokens):
+            raise NotDeterminable(f"{self.audited.api} takes no min_tokens")
+        if self.eog is None:
+            self.eog = parse_ids(self.settings.eos_ids) if self.settings.eos_ids else \
+                self.audited.end_of_generation()
+        return self.eog
+
     def judged_law(self, world: ServeWorld, law: ContinuationLaw | None, texts: dict | None, why: str | None,
                    runs: list[Completion]) -> tuple[ContinuationLaw | None, str | None, list]:
         """(the law the sampled answers are judged by, or None; why not; the stop world's answers
         that end where the text read puts no stop): none where chat answers stopped early, or a
         stop world's ends cannot be explained by the text the audit read."""
+        if law is not None and world.sampling.finishes:
+            ended = [as_ended(r, self.eog) for r in runs]
+            unknown = [r for r, e in zip(runs, ended) if e is None]
+            if unknown:
+                return None, (f"{len(unknown):,} answers end on a token the audit does not know as an end of "
+                              f"generation (e.g. {list(unknown[0].tokens)[-3:]}; declare the model's with "
+                              f"--eos-ids)"), []
+            runs[:] = ended
         stopped = sum(len(r.tokens) < world.length for r in runs) if world.chat is not None else 0
         if stopped:
             why = (f"{stopped} of {len(runs)} chat answers ended before {world.length} tokens (finish_reason "
@@ -407,9 +449,10 @@ class _ServeRun:
         return law, why, wrong
 
     def judge_probes(self, requests: Endpoint, world: ServeWorld, law: ContinuationLaw | None, seed: int,
-                     base: dict, law_tally, n: int):
+                     base: dict, law_tally, n: int) -> tuple:
         """The probed requests (with n_probs): their logprob fidelity verdict, measured against the
-        reference's own noise where the reference is another server; returns their draft tally."""
+        reference's own noise where the reference is another server; returns their draft tally and
+        the probed answers."""
         settings, bar = self.settings, self.bar
         probe_count = probes_needed(law_tally, self.budget.first_share, settings.probed, n)
         bar.grow(probe_count - settings.probed)
@@ -426,7 +469,7 @@ class _ServeRun:
         # carries speculated tokens whose reported probabilities can be checked)
         self.run.add(logprob_verdict(_probability_rows(self.reference, world, law, probes, settings.n_probs),
                                      settings.logprob_tolerance, len(probes), base, noise=world_noise))
-        return probe_tally
+        return probe_tally, probes
 
     def judge_greedy(self) -> None:
         """Greedy identity alone and under load, on every prompt whose answers' tokens are known."""
@@ -620,10 +663,15 @@ def _request_seed(world_seed: int, i: int, purpose: str = "request") -> int:
 
 
 def _reference_law(reference: Endpoint, world: ServeWorld, n_probs: int, min_mass: float,
-                   max_calls: int) -> ContinuationLaw:
+                   max_calls: int, eog: frozenset[int] | None = None) -> ContinuationLaw:
+    """The world's law from the reference's next-token laws; ``eog``: a world whose answers may end on
+    one of these ids, each prefix ending on one a whole output (``serve.finishing``)."""
     prompt = list(world.prompt)
-    return expand(lambda prefix: reference.next_token_laws(prompt, [prefix], world.sampling, n_probs)[0],
-                  world.length, min_mass=min_mass, max_calls=max_calls)
+    if eog is None:
+        return expand(lambda prefix: reference.next_token_laws(prompt, [prefix], world.sampling, n_probs)[0],
+                      world.length, min_mass=min_mass, max_calls=max_calls)
+    return expand(lambda prefix: reference_next_token(reference, prompt, prefix, world.sampling, n_probs, eog),
+                  world.length, min_mass=min_mass, max_calls=max_calls, ends=lambda prefix: prefix[-1] in eog)
 
 
 def _reference_noise(reference: Endpoint, world: ServeWorld, law: ContinuationLaw | None,

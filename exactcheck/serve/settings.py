@@ -87,6 +87,10 @@ SETTINGS = (
     Setting("stream_share", 0.25, "the share of each world's requests also sent streamed (stream: true), each with "
             "the seed of a non-streamed one, and judged as a streaming user receives it (default 0.25; 0: none)",
             lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]", type=float, metavar="F"),
+    Setting("eos_ids", None, "the end-of-generation token ids of the model, for worlds whose answers may end on one "
+            "(--sampling ...,ignore_eos=0), where the server does not name them (vLLM; llama.cpp's /props and /tokenize "
+            "name its eos_token), e.g. 2 or 2,7", lambda v: isinstance(v, str) and bool(v.strip()) and all(
+                p.strip().isdigit() for p in v.split(",")), "token ids like 2 or 2,7", metavar="ID,ID"),
     Setting("traffic", MIXED, "how the sampled requests go out: mixed (default: every world's interleaved in one "
             "stream, up to --concurrency in flight, so requests with different prompts, settings and seeds share the "
             "engine's batches, with one world of unseeded requests beside them) or sequential (one world after "

@@ -93,7 +93,7 @@ def concurrent_requests_verdict(law: ContinuationLaw, completions: list[Completi
                  condition=f"pairs of requests in flight together (up to {concurrency} at once): {condition}",
                  kind=CheckKind.GENERATOR_LAW, **base)
     if not pairs:
-        return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, summary=(
+        return Verdict(outcome=Outcome.INCONCLUSIVE, samples=0, evidence=LawEvidence(Evidence.NONE), summary=(
             "not judged: no two of this world's requests were in flight together (--concurrency 1, or answers "
             "from the journal)"), **check)
     cells = cell_indices(law, completions)
