@@ -4,7 +4,7 @@ For every mutant of the corpus whose output law has a closed form (``exactcheck.
 this computes, on every step world, the exact law of one step's whole output (the emitted drafts
 and the token after them) under the mutant and under the rule the mutant declares, and keeps the
 world where the oracle below needs the fewest trials. Trials are then drawn from the mutant's
-exact law (checked against the mutant's own samples by ``property_tests/test_mutant_laws.py``), the
+exact law (checked against the mutant's own samples by ``property_tests/step/test_mutant_laws.py``), the
 same stream for every test of a seed, and each test is scored by its trials to detection at
 alpha = 1e-3:
 

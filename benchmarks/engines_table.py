@@ -1,5 +1,5 @@
 """The engines table of docs/engines.md from the engines step's reports (``engine-PATH.json``,
-written by ``property_tests/test_engine_kernels.py`` under ``$EXACTCHECK_ENGINES_REPORTS``).
+written by ``property_tests/engines/test_engine_kernels.py`` under ``$EXACTCHECK_ENGINES_REPORTS``).
 
     python benchmarks/engines_table.py reports/engines
 """

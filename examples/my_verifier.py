@@ -4,7 +4,7 @@ in the step contract, and the same verifier with one planted bug.
     exactcheck audit examples.my_verifier:verifier --level quick         # run from the repository root
     exactcheck audit examples.my_verifier:buggy_verifier --level quick
 
-``verifier`` is the README's block, byte for byte (property_tests/test_readme_example.py checks
+``verifier`` is the README's block, byte for byte (property_tests/front_ends/test_readme_example.py checks
 it and audits both). ``buggy_verifier`` differs in one line: after a rejection it draws the
 correction from p_n instead of the residual max(p_n - q_n, 0), so a rejected draft can come back
 as its own correction (the ``resample_from_target`` mutant of the selftest).

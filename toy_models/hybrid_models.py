@@ -33,7 +33,7 @@ All models also use ``initializer_range = 0.2`` (as ``tiny_llama_pair``): with t
 logits are nearly flat and every state perturbation moves the law by less than 0.01 TV.
 
 ``state_sensitivity`` measures what the choice buys (the TV a perturbed state moves the next-token
-law by); ``property_tests/test_hybrid_transformers.py`` states the numbers.
+law by); ``property_tests/e2e/test_hybrid_transformers.py`` states the numbers.
 
 ``recompute_states(model, ids)``: the per-layer states of a fresh forward over ``ids`` (no past
 recording, the cache transformers builds from the model's config): the reference a generator's

@@ -13,8 +13,8 @@ code: every coin convention the multi-round rule allows, and the walk written no
 * ``multi_round_scalar_walk``: one row at a time, plain Python over the nodes, corrections by
   ``torch.multinomial`` on the residual.
 
-Each keeps every tree law and every forced-value property (``property_tests/test_tree.py``,
-``property_tests/test_tree_forced.py``).
+Each keeps every tree law and every forced-value property (``property_tests/tree/test_tree.py``,
+``property_tests/tree/test_tree_forced.py``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ position, parts or the whole step in TorchScript or ``torch.compile``, logits in
 float32, or log space in float64), and a per-row loop over a batch-1 function on torch's global
 generator. exactcheck must find no exactness defect in any of them; findings that
 are not about exactness (a subject that does not reproduce under its seed) are reported in their
-own category. ``property_tests/test_trust.py`` audits each one (the two compiled ones only in the
+own category. ``property_tests/step/test_trust.py`` audits each one (the two compiled ones only in the
 slow run: compiling takes longer than the audit), and
 ``benchmarks/correct_corpus.py`` audits each under many seeds.
 

@@ -12,7 +12,7 @@ k + 1 tokens: the observation of one trial, nothing of it summarised.
 Uniforms are taken as continuous: a float64 uniform lies on a 2^-53 grid, so a law here is the
 mutant's up to about 2^-53 a draw. The worlds' laws are the float32 rows taken to float64 and
 renormalised, as everywhere in exactcheck; a mutant reads the float32 rows themselves (a
-difference of about 1e-7 in a probability). ``property_tests/test_mutant_laws.py`` checks every
+difference of about 1e-7 in a probability). ``property_tests/step/test_mutant_laws.py`` checks every
 law against the mutant's own samples.
 
 Not here (``NO_LAW``, with the reason): mutants whose law is within 2^-53 (2^-24 for a float32

@@ -29,7 +29,7 @@ reports are of p(x) with its threshold).
 
 A new rule is one entry here (its ``TreeRule`` subclass and its row in ``TREE_RULES``) and its
 proofs: a reference walk in ``exactcheck.contracts.tree_reference`` (Monte Carlo against the law in
-``property_tests/test_tree.py``), docs. Numpy only.
+``property_tests/tree/test_tree.py``), docs. Numpy only.
 """
 from __future__ import annotations
 

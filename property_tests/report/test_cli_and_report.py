@@ -128,7 +128,7 @@ def test_readme_figures_are_generated_from_the_committed_reports():
     import pathlib
     import subprocess
     import sys
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "benchmarks/readme_figures.py", "--check"], cwd=root,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

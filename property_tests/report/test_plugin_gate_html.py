@@ -13,7 +13,7 @@ from exactcheck.cli import main
 from exactcheck.gate import read_config
 from exactcheck.errors import UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "verifier_project"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

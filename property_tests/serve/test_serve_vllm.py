@@ -8,7 +8,7 @@ on the plain server. The full set (more prompts and settings) is ``benchmarks/se
 reports/serve-vllm.md; docs/serving.md reads every finding against vLLM's source.
 
 Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them in their own step):
-    bash .ci/vllm && .venv/bin/python -m pytest property_tests/test_serve_vllm.py -m vllm
+    bash .ci/vllm && .venv/bin/python -m pytest property_tests/serve/test_serve_vllm.py -m vllm
 Skips, saying so, without the venv. About 3.7 GB of memory per server, two at a time.
 """
 from __future__ import annotations

@@ -227,7 +227,7 @@ def test_the_benchmark_on_the_core_architectures(tmp_path):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_transformers.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "hybrid_transformers.py"
     spec = importlib.util.spec_from_file_location("hybrid_transformers_benchmark", path)
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)

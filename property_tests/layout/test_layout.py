@@ -14,7 +14,7 @@ from exactcheck import run_audit
 from exactcheck.options import AlphaBudget, AuditOptions, CheckKind
 from exactcheck.step.plan import alpha_budget, budget_plan, plan_step_audit
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "exactcheck"
 # code that imports the package from outside it: none may use its private names
 OUTSIDE = ("property_tests", "benchmarks", "examples", "toy_models")
@@ -450,3 +450,17 @@ def test_a_new_audit_kind_is_one_registry_row(tmp_path, monkeypatch, capsys):
     assert test.__exactcheck_spec__.kind is AuditKind("toy")
     assert plan_subject("toy", "thing", level="quick", colour="red").names == ["red/law"]
     capsys.readouterr()
+
+
+TEST_FOLDERS = {"step", "tree", "e2e", "recurrent", "serve", "cost", "engines", "stats", "report", "layout", "front_ends"}
+
+
+def test_the_tests_live_in_one_folder_per_kind_or_layer():
+    """property_tests/ holds its shared helpers and one folder per kind or layer; every test file is
+    in one of those folders (a new test file finds its room, docs/layout.md)."""
+    tests = ROOT / "property_tests"
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not loose, f"test files outside a folder: {loose}"
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders == TEST_FOLDERS, folders ^ TEST_FOLDERS
+    assert not list(tests.glob("*/*/test_*.py")), "one level of folders"

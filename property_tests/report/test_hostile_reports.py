@@ -35,7 +35,7 @@ from exactcheck.report.verdict import (CellDeviation, Evidence, FindingEvidence,
                                        TotalVariation, Verdict)
 
 # real cost reports (records cut to 8) of `exactcheck cost` and of the served cost audit
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CONTROLS = "\x00\x07\x08\x0b\x0c\x1f\x7f\x9b\u202e\r"
 # what an exception message of a hostile (or merely unlucky) subject may say
 EVIL = ("boom\n```\n````\n~~~\n<img src=x onerror=alert(1)>\n# Injected heading\n| a | b | c |\n"

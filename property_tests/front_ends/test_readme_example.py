@@ -15,7 +15,7 @@ import re
 
 from exactcheck import Outcome, run_audit
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 EXAMPLE_FILE = ROOT / "examples" / "my_verifier.py"
 # a context world, a step world, and the boundary-uniform contract search (where a verifier

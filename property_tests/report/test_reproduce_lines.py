@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.long
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = str(Path(sys.executable).parent)
 
 

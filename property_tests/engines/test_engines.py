@@ -228,7 +228,7 @@ import pathlib  # noqa: E402
 import sys  # noqa: E402
 import types  # noqa: E402
 
-RECIPES = pathlib.Path(__file__).resolve().parent.parent / "examples" / "engine_recipes"
+RECIPES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "engine_recipes"
 
 
 def _run_recipe(path: pathlib.Path, monkeypatch, modules: dict) -> list[str]:
