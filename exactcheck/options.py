@@ -235,6 +235,14 @@ class Option:
     append: bool = False
     switch: bool = False
     show: Callable[[object], str] | None = None  # how a value is written on the command line (default: repr of a float)
+    # how a loose string (a config file's, a Python caller's) becomes the value; default: ``type`` where it
+    # is int or float, else the string as it is
+    parse: Callable[[str], object] | None = None
+
+    def convert(self, value):
+        """``value`` as the field holds it (a string parsed: ``parse``, else an int or float ``type``)."""
+        parse = self.parse or (self.type if self.type in (int, float) else None)
+        return parse(value) if parse is not None and isinstance(value, str) else value
 
     def flag_text(self, value) -> str:
         """The value as the command line states it (a repeatable flag once per item; a switch when off)."""
@@ -320,7 +328,8 @@ class AuditOptions:
         None, "--call-elements", "largest target_probs tensor (B*(k+1)*V elements) per verify call: a number, or "
         "auto (half the device's free memory); default 2^24 on every machine. Another size draws other random "
         "numbers: the same seed gives other, equally valid samples, and the reproducer names it",
-        lambda v: v == "auto" or (_whole(v) and v >= 1), "a positive integer or 'auto'", metavar="N|auto")
+        lambda v: v == "auto" or (_whole(v) and v >= 1), "a positive integer or 'auto'", metavar="N|auto",
+        parse=lambda v: v if v == "auto" else int(v))
     # step audits: a wall-clock budget for a slow subject (an interpreted kernel): each world's
     # trials are cut to what the subject's measured speed allows (``exactcheck.step.plan.
     # fit_to_seconds``); the alpha family is unchanged and every verdict states the TV it could
@@ -371,14 +380,12 @@ class AuditOptions:
         if unknown:
             raise UsageError(f"unknown audit option(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
         # the loose forms a caller may give: a level's name, numbers as strings, a device object, any sequence
-        for name, convert in (("seed", int), ("jobs", int), ("shards", int), ("max_samples", int),
-                              ("generations", int), ("alpha", float), ("detect_tv", float), ("call_timeout", float),
-                              ("call_elements", int)):
-            if name in values and isinstance(values[name], str) and values[name] != "auto":
+        for name, spec in cls.shared().items():
+            if name in values:
                 try:
-                    values[name] = convert(values[name])
+                    values[name] = spec.convert(values[name])
                 except ValueError:
-                    raise UsageError(f"{name} ({values[name]!r}) must be {cls.option(name).rule}") from None
+                    raise UsageError(f"{name} ({values[name]!r}) must be {spec.rule}") from None
         if isinstance(values.get("level"), Level):
             values["level"] = values["level"].value
         for key in ("worlds", "require"):

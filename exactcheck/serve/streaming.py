@@ -65,7 +65,7 @@ def streamed_verdict(law: ContinuationLaw, plain: Sequence[Completion], streamed
     problems = stream_problems(plain, streamed, law.length, stops, exact_length)
     carried = [n for s in streamed for n in (s.events or ())]
     how = (f"{len(streamed):,} streamed answers in {sum(len(s.events or ()) for s in streamed):,} events "
-           f"(up to {max(carried, default=0)} tokens an event)")
+           f"(up to {max(carried, default=0)} token{'s' * (max(carried, default=0) != 1)} an event)")
     common = dict(check=f"{base['world']}/streamed", law="streamed", condition=f"streamed answers: {condition}",
                   kind=CheckKind.GENERATOR_LAW, **base)
     if problems:
