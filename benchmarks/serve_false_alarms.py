@@ -44,7 +44,7 @@ and presence and frequency 0.5). Writes reports/serve-false-alarms-bpe.json.
 4 in flight), a quarter of each world's requests streamed, an unseeded world, and answers that may end on
 the toy's end-of-generation token: ``traffic-llama`` (the ``-ends`` world the audit adds,
 its id read from ``/props``) and ``traffic-vllm`` (a world with ``ignore_eos=0,min_tokens=2``, the id
-declared with ``eos_ids``). Writes reports/serve-false-alarms-traffic.json with the p-values of the new
+declared with ``eos_ids``), each capped at 1,000 sampled requests a world. Writes reports/serve-false-alarms-traffic.json with the p-values of the new
 statistical checks (streamed, concurrent_requests).
 
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
@@ -119,10 +119,13 @@ BPE_PATHS = {
 # adds (its id read from /props and /tokenize), vLLM's with a min_tokens world (the id declared: --eos-ids)
 ENDS = dict(eos=5, sharpness=1.0)
 TRAFFIC_PATHS = {
-    "traffic-llama": (ENDS, "auto", ((1, 2),), SAMPLINGS, dict(concurrency=4)),
+    # --max-samples 1000 (quick's cap otherwise): an audit in about 15 s, so 300 fit an afternoon; the false-alarm
+    # rate is alpha's at any sample size
+    "traffic-llama": (ENDS, "auto", ((1, 2),), SAMPLINGS, dict(concurrency=4, max_samples=1000)),
     "traffic-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),),
                      (Sampling(), Sampling(temperature=0.7, top_k=5),
-                      Sampling(temperature=0.8, ignore_eos=False, min_tokens=2)), dict(concurrency=4, eos_ids="5")),
+                      Sampling(temperature=0.8, ignore_eos=False, min_tokens=2)),
+                     dict(concurrency=4, eos_ids="5", max_samples=1000)),
 }
 BPE_PATHS.update(TRAFFIC_PATHS)  # the same shape: (model fields, api, prompts, samplings, settings)
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
