@@ -85,7 +85,7 @@ def test_an_exact_server_whose_answers_end_early_passes_and_the_ends_world_is_ju
     assert ended > 0.2 * ends["finish"].samples, ends["finish"].summary
     assert ends["streamed"].outcome.value == "exact"
     line = ends["continuation"].reproduce  # the twin is named after its world: that world's sampling
-    assert "--worlds p0-temperature0_7-top_k6-ends" in line and "--sampling temperature=0.7,top_k=6" in line
+    assert "--world p0-temperature0_7-top_k6-ends" in line and "--sampling temperature=0.7,top_k=6" in line
     assert ("--eos-ids 5" in line) == (api == "vllm")
 
 
