@@ -50,6 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from exactcheck.contracts.loopback import LoopbackServer
+from toy_models.served_constraints import CONSTRAINT_MUTANTS, constrained_chain, from_body
 
 __all__ = ["ToyServedModel", "served_model", "sampler_chain", "respond", "chat_template_ids", "token_text"]
 
@@ -125,6 +126,10 @@ class ToyServedModel:
     # an end-of-generation token; "length_hides_stop" reports an answer ended by one as cut by the
     # length cap; "usage_drafted" counts the rejected drafts among the completion tokens
     finish_mutant: str | None = None
+    # a defect of structured output under speculation (``toy_models.served_constraints.CONSTRAINT_MUTANTS``);
+    # a request's constraint (llama.cpp's ``grammar``, vLLM's ``structured_outputs``) is honoured exactly
+    # otherwise: its mask on every verified position and on the bonus token, the matcher rolled back
+    constraint_mutant: str | None = None
     batch_window: float = 0.004
     max_batch: int = 8
     target: np.ndarray = field(init=False, repr=False)
@@ -141,6 +146,8 @@ class ToyServedModel:
         self._batcher = None
         if self.batch_mutant is not None and self.batch_mutant not in BATCH_MUTANTS:
             raise ValueError(f"batch_mutant {self.batch_mutant!r}: one of {', '.join(BATCH_MUTANTS)}")
+        if self.constraint_mutant is not None and self.constraint_mutant not in CONSTRAINT_MUTANTS:
+            raise ValueError(f"constraint_mutant {self.constraint_mutant!r}: one of {', '.join(CONSTRAINT_MUTANTS)}")
 
     def as_draft(self) -> "ToyServedModel":
         """The draft model served on its own: its table as the target, no speculation."""
@@ -158,15 +165,31 @@ class ToyServedModel:
         return table[context[-1] if context else self.vocab]
 
     def law(self, context: list[int], sampling: dict, history: list[int] | None = None,
-            position: int | None = None) -> np.ndarray:
+            position: int | None = None, text: str | None = None) -> np.ndarray:
         """The target's law after ``context`` under ``sampling``: its penalties (``Penalties``) read
         ``history`` (default: the context itself), the end-of-generation token masked where the
-        request's settings mask it at the answer's ``position`` (``masks_eos``), then the sampler chain."""
+        request's settings mask it at the answer's ``position`` (``masks_eos``), then the sampler chain;
+        with the request's constraint, its mask after the answer's ``text`` (None: unmasked), met in
+        the dialect's order (``served_constraints.constrained_chain``)."""
         row = self.row(self.target, context)
         penalties = sampling.get("penalties")
         if penalties is not None:
             row = penalties.apply(row, context if history is None else history)
-        return sampler_chain(self.masked(row, sampling, position), **_chain(sampling))
+        row = self.masked(row, sampling, position)
+        constraint = sampling.get("constraint")
+        if constraint is None or text is None:
+            return sampler_chain(row, **_chain(sampling))
+        allowed = constraint.allowed(text, self.texts, self.eos)
+        order = "check-then-resample" if self.api == "llama.cpp" else "mask-first"
+        return constrained_chain(row, allowed, lambda r: sampler_chain(r, **_chain(sampling)), order)
+
+    @property
+    def texts(self) -> list[str]:
+        """Each token's text as a constraint reads it (the end-of-generation token's: none)."""
+        return ["" if t == self.eos else token_text(t) for t in range(self.vocab)]
+
+    def text_of(self, tokens: list[int]) -> str:
+        return "".join(token_text(t) for t in tokens if t != self.eos)
 
     def masks_eos(self, sampling: dict, position: int | None) -> bool:
         """Whether the end-of-generation token is masked here: llama.cpp's ignore_eos (a -inf bias), or
@@ -199,8 +222,9 @@ class ToyServedModel:
         return self.eos is not None and not sampling.get("ignore_eos", True)
 
     def _propose(self, context: list[int], k: int, sampling: dict, rng,
-                 position: int | None = None) -> tuple[list[int], list[np.ndarray]]:
-        """Up to ``k`` draft tokens and the law each was drawn from (one-hot for prompt lookup)."""
+                 position: int | None = None, text: str = "") -> tuple[list[int], list[np.ndarray]]:
+        """Up to ``k`` draft tokens and the law each was drawn from (one-hot for prompt lookup); with a
+        constraint, each drawn under its mask after the matcher's ``text`` and the drafts before it."""
         if self.drafter == "ngram":
             n = self.ngram
             tail = context[-n:]
@@ -212,6 +236,12 @@ class ToyServedModel:
         proposal, q_rows, draft_context = [], [], list(context)
         for i in range(k):
             row = self.masked(self.row(self.draft, draft_context), sampling, None if position is None else position + i)
+            constraint = sampling.get("constraint")
+            draft_text = text + self.text_of(proposal)
+            if constraint is not None and not (self.constraint_mutant == "past_accept"
+                                               and constraint.ended(draft_text, self.texts, self.eos)):
+                row = constrained_chain(row, constraint.allowed(draft_text, self.texts, self.eos), lambda r: r,
+                                        "mask-first")
             q = sampler_chain(row, **_chain(sampling))  # drafts: no penalty
             x = _sample(q, rng)
             proposal.append(x)
@@ -231,47 +261,58 @@ class ToyServedModel:
         context, out, drafted, accepted = list(prompt), [], 0, 0
         spec_steps = 0  # speculation steps done
         ends = self.ends(sampling)
+        text = ""  # the constraint's matcher's text (exact: the answer's)
         while len(out) < n_predict and not (ends and self.eos in out):
             if steps is not None and out:
                 steps.append(len(out))
             if not self.speculative or not out or sampling["temperature"] <= 0:
-                token = _sample(self.law(context, sampling, position=len(out)), rng)
+                token = _sample(self.law(context, sampling, position=len(out), text=text), rng)
                 out.append(token)
                 context.append(token)
+                text += self.text_of([token])
                 continue
             k = min(self.draft_max, n_predict - len(out))
-            proposal, q_rows = self._propose(context, k, sampling, rng, len(out))
+            proposal, q_rows = self._propose(context, k, sampling, rng, len(out), text)
             if not proposal:  # nothing to draft here (n-gram: the context does not repeat)
-                token = _sample(self.law(context, sampling, position=len(out)), rng)
+                token = _sample(self.law(context, sampling, position=len(out), text=text), rng)
                 out.append(token)
                 context.append(token)
+                text += self.text_of([token])
                 continue
             drafted += len(proposal)
-            step_start = list(context)
-            verify = {**_chain(sampling), **_ending(sampling)} if self.penalty_mutant == "ignored" else sampling
+            step_start, step_text = list(context), text
+            verify = {**_chain(sampling), **_ending(sampling), **_constraint_of(sampling)} \
+                if self.penalty_mutant == "ignored" else sampling
             given = handed[spec_steps] if handed is not None and spec_steps < len(handed) else None
             spec_steps += 1
             before = accepted
             for i, (x, q) in enumerate(zip(proposal, q_rows)):
-                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None, len(out))
+                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None, len(out),
+                             text=self._verify_text(sampling, text, step_text))
                 if (rng.random() < min(1.0, p[x] / q[x])) if given is None else i < given:
                     accepted += 1
                     out.append(x)
                     context.append(x)
+                    text += self.text_of([x])
                     if ends and x == self.eos and self.finish_mutant != "past_eos":
                         break  # the answer ends at an accepted end-of-generation token
                     continue
+                if self.constraint_mutant == "no_rollback":  # the rejected drafts stay in the matcher
+                    text += self.text_of(proposal[i:])
                 residual = np.maximum(p - q, 0.0)
                 residual = residual if residual.sum() > 0 else p
                 token = _sample(residual / residual.sum(), rng)
                 out.append(token)
                 context.append(token)
+                text += self.text_of([token])
                 break
             else:  # every draft accepted: the bonus token
                 if len(out) < n_predict and not (ends and self.eos in out[len(out) - len(proposal):]):
-                    token = _sample(self.law(context, sampling, position=len(out)), rng)
+                    bonus_text = None if self.constraint_mutant == "bonus_unmasked" else text
+                    token = _sample(self.law(context, sampling, position=len(out), text=bonus_text), rng)
                     out.append(token)
                     context.append(token)
+                    text += self.text_of([token])
             if record is not None:
                 record.append(accepted - before)
         with self.lock:
@@ -280,6 +321,18 @@ class ToyServedModel:
         if steps is not None:
             steps.append(min(len(out), n_predict))
         return out[:n_predict], drafted, accepted
+
+    def _verify_text(self, sampling: dict, text: str, step_text: str) -> str | None:
+        """The text the matcher masks a draft position with (``constraint_mutant``: the step's first
+        position's, or none where the constraint has ended); exact: the answer's so far."""
+        constraint = sampling.get("constraint")
+        if constraint is None or self.constraint_mutant is None:
+            return text
+        if self.constraint_mutant == "first_mask":
+            return step_text
+        if self.constraint_mutant == "past_accept" and constraint.ended(text, self.texts, self.eos):
+            return None
+        return text
 
     def generate(self, prompt: list[int], n_predict: int, sampling: dict, seed: int,
                  stops: list[str] | None = None, handed: list[int] | None = None,
@@ -544,7 +597,10 @@ def respond(model: ToyServedModel, path: str, body: dict | None) -> tuple[int, d
     prompt = body.get("prompt")
     if not _token_ids(model, prompt):
         return 400, {"error": "prompt must be token ids"}
-    sampling = _sampling(body)
+    try:
+        sampling = _sampling(body)
+    except ValueError as exc:
+        return 400, {"error": {"code": 400, "message": str(exc), "type": "invalid_request_error"}}
     n_predict = max(0, min(int(body.get("n_predict", 16)), 256))
     forced = [t for t, bias in body.get("logit_bias") or [] if isinstance(bias, (int, float)) and bias >= 100]
     steps: list[int] = []
@@ -725,11 +781,18 @@ def _token_ids(model: ToyServedModel, prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(t, int) and 0 <= t < model.vocab for t in prompt)
 
 
-def _sampling(body: dict) -> dict:
+def _sampling(body: dict, api: str = "llama.cpp") -> dict:
     sampling = {"temperature": float(body.get("temperature", 0.8)), "top_k": int(body.get("top_k", 40) or 0),
                 "top_p": float(body.get("top_p", 0.95)), "min_p": float(body.get("min_p", 0.05)),
-                **_ending(body)}
+                **_ending(body), **_constraint_of(body, api)}
     return _with_penalties(sampling, Penalties.llama_cpp(body))
+
+
+def _constraint_of(settings: dict, api: str | None = None) -> dict:
+    """The request's constraint (``api`` given: read from its body, ``served_constraints.from_body``;
+    else the one a sampling dict holds) as a sampling entry; none: empty."""
+    constraint = settings.get("constraint") if api is None else from_body(settings, api)
+    return {"constraint": constraint} if constraint is not None else {}
 
 
 _CHAIN = ("temperature", "top_k", "top_p", "min_p")
@@ -832,8 +895,13 @@ def _openai_completion(model: ToyServedModel, body: dict) -> tuple[int, dict]:
     if not _token_ids(model, prompt):
         return 400, {"error": {"message": "prompt must be token ids", "code": 400}}
     # the OpenAI defaults: temperature 1, top_p 1, no top-k or min-p unless asked
+    try:
+        constraint = _constraint_of(body, model.api)
+    except ValueError as exc:
+        return 400, {"error": {"message": str(exc), "code": 400}}
     sampling = {"temperature": float(body.get("temperature", 1.0)), "top_k": int(body.get("top_k", 0) or 0),
-                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0)), **_ending(body)}
+                "top_p": float(body.get("top_p", 1.0)), "min_p": float(body.get("min_p", 0.0)), **_ending(body),
+                **constraint}
     sampling = _with_penalties(sampling, Penalties.llama_cpp(body) if model.api == "llama.cpp"
                                else Penalties.vllm(body, len(prompt)))
     n = max(0, min(int(body.get("max_tokens", 16)), 256))

@@ -22,6 +22,7 @@ from urllib.parse import quote, unquote
 from typing import Sequence
 
 from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.constraints import Constraint, split_spec
 from exactcheck.endpoints.continuation_law import NextTokenLaw
 from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
 
@@ -57,6 +58,9 @@ class Sampling:
     ignore_eos: bool = True
     # vLLM's min_tokens: end-of-generation tokens masked for an answer's first tokens (with ignore_eos False)
     min_tokens: int = 0
+    # structured output (``exactcheck.endpoints.constraints``): each dialect writes it in its own field
+    # (``Endpoint.constraint_fields``); its answers end where the constraint ends (ignore_eos off)
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -117,6 +121,8 @@ class Sampling:
             words += f" over the last {self.repeat_last_n} tokens"
         if self.stop:
             words += ", stop at " + " or ".join(map(repr, self.stop))
+        if self.constraint is not None:
+            words += ", " + self.constraint.describe()
         if self.finishes:
             words += ", ending at an end-of-generation token" + (
                 f" (masked for the first {self.min_tokens} tokens: min_tokens)" if self.min_tokens else "")
@@ -127,17 +133,23 @@ class Sampling:
                   "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty, "repeat_last_n": self.repeat_last_n}
         parts = [f"{k}={v:g}" for k, v in values.items() if v is not None and v != getattr(Sampling(), k)]
-        parts += ["ignore_eos=0"] if self.finishes else []
+        parts += ["ignore_eos=0"] if self.finishes and self.constraint is None else []
         parts += [f"min_tokens={self.min_tokens}"] if self.min_tokens else []
-        return ",".join(parts + [f"stop={quote(s, safe='')}" for s in self.stop])
+        parts += [f"stop={quote(s, safe='')}" for s in self.stop]
+        return ",".join(parts + ([self.constraint.spec()] if self.constraint is not None else []))
 
     @classmethod
     def parse(cls, spec: str) -> "Sampling":
         """'temperature=0.7,top_k=2' -> Sampling(0.7, 2); 'greedy' -> temperature 0; penalties:
         'repetition_penalty=1.3', 'presence_penalty=0.5', 'frequency_penalty=0.5', 'repeat_last_n=64';
-        stop strings, percent-encoded, one key each: 'stop=%0A,stop=ab' (a newline, or "ab")."""
+        stop strings, percent-encoded, one key each: 'stop=%0A,stop=ab' (a newline, or "ab"); a
+        constraint last, its value running to the end of the spec: 'choice=yes|no', 'regex=[ab]{1,3}',
+        'json_schema=@schema.json', 'grammar=@file.gbnf' (``constraints.Constraint``)."""
         if spec.strip() == "greedy":
             return GREEDY_SAMPLING
+        head, constraint = split_spec(spec)
+        if constraint is not None:
+            return _constrained(cls.parse(head) if head.strip() else cls(), constraint, spec)
         kinds = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
                  "presence_penalty": float, "frequency_penalty": float, "repeat_last_n": int,
                  "ignore_eos": _switch, "min_tokens": int}
@@ -172,6 +184,16 @@ GREEDY_SAMPLING = Sampling(temperature=0.0)
 UNJUDGED_FIELDS = {
     "n": "every world's independent_samples check asks n (--samples-per-request)",
 }
+
+
+def _constrained(sampling: Sampling, constraint: Constraint, spec: str) -> Sampling:
+    """``sampling`` with ``constraint``: its answers end where the constraint ends, so end-of-generation
+    tokens are not masked (with ignore_eos an engine may unmask every token once its grammar has ended)."""
+    if sampling.stop or sampling.min_tokens or sampling.penalized:
+        raise ValueError(f"sampling {spec!r}: a constraint with stop strings, min_tokens or penalties is not judged")
+    if "ignore_eos" in spec.partition(constraint.kind + "=")[0] and sampling.ignore_eos:
+        raise ValueError(f"sampling {spec!r}: a constraint's answers end where it ends: ignore_eos is not taken")
+    return replace(sampling, ignore_eos=False, constraint=constraint)
 
 
 def _switch(value: str) -> bool:
@@ -303,6 +325,16 @@ class Endpoint:
             raise NotDeterminable(f"{self.api}: how its penalties read prompt and output is not known to the audit")
         return law
 
+    # how the engine applies a constraint's mask with its sampler chain: "mask-first" (the mask on the
+    # logits, then the chain: vLLM, SGLang) or "check-then-resample" (llama.cpp's common_sampler_sample: the
+    # chain samples, and a token the grammar rejects is sampled again with the mask applied first)
+    constraint_order = "mask-first"
+
+    def constraint_fields(self, constraint) -> dict:
+        """The request fields that carry ``constraint`` (``exactcheck.endpoints.constraints``) in this
+        dialect; ``NotDeterminable`` with the reason where it has none the audit sends."""
+        raise NotDeterminable(f"{self.api}: the audit sends no structured-output field to this API")
+
     def speculation_totals(self) -> tuple[int, int] | None:
         """(tokens drafted, drafts accepted) counted by the server since it started, where it counts
         them server-wide (vLLM's ``/metrics``); None where it reports them per request or not at all."""
@@ -324,8 +356,10 @@ class Endpoint:
         truncation, where the server reports post-sampling probabilities)."""
         if kind not in (POST_SAMPLING, RAW):  # another dialect's kind (SGLang's tempered probabilities)
             raise NotDeterminable(f"{self.api} reports no probabilities of the kind {kind!r}")
-        # one token's law: a stop string ends answers, it does not change a next-token law
-        asked = replace(sampling, stop=()) if kind == self.kind or self.kind == RAW else Sampling()
+        # one token's law: a stop string ends answers, it does not change a next-token law; a constraint's
+        # mask is the audit's own (``serve.constraint_law``), from the unconstrained law
+        asked = replace(sampling, stop=(), constraint=None) if kind == self.kind or self.kind == RAW else \
+            Sampling(ignore_eos=sampling.ignore_eos)
         bodies = [self.body(list(prompt) + list(prefix), 1, asked, seed=0, n_probs=n_probs) for prefix in prefixes]
         laws = []
         for prefix, exchange in zip(prefixes, self.client.post_many(self.base, self.path, bodies)):

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from exactcheck.endpoints.client import Client, EndpointError, Exchange
+from exactcheck.endpoints.constraints import choice_gbnf, regex_gbnf
 from exactcheck.endpoints.endpoint import POST_SAMPLING, Completion, Endpoint, Sampling, int_or_none, probability_of
 from exactcheck.endpoints.sampler_law import NotDeterminable
 
@@ -58,6 +59,19 @@ def llama_cpp_texts(client: Client, base: str, continuations: list[tuple[int, ..
     return ["".join(pieces[t] for t in c) for c in continuations]
 
 
+def llama_cpp_constraint_fields(constraint) -> dict:
+    """llama.cpp's structured-output fields (server-common.cpp ``params_from_json_cmpl``): ``json_schema``
+    (converted to a grammar by the server) or ``grammar`` (GBNF); a choice and a regex go as GBNF written
+    here (``constraints.choice_gbnf``, ``regex_gbnf``: ``NotDeterminable`` for a regex it cannot write)."""
+    if constraint.kind == "json_schema":
+        return {"json_schema": constraint.schema}
+    if constraint.kind == "grammar":
+        return {"grammar": constraint.value}
+    if constraint.kind == "choice":
+        return {"grammar": choice_gbnf(constraint.value)}
+    return {"grammar": regex_gbnf(constraint.value)}
+
+
 class LlamaCppEndpoint(Endpoint):
     api = "llama.cpp /completion"
     kind = POST_SAMPLING
@@ -87,6 +101,8 @@ class LlamaCppEndpoint(Endpoint):
         body = {"prompt": list(prompt), "n_predict": n_predict, "seed": int(seed), "return_tokens": True,
                 "cache_prompt": bool(cache), "stream": False, "ignore_eos": sampling.ignore_eos, **sampling.fields()}
         body.update(sampling.penalty_fields(PENALTY_FIELDS))
+        if sampling.constraint is not None:
+            body.update(self.constraint_fields(sampling.constraint))
         if n_probs:
             body.update(n_probs=n_probs, post_sampling_probs=True)
         if tag is not None:
@@ -95,6 +111,11 @@ class LlamaCppEndpoint(Endpoint):
 
     def continuation_texts(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
         return llama_cpp_texts(self.client, self.base, continuations)
+
+    constraint_order = "check-then-resample"
+
+    def constraint_fields(self, constraint) -> dict:
+        return llama_cpp_constraint_fields(constraint)
 
     def several(self, body: dict, k: int) -> dict:
         """``n_cmpl`` (server-schema.cpp; at most the server's slots, ``-np``): children of the request

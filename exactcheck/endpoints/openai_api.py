@@ -26,6 +26,7 @@ from typing import Sequence
 from exactcheck.endpoints.client import Client, EndpointError, Exchange
 from exactcheck.endpoints.endpoint import POST_SAMPLING, RAW, Completion, Endpoint, Sampling, int_or_none, probability_of
 from exactcheck.endpoints.llama_cpp_api import PENALTY_FIELDS as LLAMA_PENALTY_FIELDS
+from exactcheck.endpoints.llama_cpp_api import llama_cpp_constraint_fields
 from exactcheck.endpoints.llama_cpp_api import (LlamaCppEndpoint, is_llama_cpp, listed_top, llama_cpp_end_of_generation,
                                                llama_cpp_texts)
 from exactcheck.endpoints.sampler_law import NotDeterminable, with_output_penalties
@@ -136,6 +137,8 @@ class OpenAICompletionsEndpoint(Endpoint):
              cache: bool = True, tag: str | None = None) -> dict:
         body = {"model": self.model, "prompt": list(prompt), **openai_sampling_body(n_predict, sampling, seed)}
         body.update(sampling.penalty_fields(LLAMA_PENALTY_FIELDS if self.llama_cpp else VLLM_PENALTY_FIELDS))
+        if sampling.constraint is not None:
+            body.update(self.constraint_fields(sampling.constraint))
         logprobs = max(n_probs, 1 if self.ids_through_logprobs else 0)
         if logprobs:
             body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
@@ -245,6 +248,21 @@ class OpenAICompletionsEndpoint(Endpoint):
                                       f"the text vLLM's incremental detokenizer emits is not determined here")
             out.append(text[len(head):].rstrip("\ufffd"))
         return out
+
+    @property
+    def constraint_order(self) -> str:
+        return "check-then-resample" if self.llama_cpp else "mask-first"
+
+    def constraint_fields(self, constraint) -> dict:
+        """llama.cpp's (``llama_cpp_constraint_fields``: its /v1/completions reads the same fields), else
+        vLLM's ``structured_outputs`` (vllm/sampling_params.py ``StructuredOutputsParams``: ``choice``,
+        ``regex``, ``json``, ``grammar``)."""
+        if self.llama_cpp:
+            return llama_cpp_constraint_fields(constraint)
+        key = {"choice": "choice", "regex": "regex", "json_schema": "json", "grammar": "grammar"}[constraint.kind]
+        value = list(constraint.value) if constraint.kind == "choice" else \
+            constraint.schema if constraint.kind == "json_schema" else constraint.value
+        return {"structured_outputs": {key: value}}
 
     def several(self, body: dict, k: int) -> dict:
         """OpenAI's ``n`` (vLLM: child requests seeded seed + index, v1/engine/parallel_sampling.py;

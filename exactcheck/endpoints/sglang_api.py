@@ -33,6 +33,8 @@ lacks, each read in SGLang's source (docs/serving.md, "SGLang's native /generate
 """
 from __future__ import annotations
 
+import json
+
 import math
 from typing import Sequence
 
@@ -127,12 +129,23 @@ class SGLangEndpoint(Endpoint):
                   "sampling_seed": int(seed), **sampling.penalty_fields(PENALTY_FIELDS)}
         if sampling.stop:
             params["stop"] = list(sampling.stop)
+        if sampling.constraint is not None:
+            params.update(self.constraint_fields(sampling.constraint))
         body = {"input_ids": list(prompt), "sampling_params": params, "stream": False}
         if n_probs or self.ids_through_logprobs:
             body.update(return_logprob=True, logprob_start_len=-1, top_logprobs_num=int(n_probs))
         if tag is not None:
             body["exactcheck_tag"] = tag  # in the journal's key only: the client does not send it
         return body
+
+    def constraint_fields(self, constraint) -> dict:
+        """SGLang's ``sampling_params`` (srt/sampling/sampling_params.py): ``regex`` (a choice as the regex
+        of its alternatives), ``json_schema`` (a string), ``ebnf`` (its grammar backend's EBNF)."""
+        if constraint.kind == "json_schema":
+            return {"json_schema": json.dumps(constraint.schema)}
+        if constraint.kind == "grammar":
+            return {"ebnf": constraint.value}
+        return {"regex": constraint.regex()}
 
     def several(self, body: dict, k: int) -> dict:
         raise NotDeterminable("SGLang's answer to sampling_params n (a list) is not read yet: the audit has had no "

@@ -33,6 +33,7 @@ from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Comple
 from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.endpoints.text_prompts import one_token_path
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
+from exactcheck.serve.constraint_law import ConstraintMask, confirmed_outside, constrained_law, outside
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
 from exactcheck.serve.finishing import as_ended, finish_verdict, parse_ids, reference_next_token
 from exactcheck.serve.streaming import streamed_verdict
@@ -92,15 +93,20 @@ def serve_worlds(prompts: list, samplings, length: int, unseeded: bool = False,
     first = next((w for w in worlds if not w.sampling.greedy), None)
     if unseeded and first is not None:
         worlds.append(dataclasses.replace(first, name=f"{first.name}-unseeded", unseeded=True))
-    plain = next((w for w in worlds if not w.sampling.greedy and w.chat is None and not w.sampling.stop), None)
-    if finishing and plain is not None and not any(w.sampling.finishes for w in worlds):
+    plain = next((w for w in worlds if not w.sampling.greedy and w.chat is None and not w.sampling.stop
+                  and w.sampling.constraint is None), None)
+    if finishing and plain is not None and not any(w.sampling.finishes and w.sampling.constraint is None
+                                                   for w in worlds):
         worlds.append(dataclasses.replace(plain, name=f"{plain.name}-ends",
                                           sampling=dataclasses.replace(plain.sampling, ignore_eos=False)))
     return worlds
 
 
 def _sampling_name(s: Sampling) -> str:
-    return s.spec().replace("=", "").replace(",", "-").replace(".", "_") or "t1"
+    """A world's name for its sampling: its spec, a constraint by its tag (``Constraint.tag``)."""
+    plain = dataclasses.replace(s, constraint=None, ignore_eos=True if s.constraint else s.ignore_eos)
+    name = plain.spec().replace("=", "").replace(",", "-").replace(".", "_") or "t1"
+    return f"{name}-{s.constraint.tag()}" if s.constraint is not None else name
 
 
 
@@ -179,6 +185,7 @@ class _ServeRun:
         self.mix = None  # what the server met (``serve.traffic.TrafficMix``): set once the worlds are sent
         self.laws: dict = {}  # each (prompt, sampling, conversation, length)'s law from the reference
         self.eog: frozenset[int] | None = None  # the end-of-generation ids, once a world asks for them
+        self.masks: dict = {}  # each constrained (prompt, sampling)'s mask (``serve.constraint_law``)
 
     @property
     def separate(self) -> bool:
@@ -268,9 +275,12 @@ class _ServeRun:
         seed = derive_seed(self.options.seed, world.name)
         base = dict(world=world.name, seed=seed, reproduce=self.reproduce(world.name))
         requests = self.requests_for(world, seed, base)
-        if requests is None:
+        if requests is None or not self.carries(world, seed, base):
             return None
         law, texts, why = self.reference_law(world)
+        if world.sampling.constraint is not None and law is None:  # its answers would judge nothing
+            self.run.extend(_world_not_judged(world, why, seed, base["reproduce"]))
+            return None
         n = (trials_to_detect(law.expected, self.options.target_tv, self.budget.first_share, self.cap) or self.cap) \
             if law is not None else max(settings.probed, settings.seeds)
         self.run.planned += n
@@ -315,10 +325,10 @@ class _ServeRun:
         speculation."""
         run, settings = self.run, self.settings
         world, seed, base, requests, runs = planned.world, planned.seed, planned.base, planned.requests, planned.runs
-        law, why, wrong = self.judged_law(world, planned.law, planned.texts, planned.why, runs)
+        law, why, cause = self.judged_law(world, planned.law, planned.texts, planned.why, runs)
         if law is not None:
             run.add(continuation_law_verdict(law, runs, world.describe(), self.budget.first_share, self.budget.alpha,
-                                             base, _stop_cause(wrong, planned.texts, world)))
+                                             base, cause))
         else:
             run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                           "continuation"), seed, base["reproduce"], f"not judged: {why}"))
@@ -362,6 +372,20 @@ class _ServeRun:
                                 self.budget.alpha, planned.base, stops=world.sampling.stop,
                                 exact_length=not world.sampling.stop, seeded=not world.unseeded, cells=cell_indices)
 
+    def carries(self, world: ServeWorld, seed: int, base: dict) -> bool:
+        """Whether the audited dialect carries the world's constraint (none: yes); where it cannot, every
+        check of the world is not judged, with the reason (unconstrained answers would judge nothing)."""
+        constraint = world.sampling.constraint
+        why = "a constraint on the chat endpoint is not judged" if constraint and world.chat else None
+        try:
+            if constraint is not None and why is None:
+                self.audited.constraint_fields(constraint)
+        except NotDeterminable as exc:
+            why = f"the constraint cannot be carried: {exc}"
+        if why is not None:
+            self.run.extend(_world_not_judged(world, why, seed, base["reproduce"]))
+        return why is None
+
     def requests_for(self, world: ServeWorld, seed: int, base: dict) -> Endpoint | None:
         """Where a world's requests go: the audited server's completions, or its conversation's chat
         requests; None for a conversation not judged (its checks are reported so, with the reason)."""
@@ -372,7 +396,7 @@ class _ServeRun:
             self.chats[world.chat] = (chat, chat.probe(world.length))
         requests, why_not = self.chats[world.chat]
         if why_not is not None:
-            self.run.extend(_chat_not_judged(world, why_not, seed, base["reproduce"]))
+            self.run.extend(_world_not_judged(world, why_not, seed, base["reproduce"]))
             return None
         return requests
 
@@ -389,7 +413,13 @@ class _ServeRun:
         why = None
         try:
             eog = self.ends_of(world)
-            law = _reference_law(self.reference, world, self.settings.n_probs, self.min_mass, self.max_calls, eog)
+            if world.sampling.constraint is None:
+                law = _reference_law(self.reference, world, self.settings.n_probs, self.min_mass, self.max_calls, eog)
+            else:
+                mask = self.masks[(world.prompt, world.sampling)] = ConstraintMask.build(
+                    world.sampling.constraint, self.reference, world.prompt, eog)
+                law = constrained_law(self.reference, mask, world.sampling, world.length, self.settings.n_probs,
+                                      self.min_mass, self.max_calls, self.audited.constraint_order)
         except NotDeterminable as exc:
             law, why = None, f"the reference's probabilities do not determine the law of these settings " \
                              f"({exc})"
@@ -424,10 +454,12 @@ class _ServeRun:
         return self.eog
 
     def judged_law(self, world: ServeWorld, law: ContinuationLaw | None, texts: dict | None, why: str | None,
-                   runs: list[Completion]) -> tuple[ContinuationLaw | None, str | None, list]:
-        """(the law the sampled answers are judged by, or None; why not; the stop world's answers
-        that end where the text read puts no stop): none where chat answers stopped early, or a
-        stop world's ends cannot be explained by the text the audit read."""
+                   runs: list[Completion]) -> tuple[ContinuationLaw | None, str | None, str | None]:
+        """(the law the sampled answers are judged by, or None; why not; words for what went wrong: a
+        stop world's answers that end where the text read puts no stop, a constrained world's answers
+        outside the constraint): none where chat answers stopped early, a stop world's ends cannot be
+        explained by the text the audit read, or a constrained world's answers outside the constraint
+        came back with a text the audit does not read for their tokens (``constraint_law``)."""
         if law is not None and world.sampling.finishes:
             ended = [as_ended(r, self.eog) for r in runs]
             unknown = [r for r, e in zip(runs, ended) if e is None]
@@ -442,11 +474,18 @@ class _ServeRun:
                    f"stop: a stop string the chat template added; ignore_eos masks end-of-generation tokens "
                    f"only), and the completions endpoint's law knows no such stop")
             law = None
+        mask = self.masks.get((world.prompt, world.sampling))
+        if law is not None and mask is not None:
+            wrong = outside(runs, mask)
+            if not wrong:
+                return law, why, None
+            unconfirmed, words = confirmed_outside(wrong, mask)
+            return (None, unconfirmed, None) if unconfirmed else (law, why, words)
         wrong = _stop_ends_wrong(runs, texts, world) if law is not None else []
         if wrong:
             why = _stop_ends_unexplained(self.reference, world, runs, wrong)
             law = None if why else law
-        return law, why, wrong
+        return law, why, _stop_cause(wrong, texts, world)
 
     def judge_probes(self, requests: Endpoint, world: ServeWorld, law: ContinuationLaw | None, seed: int,
                      base: dict, law_tally, n: int) -> tuple:
@@ -459,6 +498,13 @@ class _ServeRun:
         probes, probe_tally = send_counted(requests, [
             _body(requests, world, _request_seed(seed, i, "probe"), f"probe/{i}", n_probs=1)
             for i in range(probe_count)], settings.concurrency)
+        if world.sampling.constraint is not None:
+            check = Check(f"{world.name}/logprob_fidelity", CheckKind.LOGPROB_FIDELITY, world.name, "logprob_fidelity")
+            self.run.add(not_run_verdict(check, seed, base["reproduce"], "not judged: a constrained world's reported "
+                                         "probabilities are not read (engines report them before or after the "
+                                         "mask: llama.cpp the chain it sampled from, without the grammar unless it "
+                                         "resampled)", condition=world.describe()))
+            return probe_tally, probes
         world_noise = None
         if self.separate:
             bar.grow(settings.probed)
@@ -553,9 +599,10 @@ def _prompt_ids(audited: Endpoint, prompt, settings: ServeSettings):
     return ids
 
 
-def _chat_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> list[Verdict]:
-    """A chat world whose answers cannot be known to continue its template's tokens: each of its
-    checks not judged, with the reason (never a guess at the tokens)."""
+def _world_not_judged(world: ServeWorld, why: str, seed: int, reproduce: str) -> list[Verdict]:
+    """A world whose answers would judge nothing (a chat world whose answers cannot be known to continue
+    its template's tokens; a constraint the dialect cannot carry): each of its checks not judged, with
+    the reason (never a guess)."""
     return [not_run_verdict(c, seed, reproduce, f"not judged: {why}", condition=world.describe())
             for c in serve_checks([world]) if c.world == world.name]
 

@@ -1,0 +1,237 @@
+"""Structured output: the constraint a world's requests carry (``--sampling ...,choice=yes|no``), how
+each dialect writes it, and the small local engine that says which continuations it allows.
+
+A ``Constraint`` is one of four kinds, as the engines take them:
+
+- ``choice``: a list of strings (``choice=yes|no|maybe``); the answer's text is one of them;
+- ``regex``: a regular expression the whole answer's text matches;
+- ``json_schema``: a JSON schema (inline, or ``@file``);
+- ``grammar``: a GBNF grammar (``@file``, or inline).
+
+In a ``--sampling`` spec the constraint is the last key and its value runs to the end of the spec,
+commas included (``temperature=0.7,regex=[ab]{1,3}``).
+
+Dialects (``Endpoint.constraint_fields``): llama.cpp takes ``grammar`` (GBNF) and ``json_schema``
+(server-common.cpp converts it to a grammar), so a choice and a regex are written as GBNF here
+(``choice_gbnf``, ``regex_gbnf``: a regex this module cannot write as GBNF is not carried); vLLM takes
+``structured_outputs`` with ``choice``, ``regex``, ``json`` or ``grammar`` (vllm/sampling_params.py
+``StructuredOutputsParams``); SGLang's ``/generate`` takes ``regex``, ``json_schema`` and ``ebnf`` in
+its ``sampling_params`` (a choice as the regex of its alternatives).
+
+The local engine (``matcher``): ``viable(text)`` (the text can still be extended into an answer the
+constraint allows) and ``complete(text)`` (the text is such an answer: an end of generation may
+follow), for a choice by prefix tests and for a regex by the ``regex`` package's partial matching (a
+loose dependency: without it a regex world is not judged). JSON schemas and grammars have no local
+engine here: ``NotDeterminable``, and such a world is not judged, saying so.
+"""
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from exactcheck.endpoints.sampler_law import NotDeterminable
+
+__all__ = ["Constraint", "KINDS", "Matcher", "matcher", "allowed_tokens", "choice_gbnf", "regex_gbnf",
+           "split_spec"]
+
+KINDS = ("choice", "regex", "json_schema", "grammar")
+_KEY = re.compile(r"(?:^|,)\s*(" + "|".join(KINDS) + r")=")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One structured-output constraint: its ``kind`` (``KINDS``), its value (a choice's strings; a
+    regex, a JSON schema's text or a grammar's text) and the ``@file`` it was read from, if any."""
+
+    kind: str
+    value: str | tuple[str, ...]
+    source: str | None = None
+
+    @classmethod
+    def parse(cls, kind: str, text: str) -> "Constraint":
+        """``kind=text`` from a ``--sampling`` spec; a malformed one is a ``ValueError`` saying why."""
+        if kind not in KINDS:
+            raise ValueError(f"{kind}: a constraint is one of {', '.join(KINDS)}")
+        source = None
+        if kind in ("json_schema", "grammar") and text.startswith("@"):
+            source, text = text[1:], _read(kind, text[1:])
+        if kind == "choice":
+            options = tuple(text.split("|"))
+            if not all(options) or len(set(options)) != len(options):
+                raise ValueError(f"choice={text!r}: non-empty, distinct strings separated by '|'")
+            return cls(kind, options)
+        if not text.strip():
+            raise ValueError(f"{kind}=: empty")
+        if kind == "regex":
+            try:
+                re.compile(text)
+            except re.error as exc:
+                raise ValueError(f"regex={text!r}: {exc}") from None
+        if kind == "json_schema":
+            try:
+                schema = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema: not JSON ({exc})") from None
+            if not isinstance(schema, dict):
+                raise ValueError("json_schema: a JSON object (a schema) is expected")
+        if kind == "grammar" and "root" not in text:
+            raise ValueError("grammar: a GBNF grammar with a root rule is expected")
+        return cls(kind, text, source)
+
+    def spec(self) -> str:
+        """The ``--sampling`` key that gives this constraint back."""
+        if self.source is not None:
+            return f"{self.kind}=@{self.source}"
+        return f"{self.kind}=" + ("|".join(self.value) if self.kind == "choice" else str(self.value))
+
+    def tag(self) -> str:
+        """A short name for world names: the kind and a checksum of the spec."""
+        return f"{self.kind.replace('_', '')}{zlib.crc32(self.spec().encode()) & 0xffff:04x}"
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return "constrained to one of " + ", ".join(map(repr, self.value))
+        if self.kind == "regex":
+            return f"constrained to the regex {self.value!r}"
+        where = f"@{self.source}" if self.source else f"{len(self.value)} characters"
+        return f"constrained to the {'JSON schema' if self.kind == 'json_schema' else 'GBNF grammar'} ({where})"
+
+    @property
+    def schema(self) -> dict:
+        return json.loads(self.value)
+
+    def regex(self) -> str:
+        """The regex of a choice or a regex constraint (a choice: its alternatives, escaped)."""
+        if self.kind == "choice":
+            return "|".join(re.escape(c) for c in self.value)
+        if self.kind == "regex":
+            return str(self.value)
+        raise NotDeterminable(f"a {self.kind} is not a regex")
+
+
+def _read(kind: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{kind}=@{path}: cannot be read ({exc.strerror})") from None
+
+
+def split_spec(spec: str) -> tuple[str, Constraint | None]:
+    """(the spec before its constraint, the constraint or None): the constraint's value runs to the
+    end of the spec, commas included."""
+    found = _KEY.search(spec)
+    if found is None:
+        return spec, None
+    return spec[:found.start()], Constraint.parse(found.group(1), spec[found.end():])
+
+
+class Matcher:
+    """Which texts a constraint allows: ``viable`` (a prefix of an allowed answer) and ``complete``
+    (an allowed answer). Texts are the answer's own, the prompt not included."""
+
+    def __init__(self, pattern: str):
+        try:
+            import regex
+        except ImportError:  # a loose dependency
+            raise NotDeterminable("the 'regex' package (partial matching) is not installed: pip install regex") \
+                from None
+        self._compiled = regex.compile(pattern)
+
+    def viable(self, text: str) -> bool:
+        return self._compiled.fullmatch(text, partial=True) is not None
+
+    def complete(self, text: str) -> bool:
+        return self._compiled.fullmatch(text) is not None
+
+
+def matcher(constraint: Constraint) -> Matcher:
+    """The local engine for ``constraint``; ``NotDeterminable`` for a JSON schema or a grammar."""
+    if constraint.kind not in ("choice", "regex"):
+        raise NotDeterminable(f"the audit has no local engine for a {constraint.kind.replace('_', ' ')}: the mask "
+                              f"at each prefix cannot be computed here")
+    return Matcher(constraint.regex())
+
+
+def allowed_tokens(match: Matcher, text: str, pieces: Mapping[int, str], eog: Iterable[int]) -> frozenset[int]:
+    """The tokens the constraint allows after ``text``: an end-of-generation token where ``text`` is
+    complete; any other token whose piece extends ``text`` to a viable text (an empty piece, a special
+    token, never: llama.cpp's grammar sampler and xgrammar reject them)."""
+    eog = frozenset(eog)
+    out = {t for t, piece in pieces.items() if t not in eog and piece and match.viable(text + piece)}
+    if match.complete(text):
+        out |= eog
+    return frozenset(out)
+
+
+def _gbnf_literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
+def choice_gbnf(options: Iterable[str]) -> str:
+    """A choice as llama.cpp's GBNF: one root rule, its alternatives literal."""
+    return "root ::= " + " | ".join(_gbnf_literal(o) for o in options)
+
+
+_CLASSES = {"d": "[0-9]", "w": "[a-zA-Z0-9_]", "s": "[ \\t\\n\\r]", "n": '"\\n"', "t": '"\\t"'}
+
+
+def regex_gbnf(pattern: str) -> str:
+    """A regex of the common subset (literals, classes ``[...]``, ``.``, ``\\d \\w \\s``, groups,
+    ``|``, ``* + ? {m} {m,n}``, a leading ``^`` and a trailing ``$``) as llama.cpp's GBNF (one root
+    rule); anything else (lazy quantifiers, lookaround, back-references, named groups) is
+    ``NotDeterminable``: the constraint is not carried to llama.cpp."""
+    body = pattern[1:] if pattern.startswith("^") else pattern
+    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt.isdigit() or nxt in "bBAZ":
+                raise NotDeterminable(f"regex {pattern!r}: \\{nxt} has no GBNF form here")
+            out.append(_CLASSES.get(nxt) or _gbnf_literal(nxt))
+            i += 2
+        elif c == "[":
+            end = _class_end(body, i, pattern)
+            out.append(body[i:end + 1])
+            i = end + 1
+        elif c == "(":
+            if body.startswith("(?:", i):
+                i += 3
+            elif body.startswith("(?", i):
+                raise NotDeterminable(f"regex {pattern!r}: {body[i:i + 3]!r} groups have no GBNF form here")
+            else:
+                i += 1
+            out.append("(")
+        elif c in ")|*+?":
+            if c in "*+?" and body[i + 1:i + 2] in ("?", "+"):
+                raise NotDeterminable(f"regex {pattern!r}: lazy or possessive quantifiers have no GBNF form")
+            out.append(f" {c} " if c == "|" else c)
+            i += 1
+        elif c == "{" and re.match(r"\{\d+(,\d*)?\}", body[i:]):
+            end = body.index("}", i)
+            out.append(body[i:end + 1])
+            i = end + 1
+        elif c == ".":
+            out.append("[^\\n]")
+            i += 1
+        else:
+            out.append(_gbnf_literal(c))
+            i += 1
+    return "root ::= " + "".join(out)
+
+
+def _class_end(body: str, start: int, pattern: str) -> int:
+    i = start + 1 + (body[start + 1:start + 2] == "^")
+    i += body[i:i + 1] == "]"
+    while i < len(body) and body[i] != "]":
+        if body[i] == "\\" and body[i + 1:i + 2] in ("d", "w", "s", "D", "W", "S"):
+            raise NotDeterminable(f"regex {pattern!r}: \\{body[i + 1]} inside a class has no GBNF form here")
+        i += 2 if body[i] == "\\" else 1
+    if i >= len(body):
+        raise NotDeterminable(f"regex {pattern!r}: an unclosed class")
+    return i
