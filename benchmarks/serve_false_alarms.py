@@ -47,6 +47,12 @@ its id read from ``/props``) and ``traffic-vllm`` (a world with ``ignore_eos=0,m
 declared with ``eos_ids``), each capped at 1,000 sampled requests a world. Writes reports/serve-false-alarms-traffic.json with the p-values of the new
 statistical checks (streamed, concurrent_requests).
 
+``--paths constrained`` (issue 68): structured output, under the default mixed traffic (up to 4 in
+flight): ``constrained-llama`` (GBNF written by the audit for a choice and a regex, the check-then-resample
+order) and ``constrained-vllm`` (``structured_outputs``), each world ``choice=ab|ba|cab|bb`` and
+``temperature=0.7,top_k=5,regex=[a-c]{2,5}``, 4 tokens, answers ending at the end of generation (id 5),
+600 sampled requests a world. Writes reports/serve-false-alarms-constrained.json.
+
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
 "cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
 speculating from the draft table.
@@ -127,10 +133,21 @@ TRAFFIC_PATHS = {
                       Sampling(temperature=0.8, ignore_eos=False, min_tokens=2)),
                      dict(concurrency=4, eos_ids="5", max_samples=1000)),
 }
+# structured output (issue 68): constrained worlds (a choice, and a regex at temperature 0.7 / top-k 5) on the exact
+# toy under the default mixed traffic, answers ending where the constraint ends (the end of generation, id 5);
+# llama.cpp's dialect (GBNF written by the audit, the check-then-resample order) and vLLM's (structured_outputs)
+CONSTRAINED = (Sampling.parse("choice=ab|ba|cab|bb"), Sampling.parse("temperature=0.7,top_k=5,regex=[a-c]{2,5}"))
+CONSTRAINED_PATHS = {
+    "constrained-llama": (ENDS, "auto", ((1, 2),), CONSTRAINED, dict(concurrency=4, length=4, max_samples=600)),
+    "constrained-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),), CONSTRAINED,
+                         dict(concurrency=4, length=4, eos_ids="5", max_samples=600)),
+}
+TRAFFIC_PATHS.update(CONSTRAINED_PATHS)  # run as the traffic paths are
 BPE_PATHS.update(TRAFFIC_PATHS)  # the same shape: (model fields, api, prompts, samplings, settings)
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
            "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json",
-           "bpe": "reports/serve-false-alarms-bpe.json", "traffic": "reports/serve-false-alarms-traffic.json"}
+           "bpe": "reports/serve-false-alarms-bpe.json", "traffic": "reports/serve-false-alarms-traffic.json",
+           "constrained": "reports/serve-false-alarms-constrained.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -213,13 +230,15 @@ def main() -> None:
     parser.add_argument("--paths", default="old", help="old (the first three paths), new (mlx-lm, chat-llama, "
                                                        "chat-vllm), penalties (penalty-llama, penalty-vllm), stops "
                                                        "(stops-llama, stops-vllm), bpe (mlx-lm-bpe, "
-                                                       "mlx-lm-bpe-penalties, llama-cpp-python-bpe) or a "
+                                                       "mlx-lm-bpe-penalties, llama-cpp-python-bpe), "
+                                                       "constrained (constrained-llama, constrained-vllm) or a "
                                                        "comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
-        STOP_PATHS if args.paths == "stops" else tuple(TRAFFIC_PATHS) if args.paths == "traffic" else \
+        STOP_PATHS if args.paths == "stops" else tuple(CONSTRAINED_PATHS) if args.paths == "constrained" else \
+        tuple(p for p in TRAFFIC_PATHS if p not in CONSTRAINED_PATHS) if args.paths == "traffic" else \
         tuple(p for p in BPE_PATHS if p not in TRAFFIC_PATHS) if args.paths == "bpe" else \
         tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
         tuple(args.paths.split(","))
