@@ -16,7 +16,7 @@ from exactcheck.endpoints.continuation_law import ContinuationLaw
 from exactcheck.endpoints.draft_counts import DraftTally
 from exactcheck.endpoints.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
-from exactcheck.stats.pairs import same_cell_pairs
+from exactcheck.stats.pairs import same_cell_after, same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
 
 __all__ = ["continuation_law_verdict", "independent_samples_verdict", "concurrent_requests_verdict", "greedy_verdict",
@@ -84,9 +84,13 @@ def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completi
 def concurrent_requests_verdict(law: ContinuationLaw, completions: list[Completion], pairs: list[tuple[int, int]],
                                 condition: str, share: float, alpha: float, base: dict, concurrency: int) -> Verdict:
     """Requests in flight together are independent draws of the law: ``pairs`` (disjoint pairs of
-    this world's requests that were in flight at the same time, ``serve.traffic.concurrent_pairs``)
-    fall in one cell as often as two independent draws do, Binomial(pairs, sum p**2) exactly
-    (``exactcheck.stats.pairs``). Requests sharing one random stream (unseeded requests of a batch
+    this world's requests that were in flight at the same time, ``serve.traffic.concurrent_pairs``: the
+    first sent, then the next one sent before the first was answered) fall in one cell as often as
+    independent draws do. Which requests pair up depends on how long the first one's answer took (a
+    longer answer stays in flight longer), so the test is conditional on the first one's cell: the
+    second falls in it with probability p[cell], and the count is Poisson-binomial exactly
+    (``exactcheck.stats.pairs.same_cell_after``; Binomial(pairs, sum p**2) would be biased wherever
+    answers' lengths differ, as they do where answers end early). Requests sharing one random stream (unseeded requests of a batch
     handed the same random numbers, TensorRT-LLM #19487; a seed taken from a batch mate) repeat each
     other and push the count up. Inconclusive where no two were in flight together."""
     check = dict(check=f"{base['world']}/concurrent_requests", law="concurrent_requests",
@@ -97,7 +101,7 @@ def concurrent_requests_verdict(law: ContinuationLaw, completions: list[Completi
             "not judged: no two of this world's requests were in flight together (--concurrency 1, or answers "
             "from the journal)"), **check)
     cells = cell_indices(law, completions)
-    count = same_cell_pairs([np.array([cells[i], cells[j]]) for i, j in pairs], law.expected)
+    count = same_cell_after([(int(cells[i]), int(cells[j])) for i, j in pairs], law.expected)
     words = (f"pairs of concurrent requests in one cell: {count.same:,} of {count.pairs:,} (independent draws: about "
              f"{count.expected:,.1f}), p = {count.pvalue:.3g}")
     if count.pvalue <= share:
@@ -105,7 +109,8 @@ def concurrent_requests_verdict(law: ContinuationLaw, completions: list[Completi
                   "stream for a batch, or a batch mate's seed)" if count.same > count.expected else
                   "; requests in flight together differ more often than independent draws do")
     return Verdict(outcome=Outcome.EXACT, samples=2 * count.pairs, summary=words, **check, evidence=LawEvidence(
-        Evidence.FIXED_BUDGET, statistic=float(count.same), statistic_name="pairs in one cell (exact binomial test)",
+        Evidence.FIXED_BUDGET, statistic=float(count.same),
+        statistic_name="pairs in one cell (exact Poisson-binomial test, given the first's cell)",
         pvalue=count.pvalue))
 
 

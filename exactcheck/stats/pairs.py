@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["PairCount", "same_cell_pairs"]
+__all__ = ["PairCount", "same_cell_pairs", "same_cell_after"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,25 @@ def same_cell_pairs(groups: list[np.ndarray], expected: np.ndarray) -> PairCount
     if pairs == 0:
         return PairCount(0, 0, q, 1.0)
     return PairCount(pairs, same, q, float(stats.binomtest(same, pairs, q).pvalue))
+
+
+def same_cell_after(pairs: list[tuple[int, int]], expected: np.ndarray) -> PairCount:
+    """Pairs (first, second) of cell indices where which requests were paired may depend on the first's
+    answer (a request in flight together with the next one sent: a long answer stays in flight longer)
+    but not on the second's (its answer is drawn after the pairing is decided, from its own seed). Under
+    the null the second falls in the first's cell with probability p[first], independently across pairs
+    (no request in two pairs): the count is Poisson-binomial with those probabilities, exactly, whatever
+    the selection; the test is its exact two-sided test (the likelihood method, as ``binomtest``'s).
+    ``PairCount.q``: the mean of those probabilities."""
+    p = np.asarray(expected, dtype=np.float64)
+    if not pairs:
+        return PairCount(0, 0, min(1.0, float(np.sum(p * p))), 1.0)
+    first = np.array([a for a, _ in pairs], dtype=np.int64)
+    second = np.array([b for _, b in pairs], dtype=np.int64)
+    chances = np.where(first < p.size, p[np.minimum(first, p.size - 1)], 0.0)
+    same = int(np.sum(first == second))
+    pmf = np.array([1.0])
+    for c in chances:  # the Poisson-binomial law of the count, by convolution
+        pmf = np.convolve(pmf, [1.0 - c, c])
+    pvalue = float(min(1.0, pmf[pmf <= pmf[same] * (1 + 1e-7)].sum()))
+    return PairCount(len(pairs), same, float(chances.mean()), pvalue)

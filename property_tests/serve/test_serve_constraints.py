@@ -162,3 +162,23 @@ def test_a_constraint_without_a_local_engine_is_not_judged_and_says_why():
     law = _law(result)
     assert law.outcome.value == "inconclusive" and "no local engine" in law.summary, law.describe()
     assert not any(v.world.startswith("p0") and v.outcome.value == "defect" for v in result.verdicts)
+
+
+def test_concurrent_pairs_are_judged_given_the_first_ones_cell_so_a_long_answers_longer_flight_is_no_alarm():
+    """Found by the constrained worlds' false-alarm run: which requests pair up (in flight together)
+    depends on how long the first one took, so where answers' lengths differ Binomial(pairs, sum p**2)
+    is biased; given the first's cell the count is Poisson-binomial exactly (stats.pairs.same_cell_after)."""
+    import numpy as np
+    from scipy import stats
+
+    from exactcheck.stats.pairs import same_cell_after, same_cell_pairs
+    equal = same_cell_after([(0, 0)] * 30 + [(0, 1)] * 20, np.array([0.5, 0.5, 0.0]))
+    assert equal.pvalue == pytest.approx(stats.binomtest(30, 50, 0.5).pvalue)
+    rng, p = np.random.default_rng(0), np.array([0.9, 0.1, 0.0])
+    old, new = [], []
+    for _ in range(300):  # the rare cell's answers are the slow ones: they pair up far more often
+        pairs = list(zip(rng.choice(2, size=200, p=[0.3, 0.7]), rng.choice(2, size=200, p=p[:2])))
+        old.append(same_cell_pairs([np.array(x) for x in pairs], p).pvalue)
+        new.append(same_cell_after(pairs, p).pvalue)
+    assert np.mean(np.array(old) < 1e-3) > 0.9 and np.mean(np.array(new) < 1e-3) < 0.02
+    assert same_cell_after([(0, 0)] * 40, np.array([0.3, 0.7])).pvalue < 1e-6  # repeats: the count up
