@@ -32,7 +32,9 @@ def serve_arguments(parser) -> None:
     parser.add_argument("--sampling", action="append", metavar="SPEC",
                         help="sampling settings of a world, e.g. 'temperature=0.7,top_k=8', 'top_p=0.9,min_p=0.05', "
                              "penalties 'repetition_penalty=1.3,presence_penalty=0.5,frequency_penalty=0.5,"
-                             "repeat_last_n=64' (repeatable; default three settings)")
+                             "repeat_last_n=64', a constraint last (structured output, its value to the end of the spec): "
+                             "'choice=yes|no', 'temperature=0.7,regex=[a-d]{1,4}', 'json_schema=@schema.json', "
+                             "'grammar=@file.gbnf' (repeatable; default three settings)")
     parser.add_argument("--server-setting", action="append", metavar="NAME=VALUE", dest="server_setting",
                         help="a server setting the audit cannot read, declared by the operator for every server of the "
                              "audit and recorded in the report (repeatable): mlx-lm's prompt_cache=off (started with "
