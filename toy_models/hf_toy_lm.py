@@ -188,6 +188,8 @@ class ModelWorld:
     max_new_tokens: int | None = None  # default: length (a stop-token world leaves room past the stop)
     # extra laws checked on outputs: (name, description, output tuple -> hashable cell)
     marginals: tuple = ()
+    # what ``validate`` asks of an output, in the validity verdict's words
+    validity: str = "every output parses as JSON of the schema and ends with the stop token"
 
     @property
     def new_tokens(self) -> int:

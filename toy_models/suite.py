@@ -21,15 +21,17 @@ def large_worlds():
 
 
 def all_model_worlds(different_tokenizers: bool = False) -> list:
-    """The toy model worlds, then the grammar world (generated under its own policy); for a
-    generator that drafts in another vocabulary, the tokenizer worlds
+    """The toy model worlds, then the grammar worlds (each generated under its own policy: the
+    JSON world, the choice world and the reasoning-boundary world of ``toy_models.structured``);
+    for a generator that drafts in another vocabulary, the tokenizer worlds
     (``toy_models.tokenizer_worlds``)."""
     if different_tokenizers:
         from toy_models.tokenizer_worlds import tokenizer_worlds
         return list(tokenizer_worlds())
     from toy_models.grammar import grammar_world
     from toy_models.hf_toy_lm import model_worlds
-    return [*model_worlds(), grammar_world()]
+    from toy_models.structured import structured_worlds
+    return [*model_worlds(), grammar_world(), *structured_worlds()]
 
 
 def rule_worlds(names: list[str] | None = None) -> list:

@@ -130,8 +130,13 @@ class ReferenceSpeculativeLoop:
         feed = torch.cat([sequence[min(counters["known"], cache.get_seq_length()):], drafts])
         logits = self.forward(target, cache, counters, "target", feed)[-(drafts.numel() + 1):]
         generated = tuple(sequence[counters["prompt"]:].tolist())
-        prefixes = [generated + tuple(drafts[:j].tolist()) for j in range(drafts.numel() + 1)]
+        prefixes = self.verified_prefixes(generated, drafts.tolist(), policy, counters)
         return self.policy_rows(logits, policy, prefixes, "target")
+
+    def verified_prefixes(self, generated: tuple, drafts: list[int], policy, counters: dict) -> list[tuple]:
+        """The generated prefix each of the k + 1 target rows conditions on (what a grammar mask
+        reads): the committed tokens, then the drafts before the row."""
+        return [generated + tuple(drafts[:j]) for j in range(len(drafts) + 1)]
 
     def rollback(self, caches: dict, keep: int) -> None:
         """Crop both caches to the first ``keep`` committed tokens."""

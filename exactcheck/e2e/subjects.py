@@ -33,13 +33,15 @@ def load_generator(name: str):
 
 def loop_mutants() -> tuple:
     """Every end-to-end loop mutant (``loop-mutant:NAME``): the one-vocabulary loop's, the
-    penalties' (found under a policy with penalties: ``--policy repetition_penalty=...``), then the
-    two-vocabulary loops' (TLI and SLEM, SLRS)."""
+    structured-output ones (found on the grammar worlds), the penalties' (found under a policy with
+    penalties: ``--policy repetition_penalty=...``), then the two-vocabulary loops' (TLI and SLEM,
+    SLRS)."""
+    from exactcheck.e2e.grammar_mutants import GRAMMAR_MUTANTS
     from exactcheck.e2e.loop import LOOP_MUTANTS
     from exactcheck.e2e.penalty_mutants import PENALTY_MUTANTS
     from exactcheck.e2e.string_rejection import SLRS_MUTANTS
     from exactcheck.e2e.two_vocab_loop import TWO_VOCAB_MUTANTS
-    return (*LOOP_MUTANTS, *PENALTY_MUTANTS.values(), *TWO_VOCAB_MUTANTS, *SLRS_MUTANTS)
+    return (*LOOP_MUTANTS, *GRAMMAR_MUTANTS, *PENALTY_MUTANTS.values(), *TWO_VOCAB_MUTANTS, *SLRS_MUTANTS)
 
 
 def builtin_generators() -> dict:

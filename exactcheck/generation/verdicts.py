@@ -145,7 +145,7 @@ def validity_verdict(run: GeneratorSamples, base: dict) -> Verdict:
     """Every output of a grammar world must be valid (deterministic: spends none of alpha)."""
     invalid = [o for o in run.outputs if not run.world.validate(o)]
     common = dict(base, check=f"{run.world.name}/valid_outputs", law="valid_outputs", samples=run.size,
-                  condition="every output parses as JSON of the schema and ends with the stop token",
+                  condition=run.world.validity,
                   kind=CheckKind.VALIDITY)
     if invalid:
         return Verdict(outcome=Outcome.DEFECT, summary=(
