@@ -183,6 +183,14 @@ class ToyServedModel:
         order = "check-then-resample" if self.api == "llama.cpp" else "mask-first"
         return constrained_chain(row, allowed, lambda r: sampler_chain(r, **_chain(sampling)), order)
 
+    def _target_law(self, context: list[int], sampling: dict, history: list[int] | None = None,
+                    position: int | None = None, text: str | None = None) -> np.ndarray:
+        """``law``, the matcher's ``text`` passed only where the request has a constraint (a subclass's
+        own ``law`` without constraints keeps working)."""
+        if sampling.get("constraint") is None:
+            return self.law(context, sampling, history, position)
+        return self.law(context, sampling, history, position, text=text)
+
     @property
     def texts(self) -> list[str]:
         """Each token's text as a constraint reads it (the end-of-generation token's: none)."""
@@ -266,7 +274,7 @@ class ToyServedModel:
             if steps is not None and out:
                 steps.append(len(out))
             if not self.speculative or not out or sampling["temperature"] <= 0:
-                token = _sample(self.law(context, sampling, position=len(out), text=text), rng)
+                token = _sample(self._target_law(context, sampling, position=len(out), text=text), rng)
                 out.append(token)
                 context.append(token)
                 text += self.text_of([token])
@@ -274,7 +282,7 @@ class ToyServedModel:
             k = min(self.draft_max, n_predict - len(out))
             proposal, q_rows = self._propose(context, k, sampling, rng, len(out), text)
             if not proposal:  # nothing to draft here (n-gram: the context does not repeat)
-                token = _sample(self.law(context, sampling, position=len(out), text=text), rng)
+                token = _sample(self._target_law(context, sampling, position=len(out), text=text), rng)
                 out.append(token)
                 context.append(token)
                 text += self.text_of([token])
@@ -287,8 +295,8 @@ class ToyServedModel:
             spec_steps += 1
             before = accepted
             for i, (x, q) in enumerate(zip(proposal, q_rows)):
-                p = self.law(context, verify, step_start if self.penalty_mutant == "stale" else None, len(out),
-                             text=self._verify_text(sampling, text, step_text))
+                p = self._target_law(context, verify, step_start if self.penalty_mutant == "stale" else None, len(out),
+                                     text=self._verify_text(sampling, text, step_text))
                 if (rng.random() < min(1.0, p[x] / q[x])) if given is None else i < given:
                     accepted += 1
                     out.append(x)
@@ -309,7 +317,7 @@ class ToyServedModel:
             else:  # every draft accepted: the bonus token
                 if len(out) < n_predict and not (ends and self.eos in out[len(out) - len(proposal):]):
                     bonus_text = None if self.constraint_mutant == "bonus_unmasked" else text
-                    token = _sample(self.law(context, sampling, position=len(out), text=bonus_text), rng)
+                    token = _sample(self._target_law(context, sampling, position=len(out), text=bonus_text), rng)
                     out.append(token)
                     context.append(token)
                     text += self.text_of([token])
