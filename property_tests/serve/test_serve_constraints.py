@@ -135,6 +135,11 @@ def test_each_dialect_sends_the_constraint_in_its_own_field():
     assert vllm.body([1], 3, schema, 0)["structured_outputs"] == {"json": {"type": "string"}}
     sglang = SGLangEndpoint("http://x", client).body([1], 3, choice, 0)["sampling_params"]
     assert sglang["regex"] == "ab|ba" and sglang["ignore_eos"] is False
+    from exactcheck.endpoints.endpoint import Endpoint
+    with pytest.raises(NotDeterminable, match="no structured-output field"):  # mlx-lm, llama-cpp-python: not judged
+        Endpoint("http://x", client).constraint_fields(choice.constraint)
+    with pytest.raises(NotDeterminable, match="no GBNF form"):  # llama.cpp: a regex the audit cannot write as GBNF
+        LlamaCppEndpoint("http://x", client).body([1], 3, Sampling.parse(r"regex=(a)\1"), 0)
     # the reference's one-token requests carry no constraint: its raw law is masked by the audit
     assert "grammar" not in LlamaCppEndpoint("http://x", client).body([1], 1, Sampling(ignore_eos=False), 0)
 
