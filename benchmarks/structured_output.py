@@ -5,15 +5,19 @@ of the exact paths over many seeds.
     python benchmarks/structured_output.py boundaries [--generations 2000]
     python benchmarks/structured_output.py mutants [--seed 1] [--worlds think_choice_v9] [--json FILE]
     python benchmarks/structured_output.py false-alarms --seeds 50 [--generators batched-reference-loop]
-                                           [--json FILE]
+                                           [--json JOURNAL]
+    python benchmarks/structured_output.py summarise --json JOURNAL --report reports/structured-false-alarms.json
 
 ``boundaries``: the reference loop (k = 4) on the JSON, choice and reasoning worlds; for each
-generation, the offset inside its round's block (0..k-1 an accepted draft, k-... a correction or
-the bonus) at which ``<eos>`` and ``</think>`` were emitted, and whether that was a draft.
+generation, the offset inside its round's block (0 to k) at which ``<eos>`` and ``</think>`` were
+emitted, and whether it was an accepted draft (every emitted token but a block's last) or the
+block's correction or bonus.
 ``mutants``: each grammar mutant's quick audit on the structured worlds (the JSON world too for
 the mutants whose own world is the JSON one): the checks that found it, the TV or count, seconds.
 ``false-alarms``: quick audits of exact generators on ``choice_v9`` and ``think_choice_v9``,
-seeds 1..N, counting the audits with any failed check (deterministic and statistical apart).
+seeds 1..N, counting the audits with any failed check (deterministic and statistical apart); a
+generator of ``exactcheck.corpus.generators`` by its corpus name (its known boundary finding,
+``KNOWN_FINDINGS``, counted apart).
 """
 from __future__ import annotations
 
@@ -53,9 +57,10 @@ def boundaries(generations: int) -> None:
             marks["</think>"] = END_OF_THINKING
         drive_generator(Probe(4, log=log), world, generations, seed=1, policy=world.policy, probe=False)
         for label, token in marks.items():
-            offsets = collections.Counter(block.index(token) for block in log if token in block)
-            drafted = sum(n for offset, n in offsets.items() if offset < 4)
-            total = sum(offsets.values())
+            places = [(block.index(token), len(block)) for block in log if token in block]
+            offsets = collections.Counter(offset for offset, _ in places)
+            drafted = sum(offset < size - 1 for offset, size in places)  # the last emitted token is not a draft
+            total = len(places)
             print(f"{world.name} {label}: emitted in {total} blocks; offset in block {dict(sorted(offsets.items()))}; "
                   f"as an accepted draft {drafted} ({drafted / max(total, 1):.0%}), inside a block (offset > 0) "
                   f"{total - offsets[0]} ({(total - offsets[0]) / max(total, 1):.0%})")
@@ -80,17 +85,19 @@ def mutant_rows(seed: int, worlds: list[str] | None) -> list[dict]:
 
 
 def false_alarm_rows(generators: list[str], seeds: int, first: int, out) -> list[dict]:
+    from exactcheck.corpus.generators import KNOWN_FINDINGS, correct_generators
     from exactcheck.e2e.runner import run_generator_audit
     from exactcheck.e2e.subjects import load_generator
-    rows = []
+    corpus, rows = correct_generators(), []
     for name in generators:
         for seed in range(first, first + seeds):
             start = time.perf_counter()
-            result = run_generator_audit(load_generator(name), worlds=list(STRUCTURED), level="quick", seed=seed,
-                                         progress=False)
-            failed = result.failed
+            result = run_generator_audit(corpus[name] if name in corpus else load_generator(name),
+                                         worlds=list(STRUCTURED), level="quick", seed=seed, progress=False)
+            known = [v.check for v in result.failed if v.law in KNOWN_FINDINGS.get(name, ())]
+            failed = [v for v in result.failed if v.check not in known]
             row = {"generator": name, "seed": seed, "seconds": round(time.perf_counter() - start, 1),
-                   "checks": len(result.verdicts), "alpha": result.alpha,
+                   "checks": len(result.verdicts), "alpha": result.alpha, "known": known,
                    "deterministic": [v.check for v in failed if v.statistic is None],
                    "statistical": [v.check for v in failed if v.statistic is not None],
                    "p_values": {v.check: v.pvalue for v in result.verdicts if v.statistic is not None}}
@@ -108,19 +115,44 @@ def false_alarm_rows(generators: list[str], seeds: int, first: int, out) -> list
     return rows
 
 
+def summarise(journal: str, report: str) -> None:
+    """The false-alarm journal (one JSON line per audit) as one versioned JSON report."""
+    with open(journal) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    p_values = sorted(p for r in rows for p in r["p_values"].values() if p is not None)
+    summary = {"audits": len(rows), "generators": sorted({r["generator"] for r in rows}),
+               "worlds": list(STRUCTURED), "level": "quick", "alpha": rows[0]["alpha"] if rows else None,
+               "seeds": [min(r["seed"] for r in rows), max(r["seed"] for r in rows)] if rows else [],
+               "with_deterministic_finding": sum(bool(r["deterministic"]) for r in rows),
+               "with_statistical_false_alarm": sum(bool(r["statistical"]) for r in rows),
+               "law_p_values": len(p_values), "smallest_p": p_values[0] if p_values else None,
+               "share_at_or_below": {str(t): sum(p <= t for p in p_values) / max(len(p_values), 1)
+                                     for t in (0.01, 0.05, 0.1)},
+               "median_seconds": sorted(r["seconds"] for r in rows)[len(rows) // 2] if rows else None}
+    with open(report, "w") as f:
+        json.dump({"version": 1, "benchmark": "benchmarks/structured_output.py false-alarms", "summary": summary,
+                   "audits": rows}, f, indent=1)
+    print(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("boundaries", "mutants", "false-alarms"))
+    parser.add_argument("mode", choices=("boundaries", "mutants", "false-alarms", "summarise"))
     parser.add_argument("--generations", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--generators", default="batched-reference-loop")
     parser.add_argument("--worlds", help="mutants: only these of each mutant's worlds (comma-separated)")
-    parser.add_argument("--json", help="write the rows here (false-alarms: one JSON line per audit)")
+    parser.add_argument("--json", help="write the rows here (false-alarms: one JSON line per audit; summarise: "
+                        "read them from here)")
+    parser.add_argument("--report", help="summarise: the JSON report to write")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(1)
+    if args.mode == "summarise":
+        summarise(args.json, args.report)
+        return
     if args.mode == "boundaries":
         boundaries(args.generations)
     elif args.mode == "mutants":

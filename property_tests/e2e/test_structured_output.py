@@ -75,7 +75,7 @@ class _Blocks(ReferenceSpeculativeLoop):
 @pytest.mark.parametrize("world, token", [(CHOICE, EOS), (THINK, END_OF_THINKING), (THINK, EOS)])
 def test_the_grammar_event_falls_inside_a_draft_window(world, token):
     log: list = []
-    drive_generator(_Blocks(4, log=log), world, 150, seed=5, policy=world.policy, probe=False)
+    drive_generator(_Blocks(4, log=log), world, 100, seed=5, policy=world.policy, probe=False)
     offsets = {block.index(token) for block in log if token in block}
     assert len(offsets & {1, 2, 3}) >= 2, offsets  # accepted as a draft at varied places in a block
 
@@ -95,6 +95,7 @@ def test_the_grammar_mutants_are_registered():
                for m in GRAMMAR_MUTANTS)
 
 
+@pytest.mark.long
 def test_reference_loop_passes_the_structured_worlds():
     result = run_generator_audit(ReferenceSpeculativeLoop(), worlds=[CHOICE.name, THINK.name], generations=120,
                                  seed=11, progress=False, greedy=False)
@@ -115,7 +116,19 @@ def test_each_grammar_mutant_emits_outputs_the_grammar_forbids(mutant, world, n)
 
 @pytest.mark.long
 @pytest.mark.parametrize("mutant", GRAMMAR_MUTANTS, ids=lambda m: m.name.split(": ")[1])
-def test_each_grammar_mutant_is_found_at_quick_on_each_of_its_worlds(mutant):
-    for world in mutant.found_on:
+def test_each_grammar_mutant_is_found_at_quick_on_the_structured_worlds(mutant):
+    """The quick audit (2,000 generations, greedy identity, forced draws) of each small structured
+    world the mutant is found on; the JSON world's are found within 200 generations
+    (docs/end-to-end.md), and a quick audit's first 200 generations are those (same seeds)."""
+    for world in [w for w in mutant.found_on if w in (CHOICE.name, THINK.name)]:
         result = run_generator_audit(mutant, worlds=[world], level="quick", seed=1, progress=False)
-        assert not result.passed, (mutant.name, world)
+        assert f"{world}/valid_outputs" in {v.check for v in result.failed}, (mutant.name, world)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("mutant", [m for m in GRAMMAR_MUTANTS if "json_v13_k3" in m.found_on],
+                         ids=lambda m: m.name.split(": ")[1])
+def test_each_grammar_mutant_is_found_on_the_json_world(mutant):
+    result = run_generator_audit(mutant, worlds=["json_v13_k3"], generations=200, seed=1, progress=False,
+                                 greedy=False)
+    assert "json_v13_k3/valid_outputs" in {v.check for v in result.failed}
