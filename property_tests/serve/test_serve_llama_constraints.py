@@ -3,8 +3,9 @@ choice and a regex (sent as GBNF in `grammar`), plain and under draft-model spec
 and rejection sampling), against the target alone, on the tiny GGUF pair whose rows give </s> mass
 (toy_models/gguf_models.py, eos_lift 1.0). The law is the reference's raw law masked at every prefix in
 llama.cpp's order (common/sampling.cpp `common_sampler_sample`: the chain samples, a token the grammar
-rejects is sampled again with the grammar first), which the regex world at temperature 0.7 / top-k 8
-tells apart from masking first. Skips when the binary is absent; long."""
+rejects is sampled again with the grammar first); at 3,000 requests the regex world at temperature
+0.7 / top-k 8 does not tell it apart from masking first (p = 0.21 against p = 0.038: the allowed letters
+are mostly inside the top 8). Skips when the binary is absent; long."""
 from __future__ import annotations
 
 import time
