@@ -18,7 +18,7 @@ from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, chat_template_ids, served_model
 
 CHAT = ChatPrompt.parse(["system:be brief", "user:abc"])
-SMALL = dict(level="quick", seed=0, progress=False, samplings=(Sampling(),), max_samples=1200)
+SMALL = dict(level="quick", seed=0, progress=False, samplings=(Sampling(),), max_samples=1200, traffic="sequential")
 CHECKS = ("continuation", "logprob_fidelity", "same_seed", "speculation_ran")
 
 
@@ -188,7 +188,8 @@ def test_a_real_llama_server_passes_its_chat_audit_and_a_hotter_chat_proxy_is_fo
     template.write_text(ROLE_CHAT_TEMPLATE)
     begun = time.monotonic()
     audit = dict(level="quick", seed=0, progress=False, prompts=(GGUF_CHAT,), n_probs=64, max_samples=2000,
-                 samplings=(Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=8, top_p=0.95, min_p=0.05)))
+                 samplings=(Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=8, top_p=0.95, min_p=0.05)),
+                 traffic="sequential")  # the two worlds alone: the mixed traffic's twins are test_serve_llama.py's
     with llama_server(target_gguf, extra_args=("--jinja", "--chat-template-file", str(template))) as target:
         exact = run_serve_audit(target, **audit)
         with proxy("chat_hotter", target) as p:

@@ -37,7 +37,7 @@ START_TIMEOUT_S = 180.0
 # 200 characters of English (toy_models.bpe_models.CORPUS): prompt lookup drafts where a sampled token occurred in it
 PROMPT = __import__("toy_models.bpe_models", fromlist=["CORPUS"]).CORPUS[:200]
 AUDIT = dict(level="quick", seed=0, progress=False, prompts=(PROMPT,), samplings=(Sampling(),), max_samples=1200,
-             n_probs=320)
+             n_probs=320, traffic="sequential")
 
 
 def lcp_python() -> str:
@@ -128,7 +128,6 @@ def test_prompt_lookup_speculation_passes_and_a_hotter_proxy_is_found(servers, m
     assert result.passed, [v.describe() for v in result.failed]
     assert _by_check(result)["p0-t1/continuation"].outcome.value == "exact"
     with proxy("hotter", lookup) as p:
-        hotter = run_serve_audit(p.url, reference=plain, api="llama-cpp-python", model=model[1], traffic="sequential",
-                                 **AUDIT)
+        hotter = run_serve_audit(p.url, reference=plain, api="llama-cpp-python", model=model[1], **AUDIT)
     law = _by_check(hotter)["p0-t1/continuation"]
     assert not hotter.passed and law.outcome.value == "defect" and "hotter" in law.summary, law.summary
