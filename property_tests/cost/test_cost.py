@@ -27,6 +27,7 @@ def test_observed_acceptance_agrees_with_the_exact_expectation_and_a_diluted_dra
     assert same == expected and diluted["high"] < expected, (diluted, expected)
 
 
+@pytest.mark.long
 def test_the_diluted_drafter_is_slower_not_wrong():
     from exactcheck.e2e.runner import run_generator_audit
     result = run_generator_audit(DilutedDraft(), level="quick", worlds=[WORLD.name], generations=500, progress=False)

@@ -78,7 +78,8 @@ def test_a_one_draw_trigger_states_the_set_of_values_that_break_it():
     assert "broken at every value of" in reach.describe()
 
 
-@pytest.mark.parametrize("generator", [ReferenceSpeculativeLoop(), SlotCacheLoop()], ids=["reference", "slot_cache"])
+@pytest.mark.parametrize("generator", [ReferenceSpeculativeLoop(), pytest.param(SlotCacheLoop(), marks=pytest.mark.long)],
+                         ids=["reference", "slot_cache"])
 def test_exact_loops_keep_every_forced_property_on_every_world(generator):
     for world in all_model_worlds():
         for law, verdict in _forced(generator, world).items():

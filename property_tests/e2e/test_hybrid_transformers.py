@@ -217,7 +217,7 @@ def test_a_copy_keeps_the_hook(models):
     assert H.recompute_states(target, _sequence(5))[0].conv.dtype == torch.float64
 
 
-@pytest.mark.long
+@pytest.mark.slow  # about 90 s on 2 cores: the slow run
 def test_the_benchmark_on_the_core_architectures(tmp_path):
     """Small settings (about 90 s): the target alone passes everything on every architecture; on the
     short-convolution model (no recurrent state) assisted generation and prompt lookup pass too; on

@@ -130,7 +130,7 @@ MUTANT_FINDINGS = [
     (TargetOnlyTokensInQ(), "tok_abc_l4", "tok_abc_l4/draft_follows_q"),
     (DraftStopInTargetIds(), "tok_abcd_stop", "tok_abcd_stop/contract"),
     (CommittedTokensRetokenised(), "tok_abc_l4", "tok_abc_l4/sequence"),
-    (SlrsCanonicalOnly(), "tok_abc_l4", "tok_abc_l4/text"),
+    pytest.param(SlrsCanonicalOnly(), "tok_abc_l4", "tok_abc_l4/text", marks=pytest.mark.long),
     pytest.param(SlrsDrawnTokenisationQ(), "tok_abc_l4", "tok_abc_l4/text", marks=pytest.mark.slow),
 ]
 

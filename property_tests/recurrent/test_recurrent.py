@@ -142,16 +142,22 @@ def test_transformers_assisted_generation_restores_one_state_from_anothers_histo
         assert mismatches[WORLDS[1].name] == 0
 
 
-@pytest.mark.long
-@pytest.mark.parametrize("name", list(REFERENCE_LOOPS))
+# each quick audit of a recurrent loop is about a minute on 2 cores: one reference loop and two mutants
+# (a state and a conv/recurrent rollback) in the long run (.ci/run), every one in the slow run
+CI_LOOPS = {"snapshot"}
+CI_MUTANTS = {"rejected_drafts_left_in_state", "conv_restored_recurrent_not"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long if n in CI_LOOPS else pytest.mark.slow)
+                                  for n in REFERENCE_LOOPS])
 def test_each_reference_loop_passes_the_quick_audit(name):
     from exactcheck.audit_kinds import audit_subject
     result = audit_subject("recurrent", f"recurrent-{name}", level="quick", seed=0, progress=False)
     assert result.passed, [v.summary for v in result.failed]
 
 
-@pytest.mark.long
-@pytest.mark.parametrize("name", list(RECURRENT_MUTANTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long if n in CI_MUTANTS else pytest.mark.slow)
+                                  for n in RECURRENT_MUTANTS])
 def test_each_mutant_is_found_at_quick(name):
     from exactcheck.audit_kinds import audit_subject
     result = audit_subject("recurrent", f"recurrent-mutant:{name}", level="quick", seed=0, progress=False)

@@ -83,6 +83,7 @@ def test_report_round_trips_and_renders(tmp_path):
     assert any(v.tv_certificate is not None for v in result.verdicts if not v.outcome.failed)
 
 
+@pytest.mark.long
 def test_selftest_command_prints_the_detection_table(tmp_path, capsys):
     code = main(["selftest", "--level", "quick", "--mutant", "trust_draft", "--mutant",
                  "accept_on_equal_uniform", "--report", str(tmp_path)])

@@ -169,6 +169,7 @@ def test_ctrl_c_during_the_gate_keeps_what_was_audited(tmp_path, monkeypatch, ca
     assert "first" in xml.read_text() and "third" not in xml.read_text()
 
 
+@pytest.mark.long
 def test_audit_tests_takes_any_kind_with_a_plan(tmp_path):
     """``audit_tests(kind, subject)``: one reported test per check of the kind's plan; a tree
     verifier's, here, and a tree mutant's failing."""

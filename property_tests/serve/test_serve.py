@@ -18,7 +18,10 @@ from exactcheck.serve.mutants import PROXY_MUTANTS, proxy
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, respond, sampler_chain, served_model
 
-SMALL = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(Sampling(),), max_samples=2000)
+# one world, sent one request after another (the older traffic): the mixed traffic's own checks and
+# mutants are test_serve_traffic.py's and test_serve_finishing.py's, and cost three times the requests
+SMALL = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(Sampling(),), max_samples=2000,
+             traffic="sequential")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +67,15 @@ def test_an_exact_served_system_passes_with_its_detectable_tv_stated(servers):
     assert result.passed, [v.describe() for v in result.failed]
     law = next(v for v in result.verdicts if v.law == "continuation")
     assert law.samples == 2000 and 0 < law.tv.detectable < 0.2
-    assert "speculation ran: 2,000 of 2,000 requests drafted" in next(
+    # 2,000 law requests and 500 streamed ones (stream_share 0.25)
+    assert "speculation ran: 2,500 of 2,500 requests drafted" in next(
         v for v in result.verdicts if v.law == "speculation_ran").summary
 
 
 # the chat mutants change the chat endpoint only; test_serve_chat.py finds them through it; the stop
-# mutants change answers to requests with stop strings only: test_serve_stops.py and test_serve_llama.py
-COMPLETIONS_MUTANTS = sorted(name for name in PROXY_MUTANTS if not name.startswith(("chat_", "stop_")))
+# mutants change answers to requests with stop strings only: test_serve_stops.py and test_serve_llama.py;
+# the stream mutants change streamed answers only: test_serve_traffic.py
+COMPLETIONS_MUTANTS = sorted(name for name in PROXY_MUTANTS if not name.startswith(("chat_", "stop_", "stream_")))
 
 
 @pytest.mark.long
@@ -89,7 +94,7 @@ def test_each_proxy_mutant_is_found_through_http_with_its_cause(servers, name):
     assert cause in caught[mutant.caught_by]
 
 
-@pytest.mark.parametrize("traffic", ["sequential", "mixed"])
+@pytest.mark.parametrize("traffic", ["sequential", "mixed"])  # mixed: the default run's audit under the default traffic
 def test_an_interrupted_audit_resumes_from_its_journal_and_sends_nothing_twice(tmp_path, traffic):
     from exactcheck.endpoints.client import request_key
     model = ToyServedModel()
@@ -152,12 +157,20 @@ def test_an_exact_server_passes_through_the_openai_api(flavour):
     how = "token ids read from logprobs" if flavour == "llama.cpp" else "token ids from return_token_ids"
     assert "OpenAI /v1/completions" in result.reference and how in result.reference
     ran = next(v for v in result.verdicts if v.law == "speculation_ran").summary
-    assert ("250 of 250 chunks of 8 requests drafted" if flavour == "vllm" else "2,000 of 2,000 requests drafted") in ran
+    # 2,000 law requests and 500 streamed ones (stream_share 0.25); vLLM's counters are read per chunk of 8
+    drafted = "312 of 312 chunks of 8 requests drafted" if flavour == "vllm" else "2,500 of 2,500 requests drafted"
+    assert drafted in ran
     assert all(v.samples == 2000 for v in result.verdicts if v.law == "continuation")
 
 
+# through vLLM's dialect in the long run: the mutants that read its own fields (logprobs keyed by token id,
+# /metrics counters, sampling); the others, found through llama.cpp's above, in the slow run
+VLLM_DIALECT_MUTANTS = {"draft_logprobs", "hotter", "speculation_off_for_logprobs"}
+
+
+@pytest.mark.parametrize("name", [n if n in VLLM_DIALECT_MUTANTS else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in COMPLETIONS_MUTANTS])
 @pytest.mark.long
-@pytest.mark.parametrize("name", COMPLETIONS_MUTANTS)
 def test_each_proxy_mutant_is_found_through_vllms_openai_api(vllm_servers, name):
     _, target, draft, plain = vllm_servers
     mutant = PROXY_MUTANTS[name]
@@ -226,8 +239,9 @@ RARE = dict(vocab=64, sharpness=1.0, drafter="ngram", ngram=1)  # about 5% of re
 RARE_AUDIT = dict(SMALL, max_samples=None, samplings=(Sampling(), Sampling(temperature=0.7, top_k=5, min_p=0.05)))
 
 
+# each audit runs to the quick budget (75-105 s on 2 cores): one dialect each in the long run, the other slow
 @pytest.mark.long
-@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+@pytest.mark.parametrize("api", ["llama.cpp", pytest.param("vllm", marks=pytest.mark.slow)])
 def test_a_rarely_drafting_exact_server_is_no_speculation_finding(api):
     model = ToyServedModel(api=api, **RARE)
     with served_model(model) as target:
@@ -242,7 +256,7 @@ def test_a_rarely_drafting_exact_server_is_no_speculation_finding(api):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
+@pytest.mark.parametrize("api", [pytest.param("llama.cpp", marks=pytest.mark.slow), "vllm"])
 def test_speculation_off_for_logprobs_is_found_on_a_rarely_drafting_server(api):
     model = ToyServedModel(api=api, **RARE)
     with served_model(model) as target, served_model(model.as_plain()) as plain, \

@@ -72,7 +72,8 @@ def test_what_an_answer_says_of_its_end_is_read_against_its_tokens():
     assert as_ended(_answer((1,), stopped_on_eog=True), frozenset({5, 7})) is None
 
 
-@pytest.mark.parametrize("api", ["llama.cpp", pytest.param("vllm", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
 def test_an_exact_server_whose_answers_end_early_passes_and_the_ends_world_is_judged(api):
     kw = {"eos_ids": "5"} if api == "vllm" else {}  # vLLM names no end-of-generation id: declared
     result = _audit(_toy(api=api), samplings=SAMPLINGS[1:], **kw)

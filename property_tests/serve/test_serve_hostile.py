@@ -22,7 +22,7 @@ from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, served_model
 
 SMALL = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(Sampling(),), max_samples=400,
-             timeout=3.0)
+             timeout=3.0, traffic="sequential")
 
 
 class _Proxy(ThreadingHTTPServer):
@@ -103,7 +103,7 @@ def _finding(result):
     return crash[0]
 
 
-@pytest.mark.parametrize("mode", ["dies", "garbage", "huge", "endless"])
+@pytest.mark.parametrize("mode", [pytest.param("dies", marks=pytest.mark.long), "garbage", "huge", "endless"])
 def test_a_server_that_fails_mid_audit_is_its_finding_with_the_requests_named(toy, mode, monkeypatch, tmp_path):
     monkeypatch.setattr(client_module, "MAX_ANSWER_BYTES", 1 << 20)
     monkeypatch.setattr(client_module.Client, "__init__", _fast_retries(client_module.Client.__init__))
@@ -121,6 +121,7 @@ def test_a_server_that_fails_mid_audit_is_its_finding_with_the_requests_named(to
                for v in result.verdicts)
 
 
+@pytest.mark.long
 def test_resume_against_a_restarted_server_completes_the_audit(toy, tmp_path, monkeypatch):
     monkeypatch.setattr(client_module.Client, "__init__", _fast_retries(client_module.Client.__init__))
     journal = str(tmp_path / "journal.jsonl")
@@ -159,6 +160,7 @@ def test_curl_lines_send_the_request_again():
     assert "exactcheck_tag" not in line and json.loads(words[-1]) == {"prompt": [1, 2], "n_predict": 3, "stop": ["it's"]}
 
 
+@pytest.mark.long
 def test_the_command_exits_1_and_writes_the_partial_report(toy, tmp_path, monkeypatch, capsys):
     from exactcheck.cli import main
     monkeypatch.setattr(client_module.Client, "__init__", _fast_retries(client_module.Client.__init__))

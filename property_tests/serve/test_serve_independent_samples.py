@@ -17,7 +17,7 @@ from exactcheck.stats.pairs import same_cell_pairs
 from toy_models.served_lm import ToyServedModel, respond
 
 AUDIT = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(Sampling(top_k=6),),
-             max_samples=1500)
+             max_samples=1500, traffic="sequential")
 
 
 def _audit(model: ToyServedModel, transport=None, **keywords):
@@ -29,7 +29,8 @@ def _check(result):
     return next(v for v in result.verdicts if v.law == "independent_samples")
 
 
-@pytest.mark.parametrize("api, dialect", [("llama.cpp", "llama.cpp"), ("llama.cpp", "openai"), ("vllm", "openai")])
+@pytest.mark.parametrize("api, dialect", [pytest.param("llama.cpp", "llama.cpp", marks=pytest.mark.long),
+                                          pytest.param("llama.cpp", "openai", marks=pytest.mark.long), ("vllm", "openai")])
 def test_exact_children_pass_and_copies_are_found(api, dialect):
     exact = _check(_audit(ToyServedModel(api=api), api=dialect))
     assert exact.outcome == Outcome.EXACT and exact.samples >= 2 * 375, exact.describe()
@@ -49,6 +50,7 @@ def test_the_pair_count_is_binomial_under_independence_and_not_under_copies():
     assert same_cell_pairs([np.array([0, 1, 2])], p).pairs == 1  # an odd sample out pairs with none
 
 
+@pytest.mark.long
 def test_an_api_without_the_field_a_refusing_server_and_one_sample_per_request_are_not_judged():
     model = ToyServedModel()
 

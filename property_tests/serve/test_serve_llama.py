@@ -24,7 +24,8 @@ from toy_models.gguf_models import write_pair  # noqa: E402
 PROMPTS = ([5, 6, 7, 8], [30, 31, 5, 6, 30, 31, 5, 6])  # "abcd"; a repetitive one the n-gram drafter can use
 SAMPLINGS = (Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), Sampling(temperature=0.7, top_k=8, top_p=0.95,
                                                                                 min_p=0.05))
-AUDIT = dict(level="quick", seed=0, progress=False, prompts=PROMPTS, samplings=SAMPLINGS, max_samples=3000, n_probs=64)
+AUDIT = dict(level="quick", seed=0, progress=False, prompts=PROMPTS, samplings=SAMPLINGS, max_samples=3000, n_probs=64,
+             traffic="sequential")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,7 @@ def test_ngram_speculation_keeps_the_law(target, pair):
     assert laws and all(v.outcome.value == "exact" for v in laws), [v.describe() for v in laws]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["hotter", "seed_cache", "speculation_off_for_logprobs", "zero_logprobs",
                                   "copied_samples"])
 def test_proxy_mutants_in_front_of_the_real_server_are_found(pair, target, name):
@@ -259,7 +261,7 @@ def test_four_slots_with_a_draft_under_mixed_streamed_and_finishing_traffic(endi
     the logprobs of speculated tokens are 1.0 (the known loss, test_draft_model_speculation...)."""
     from dataclasses import replace
     samplings = (SAMPLINGS[0], replace(SAMPLINGS[1], ignore_eos=False))
-    audit = dict(AUDIT, prompts=ENDING_PROMPTS, samplings=samplings)
+    audit = dict(AUDIT, prompts=ENDING_PROMPTS, samplings=samplings, traffic="mixed")
     with llama_server(ending_pair[0]) as reference, \
             llama_server(ending_pair[0], draft=ending_pair[1], draft_sampling="probabilistic", draft_max=3,
                          extra_args=("-np", "4")) as audited:

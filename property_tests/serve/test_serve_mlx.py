@@ -45,7 +45,7 @@ pytestmark = pytest.mark.long
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine: about 3 s idle
 PROMPT = [5, 6, 7]
 AUDIT = dict(level="quick", seed=0, progress=False, prompts=(tuple(PROMPT),),
-             samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)), max_samples=1200)
+             samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)), max_samples=1200, traffic="sequential")
 
 
 def mlx_python() -> str:

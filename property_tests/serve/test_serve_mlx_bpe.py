@@ -36,7 +36,7 @@ PROMPT = "Once upon a time"
 # mlx-lm's stream_generate on write_bpe_llama(seed=0)): a presence penalty of 8 moves the law by that much
 PENALISED = "The quick brown fox jumps over the lazy dog. The dog did not mind; it was a warm day"
 AUDIT = dict(level="quick", seed=0, progress=False, prompts=(PROMPT,),
-             samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)), max_samples=1200)
+             samplings=(Sampling(), Sampling(temperature=0.7, top_k=8)), max_samples=1200, traffic="sequential")
 
 
 @pytest.fixture(scope="module")

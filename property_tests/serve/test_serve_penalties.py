@@ -21,7 +21,7 @@ from toy_models.served_lm import Penalties, ToyServedModel, respond
 
 LLAMA_PENALTIES = Sampling(repetition_penalty=1.6, presence_penalty=0.4, frequency_penalty=0.7, repeat_last_n=3)
 VLLM_PENALTIES = Sampling(presence_penalty=0.6, frequency_penalty=0.9)
-AUDIT = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), max_samples=2000)
+AUDIT = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), max_samples=2000, traffic="sequential")
 
 
 def _audit(model: ToyServedModel, sampling: Sampling, **keywords):
@@ -85,13 +85,14 @@ def test_an_exact_llama_cpp_server_passes_under_penalties(sampling):
     assert _continuation(result).outcome == Outcome.EXACT and _continuation(result).samples == 2000
 
 
-@pytest.mark.parametrize("mutant", ["stale", "ignored"])
+@pytest.mark.parametrize("mutant", ["stale", pytest.param("ignored", marks=pytest.mark.long)])
 def test_penalties_fed_once_per_verify_step_or_ignored_are_found_through_llama_cpp(mutant):
     result = _audit(ToyServedModel(penalty_mutant=mutant), LLAMA_PENALTIES)
     assert _continuation(result).outcome == Outcome.DEFECT, _continuation(result).describe()
     assert _audit(ToyServedModel(penalty_mutant=mutant), Sampling()).passed  # no penalty: nothing to get wrong
 
 
+@pytest.mark.long
 def test_vllm_presence_and_frequency_are_judged_from_raw_log_probabilities():
     exact = _audit(ToyServedModel(api="vllm"), VLLM_PENALTIES, api="openai")
     assert exact.passed, [v.describe() for v in exact.failed]
@@ -124,7 +125,8 @@ def test_vllms_processed_log_probabilities_hold_the_repetition_penalty_but_not_p
         processed.penalised(law, Sampling(frequency_penalty=0.5), (1, 0))
 
 
-@pytest.mark.parametrize("api, sampling", [("llama.cpp", LLAMA_PENALTIES), ("vllm", VLLM_PENALTIES)])
+@pytest.mark.parametrize("api, sampling", [pytest.param("llama.cpp", LLAMA_PENALTIES, marks=pytest.mark.long),
+                                           ("vllm", VLLM_PENALTIES)])
 def test_a_penalised_chat_world_is_judged_exact_and_its_stale_mutant_found(api, sampling):
     from exactcheck.serve.chat import ChatPrompt
     chat = ChatPrompt.parse(["user:abc"])

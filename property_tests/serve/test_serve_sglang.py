@@ -16,7 +16,7 @@ from exactcheck.endpoints.sglang_api import SGLangEndpoint, tempered_kind
 from sglang_fake import SGLangToy, sglang_server
 from toy_models.served_lm import ToyServedModel, served_model
 
-SMALL = dict(level="quick", seed=0, progress=False, prompts=((5, 6, 7),), max_samples=800)
+SMALL = dict(level="quick", seed=0, progress=False, prompts=((5, 6, 7),), max_samples=800, traffic="sequential")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stopped_l
 from toy_models.served_lm import ToyServedModel, respond, token_text
 
 STOPS = Sampling.parse("stop=b,stop=cd")
-AUDIT = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(STOPS,), max_samples=2000, length=4)
+AUDIT = dict(level="quick", seed=0, progress=False, prompts=([1, 2],), samplings=(STOPS,), max_samples=2000, length=4,
+             traffic="sequential")
 
 
 def _audit(model: ToyServedModel, *, separate: bool = True, detokenize=None, **keywords):
@@ -71,7 +72,8 @@ def test_the_stopped_law_is_the_enumerated_law_of_cut_answers():
     assert returned_text("aabdc", stops) == {"aa", "aab"} and returned_text("aa", stops) == {"aa"}
 
 
-@pytest.mark.parametrize("api, dialect", [("llama.cpp", "llama.cpp"), ("vllm", "openai"), ("llama.cpp", "openai")])
+@pytest.mark.parametrize("api, dialect", [("llama.cpp", "llama.cpp"), pytest.param("vllm", "openai", marks=pytest.mark.long),
+                                          pytest.param("llama.cpp", "openai", marks=pytest.mark.long)])
 def test_an_exact_server_with_stop_strings_passes_and_the_step_end_mutant_is_found(api, dialect):
     exact = _continuation(_audit(ToyServedModel(api=api), api=dialect))
     assert exact.outcome == Outcome.EXACT and "stop at 'b' or 'cd'" in exact.condition, exact.describe()
@@ -79,6 +81,7 @@ def test_an_exact_server_with_stop_strings_passes_and_the_step_end_mutant_is_fou
     assert mutant.outcome == Outcome.DEFECT and "run past the token that completed a stop string" in mutant.summary
 
 
+@pytest.mark.long
 def test_the_mutant_is_found_with_the_audited_server_as_its_own_reference():
     mutant = _continuation(_audit(ToyServedModel(stop_mutant="step_end"), separate=False))
     assert mutant.outcome == Outcome.DEFECT, mutant.describe()
@@ -126,6 +129,7 @@ def test_a_server_without_detokenize_is_not_judged_never_a_usage_error():
     assert law.outcome == Outcome.INCONCLUSIVE and "stop strings is not known" in law.summary, law.describe()
 
 
+@pytest.mark.long
 def test_the_stop_one_late_proxy_is_found_over_http_and_keeps_several_samples():
     """The proxy mutant in front of the toy served over HTTP (llama.cpp's /completion): one token
     past the stop is found; its answers to n_cmpl requests (a list) are cut one by one."""

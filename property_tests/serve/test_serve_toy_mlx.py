@@ -15,7 +15,8 @@ from exactcheck.serve.mutants import PROXY_MUTANTS, proxy
 from exactcheck.serve.runner import run_serve_audit
 from toy_models.served_lm import ToyServedModel, served_model
 
-SMALL = dict(level="quick", seed=0, progress=False, prompts=((5, 6, 7),), samplings=(Sampling(),), max_samples=1200)
+SMALL = dict(level="quick", seed=0, progress=False, prompts=((5, 6, 7),), samplings=(Sampling(),), max_samples=1200,
+             traffic="sequential")
 
 
 @pytest.fixture(scope="module")

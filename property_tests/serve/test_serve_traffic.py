@@ -47,6 +47,7 @@ def _audit(model: ToyServedModel, reference, traffic: str, samplings=SAMPLINGS):
                                traffic=traffic, **QUICK)
 
 
+@pytest.mark.long
 def test_an_exact_server_under_mixed_traffic_passes_and_the_report_states_the_traffic(reference):
     model = ToyServedModel(batch_mutant="other_row_settings", max_batch=1)  # batches of one: exact
     result = _audit(model, reference, "mixed")
@@ -81,6 +82,7 @@ def test_each_batch_mutant_is_found_under_mixed_traffic_and_not_under_the_old_or
     assert mutant in BATCH_MUTANTS
 
 
+@pytest.mark.long
 def test_greedy_identity_is_swept_over_the_number_of_requests_in_flight(reference):
     """greedy_under_load sends each prompt 2, 4, 8 times at once (up to --concurrency): a greedy answer
     that depends on how many requests share the batch is a finding (the toy's wide_batch_greedy:
@@ -98,6 +100,7 @@ def test_greedy_identity_is_swept_over_the_number_of_requests_in_flight(referenc
 STOPS = (Sampling(), Sampling(stop=("c",)))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
 def test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_several_tokens(api):
     with served_model(ToyServedModel(api=api)) as audited:
@@ -110,11 +113,17 @@ def test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_sev
     assert "each the same ids and text as the non-streamed answer of its seed" in streamed[0].summary
 
 
+# two audits each under the mixed traffic (about 100 s on 2 cores): one dialect per mutant in the long run
+# (.ci/run), the other in the slow run
+@pytest.mark.parametrize("mutant, cause, api", [
+    ("stream_drops_token", "usage does not count the tokens they carried", "llama.cpp"),
+    pytest.param("stream_drops_token", "usage does not count the tokens they carried", "vllm", marks=pytest.mark.slow),
+    pytest.param("stream_repeats_last", "usage does not count the tokens they carried", "llama.cpp",
+                 marks=pytest.mark.slow),
+    ("stream_repeats_last", "usage does not count the tokens they carried", "vllm"),
+    pytest.param("stream_past_stop", "runs past a stop string", "llama.cpp", marks=pytest.mark.slow),
+    ("stream_past_stop", "runs past a stop string", "vllm")])
 @pytest.mark.long
-@pytest.mark.parametrize("api", ["llama.cpp", "vllm"])
-@pytest.mark.parametrize("mutant, cause", [("stream_drops_token", "usage does not count the tokens they carried"),
-                                           ("stream_repeats_last", "usage does not count the tokens they carried"),
-                                           ("stream_past_stop", "runs past a stop string")])
 def test_each_stream_mutant_is_found_streaming_and_not_without(api, mutant, cause):
     from exactcheck.serve.mutants import proxy
     kw = {"api": "openai"} if api == "vllm" else {}
@@ -123,7 +132,8 @@ def test_each_stream_mutant_is_found_streaming_and_not_without(api, mutant, caus
         quiet = run_serve_audit(p.url, reference=target.url, prompts=([1, 2],), samplings=STOPS, stream_share=0.0,
                                 **QUICK, **kw)
     found = {v.law: v for v in streaming.failed}
-    assert set(found) == {"streamed"}, [v.describe() for v in streaming.failed]
+    # a streamed answer whose usage or text is wrong is also a wrong end of that answer (finish)
+    assert "streamed" in found and set(found) <= {"streamed", "finish"}, [v.describe() for v in streaming.failed]
     assert cause in found["streamed"].summary or cause in found["streamed"].describe(), found["streamed"].describe()
     assert quiet.passed, [v.describe() for v in quiet.failed]
 

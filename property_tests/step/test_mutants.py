@@ -41,7 +41,9 @@ def test_every_mutant_has_an_expectation():
     assert set(EXPECTED_LAW) == set(MUTANTS)
 
 
-LEVELS = ["quick", pytest.param("standard", marks=pytest.mark.slow)]
+# the audits of every mutant run once per level (conftest.py's session fixtures): about 100 s at quick on 2
+# cores, so the quick level is a long test and the standard level a slow one
+LEVELS = [pytest.param("quick", marks=pytest.mark.long), pytest.param("standard", marks=pytest.mark.slow)]
 
 
 @pytest.mark.long

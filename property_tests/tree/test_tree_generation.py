@@ -111,6 +111,7 @@ def test_path_nodes_follows_duplicate_siblings_to_the_one_that_continues_the_pat
 
 # -- the reference: exact, no breach --------------------------------------------------------
 
+@pytest.mark.long
 def test_the_reference_tree_loop_is_exact_and_keeps_every_cache_invariant_on_every_world():
     """Every fixed-topology built-in tree world: LAW_TRIALS generations per non-greedy world,
     GREEDY_TRIALS per greedy one, seed 0, alpha 1e-3 under Holm; zero breaches."""
