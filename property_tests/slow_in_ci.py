@@ -21,11 +21,15 @@ SLOW_IN_CI = frozenset({
     'property_tests/e2e/test_structured_output.py::'
     'test_each_grammar_mutant_is_found_on_the_json_world[tokens_past_accept]',
     'property_tests/recurrent/test_recurrent.py::test_each_mutant_is_found_at_quick[conv_restored_recurrent_not]',
+    'property_tests/report/test_plugin_gate_html.py::test_example_project_fails_exactly_the_planted_defect[serial]',
     'property_tests/report/test_reproduce_lines.py::test_a_gate_finding',
     'property_tests/report/test_reproduce_lines.py::test_a_pytest_plugin_finding',
     'property_tests/report/test_reproduce_lines.py::test_a_recurrent_finding',
+    'property_tests/report/test_reproduce_lines.py::'
+    'test_a_step_property_counterexample_with_a_report_directory_replays_its_file',
     'property_tests/report/test_reproduce_lines.py::test_a_tree_finding',
     'property_tests/report/test_reproduce_lines.py::test_a_tree_loop_finding',
+    'property_tests/report/test_reproduce_lines.py::test_an_e2e_finding_under_a_policy',
     'property_tests/serve/test_serve.py::test_a_rarely_drafting_exact_server_is_no_speculation_finding[llama.cpp]',
     'property_tests/serve/test_serve.py::test_an_exact_server_passes_through_the_openai_api[llama.cpp]',
     'property_tests/serve/test_serve.py::test_each_proxy_mutant_is_found_through_http_with_its_cause[copied_samples]',
@@ -35,11 +39,15 @@ SLOW_IN_CI = frozenset({
     'property_tests/serve/test_serve.py::'
     'test_each_proxy_mutant_is_found_through_vllms_openai_api[speculation_off_for_logprobs]',
     'property_tests/serve/test_serve.py::test_speculation_off_for_logprobs_is_found_on_a_rarely_drafting_server[vllm]',
+    'property_tests/serve/test_serve_chat.py::'
+    'test_a_chat_path_that_samples_hotter_is_found_and_the_completions_path_passes',
     'property_tests/serve/test_serve_constraints.py::'
     'test_an_exact_server_honouring_a_constraint_under_speculation_passes[vllm-temperature=0.7,top_k=6,regex=[a-c]{2,5}-5]',
     'property_tests/serve/test_serve_constraints.py::test_each_constraint_mutant_is_found_at_quick[bonus_unmasked]',
     'property_tests/serve/test_serve_constraints.py::test_each_constraint_mutant_is_found_at_quick[first_mask]',
     'property_tests/serve/test_serve_constraints.py::test_each_constraint_mutant_is_found_at_quick[past_accept]',
+    'property_tests/serve/test_serve_finishing.py::'
+    'test_an_exact_server_whose_answers_end_early_passes_and_the_ends_world_is_judged[llama.cpp]',
     'property_tests/serve/test_serve_finishing.py::'
     'test_an_exact_server_whose_answers_end_early_passes_and_the_ends_world_is_judged[vllm]',
     'property_tests/serve/test_serve_finishing.py::'
@@ -62,8 +70,14 @@ SLOW_IN_CI = frozenset({
     'test_proxy_mutants_in_front_of_the_real_server_are_found[speculation_off_for_logprobs]',
     'property_tests/serve/test_serve_llama.py::test_proxy_mutants_in_front_of_the_real_server_are_found[zero_logprobs]',
     'property_tests/serve/test_serve_llama.py::'
+    'test_several_samples_of_one_request_are_independent_draws_on_the_real_server',
+    'property_tests/serve/test_serve_llama.py::'
     'test_stop_strings_keep_the_law_on_the_real_server_and_one_token_late_is_found',
+    'property_tests/serve/test_serve_llama.py::test_the_target_against_itself_passes',
+    'property_tests/serve/test_serve_llama.py::test_the_target_against_itself_passes_under_penalties',
     'property_tests/serve/test_serve_mlx.py::test_draft_model_speculation_keeps_the_law_with_the_prompt_cache_off',
+    'property_tests/serve/test_serve_mlx.py::'
+    'test_draft_model_speculation_with_the_prompt_cache_serves_a_context_missing_a_token',
     'property_tests/serve/test_serve_mlx.py::'
     'test_the_default_plain_server_is_exact_and_cannot_serve_an_exact_prompt_cache_hit',
     'property_tests/serve/test_serve_mlx_bpe.py::test_a_penalty_world_is_judged_with_the_declaration',
@@ -77,6 +91,8 @@ SLOW_IN_CI = frozenset({
     'test_an_exact_server_with_stop_strings_passes_and_the_step_end_mutant_is_found[llama.cpp-openai]',
     'property_tests/serve/test_serve_stops.py::'
     'test_an_exact_server_with_stop_strings_passes_and_the_step_end_mutant_is_found[vllm-openai]',
+    'property_tests/serve/test_serve_text_prompts.py::'
+    'test_mlx_lm_penalties_are_judged_when_the_operator_declares_the_prompt_cache_off',
     'property_tests/serve/test_serve_traffic.py::'
     'test_each_batch_mutant_is_found_under_mixed_traffic_and_not_under_the_old_order[batch_penalties-samplings3-continuation]',
     'property_tests/serve/test_serve_traffic.py::'
@@ -86,9 +102,10 @@ SLOW_IN_CI = frozenset({
     'property_tests/serve/test_serve_traffic.py::'
     'test_each_stream_mutant_is_found_streaming_and_not_without[stream_drops_token-usage does not count the tokens they carried-llama.cpp]',
     'property_tests/serve/test_serve_traffic.py::'
-    'test_each_stream_mutant_is_found_streaming_and_not_without[stream_past_stop-runs past a stop string-vllm]',
-    'property_tests/serve/test_serve_traffic.py::'
     'test_each_stream_mutant_is_found_streaming_and_not_without[stream_repeats_last-usage does not count the tokens they carried-vllm]',
+    'property_tests/serve/test_serve_traffic.py::test_greedy_identity_is_swept_over_the_number_of_requests_in_flight',
+    'property_tests/serve/test_serve_traffic.py::'
+    'test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_several_tokens[llama.cpp]',
     'property_tests/serve/test_serve_traffic.py::'
     'test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_several_tokens[vllm]',
 })
