@@ -12,7 +12,7 @@ def _binomial_band(n: int, rate: float, tail: float = 1e-4) -> tuple[int, int]:
 
 @pytest.mark.long
 @pytest.mark.parametrize("cells,concentration,n", [(10, 1.0, 2_000), (1_000, 0.3, 20_000),
-                                                   (4_096, 0.2, 20_000)])
+                                                   pytest.param(4_096, 0.2, 20_000, marks=pytest.mark.slow)])
 def test_false_alarm_rate_matches_level_on_sparse_laws(cells, concentration, n):
     rng = np.random.default_rng(cells)
     law = rng.dirichlet(np.full(cells, concentration))
