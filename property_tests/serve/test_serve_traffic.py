@@ -113,14 +113,16 @@ def test_streamed_answers_of_an_exact_server_pass_reassembled_from_events_of_sev
     assert "each the same ids and text as the non-streamed answer of its seed" in streamed[0].summary
 
 
-# two audits each under the mixed traffic (about 100 s on 2 cores): one dialect per mutant in the long run
-# (.ci/run), the other in the slow run
+# two audits each under the mixed traffic (about 100 s on 2 cores): stream_past_stop through vLLM's dialect
+# in the long run (.ci/run), the others in the slow run
 @pytest.mark.parametrize("mutant, cause, api", [
-    ("stream_drops_token", "usage does not count the tokens they carried", "llama.cpp"),
+    pytest.param("stream_drops_token", "usage does not count the tokens they carried", "llama.cpp",
+                 marks=pytest.mark.slow),
     pytest.param("stream_drops_token", "usage does not count the tokens they carried", "vllm", marks=pytest.mark.slow),
     pytest.param("stream_repeats_last", "usage does not count the tokens they carried", "llama.cpp",
                  marks=pytest.mark.slow),
-    ("stream_repeats_last", "usage does not count the tokens they carried", "vllm"),
+    pytest.param("stream_repeats_last", "usage does not count the tokens they carried", "vllm",
+                 marks=pytest.mark.slow),
     pytest.param("stream_past_stop", "runs past a stop string", "llama.cpp", marks=pytest.mark.slow),
     ("stream_past_stop", "runs past a stop string", "vllm")])
 @pytest.mark.long
