@@ -137,10 +137,11 @@ def test_a_serve_finding_with_a_custom_sampling_prompt_and_length(tmp_path):
             proxy("hotter", target.url, draft=draft.url, plain=plain.url) as p:
         first, line, again = _audit_then_paste(
             tmp_path, f"exactcheck serve {p.url} --reference {target.url} --level quick --max-samples 1500 "
-                      f"--prompt-ids 1,2 --prompt-ids 3 --sampling temperature=0.7,top_k=5 --length 2 --quiet",
+                      f"--traffic sequential --prompt-ids 1,2 --prompt-ids 3 --sampling temperature=0.7,top_k=5 "
+                      f"--length 2 --quiet",
             "p0-temperature0_7-top_k5/continuation")
     for flag in ("--prompt-ids 1,2 --prompt-ids 3", "--sampling temperature=0.7,top_k=5", "--length 2",
-                 "--world p0-temperature0_7-top_k5"):
+                 "--world p0-temperature0_7-top_k5", "--traffic sequential"):
         assert flag in line, line
     _same_finding(first, again, "p0-temperature0_7-top_k5/continuation")
 
