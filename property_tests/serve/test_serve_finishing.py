@@ -108,10 +108,12 @@ def test_vllm_min_tokens_is_judged_under_its_convention():
     ("usage_drafted", "finish", "usage does not count their tokens"),
 ])
 def test_each_finish_mutant_is_found(mutant, law, words):
-    result = _audit(_toy(finish_mutant=mutant))
+    # deterministic findings counted in the hundreds at 2,000 requests (reports/traffic-mutants.md: 137 answers
+    # past their end, 454 stops reported as the cap, 213 usages off): 500 requests find each many times over
+    result = _audit(_toy(finish_mutant=mutant), max_samples=500)
     found = {v.law: v for v in result.failed if v.world == "p0-t1-ends"}
     assert law in found and words in found[law].summary, (mutant, [v.describe() for v in result.failed])
-    old = _audit(_toy(finish_mutant=mutant), traffic="sequential")
+    old = _audit(_toy(finish_mutant=mutant), traffic="sequential", max_samples=500)
     assert not any(v.world.endswith("-ends") for v in old.verdicts)
     if mutant != "usage_drafted":  # a usage counting drafts is found in every world, whatever the traffic
         assert old.passed, (mutant, [v.describe() for v in old.failed])

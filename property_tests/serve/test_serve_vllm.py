@@ -7,7 +7,8 @@ token is one of them, at top-p 0.8) against the plain server; and penalty worlds
 on the plain server. The full set (more prompts and settings) is ``benchmarks/serve_vllm.py``, whose report is
 reports/serve-vllm.md; docs/serving.md reads every finding against vLLM's source.
 
-Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them in their own step):
+Marked ``vllm`` (out of the default and the long runs; `.ci/run` runs them, but for the greedy-draft mode,
+which ``slow_in_ci.py`` sends to the slow run, in their own step):
     bash .ci/vllm && .venv/bin/python -m pytest property_tests/serve/test_serve_vllm.py -m vllm
 Skips, saying so, without the venv. About 3.7 GB of memory per server, two at a time.
 """
