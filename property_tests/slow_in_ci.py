@@ -3,7 +3,7 @@
 Each is one more member of a matrix whose other members stay in the long step: a mutant beside one
 already audited there, a dialect beside one already audited, a second exact server of a kind
 already passing. The long step (``.ci/run``) keeps at least one test of every check, dialect,
-mutant family and real server; this list holds the rest, so that the long step stays near 25
+mutant family and real server; this list holds the rest, so that the long step stays near 28
 minutes on 2 cores (docs/testing.md). ``conftest.py`` marks each ``slow``; an id that no longer
 names a collected test fails the run, so the list cannot rot silently.
 """
