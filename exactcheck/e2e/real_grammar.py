@@ -26,9 +26,9 @@ from exactcheck.contracts.policy import DecodingPolicy
 from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.errors import SubjectCrashed, SubjectError
 from exactcheck.options import DEFAULT_ALPHA, CheckKind, derive_seed
-from exactcheck.report.result import GrammarAuditResult
+from exactcheck.e2e.result import GrammarAuditResult
 from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
-from exactcheck.reproduce import grammar_audit_line
+from exactcheck.e2e.reproduce import grammar_audit_line
 from exactcheck.stats.chain_rule import row_statistics, z_test
 
 __all__ = ["run_grammar_audit", "JSON_PROMPTS", "pit_and_surprisal"]

@@ -24,9 +24,9 @@ from exactcheck.e2e.recurrent_cache import TOLERANCE, final_state_breaches, is_h
 from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.errors import UsageError
 from exactcheck.options import REAL_MODELS, CheckKind
-from exactcheck.report.result import GreedyAuditResult
+from exactcheck.e2e.result import GreedyAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
-from exactcheck.reproduce import greedy_audit_line
+from exactcheck.e2e.reproduce import greedy_audit_line
 from toy_models.model_pairs import SMOLLM2_PROMPTS, hybrid_model_names, model_pair
 
 __all__ = ["REAL_MODELS", "hybrid_model_names", "load_models", "run_greedy_audit", "default_pairs", "SMOLLM2_PROMPTS"]

@@ -46,8 +46,8 @@ from exactcheck.errors import SubjectError, UsageError
 from exactcheck.executors import Executor, LocalExecutor
 from exactcheck.options import AuditOptions, CheckKind, derive_seed
 from exactcheck.subject_call import call_time_limit
-from exactcheck.report.result import GeneratorAuditResult
-from exactcheck.reproduce import generator_audit_line
+from exactcheck.e2e.result import GeneratorAuditResult
+from exactcheck.e2e.reproduce import generator_audit_line
 
 __all__ = ["run_generator_audit"]
 

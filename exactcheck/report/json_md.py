@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING
 
 from exactcheck.options import DEFAULT_REQUIRE, Category, CheckKind
 from exactcheck.report.escaping import fence, inline_code, md_cell, md_text
-from exactcheck.report.result import (AuditResult, GrammarAuditResult, GreedyAuditResult, StepAuditResult,
-                                      result_type)
+from exactcheck.report.result import AuditResult, result_type
 from exactcheck.report.ranking import how_reachable, not_run, not_run_line, rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
@@ -50,33 +49,17 @@ def audit_to_json(result: AuditResult) -> dict:
 
 
 def audit_from_json(data: dict) -> AuditResult:
-    """The typed result of a JSON audit report (``exactcheck.report.result.result_type``);
-    reports written by earlier versions read the same way."""
+    """The typed result of a JSON audit report (``exactcheck.report.result.result_type``; the
+    type's ``report_fields`` reads its own fields); reports written by earlier versions read the
+    same way."""
     if data.get("schema") != AUDIT_SCHEMA:
         raise ValueError(f"not an exactcheck audit report (schema {data.get('schema')!r})")
     kind = result_type(data)
-    budget = dict(data.get("budget", {}))
-    budget.pop("unit", None)
-    if kind is StepAuditResult:
-        budget["stopped_early_at"] = budget.pop("stopped_at", None)
-        if budget.get("trials"):
-            budget["trials"] = tuple(sorted(budget["trials"].items()))
-    else:  # fields only a step audit has (written by earlier versions for every kind)
-        for key in ("detect_tv", "stop_early", "stopped_at", "call_elements", "max_seconds", "trials"):
-            budget.pop(key, None)
-    level, alpha = data["level"], data["alpha"]
-    if kind in (GreedyAuditResult, GrammarAuditResult) and level in ("greedy", "grammar"):
-        level = None  # earlier versions wrote the kind in place of a level
-    if kind is GreedyAuditResult and not alpha:
-        alpha = None
-    law_kind = CheckKind.LAW if kind is StepAuditResult else CheckKind.GENERATOR_LAW  # reports without check_kind
-    if kind is StepAuditResult and data.get("rule"):
-        budget.update(rule=data["rule"].get("rule"), rule_note=data["rule"].get("note", ""))
     return kind(
-        subject=data["subject"], level=level, seed=data["seed"], alpha=alpha,
-        device=data["device"], verdicts=tuple(Verdict.from_dict(v, law_kind) for v in data["verdicts"]),
+        subject=data["subject"], seed=data["seed"], device=data["device"],
+        verdicts=tuple(Verdict.from_dict(v, kind.law_check) for v in data["verdicts"]),
         started=data["started"], duration_s=data["duration_s"], environment=data["environment"],
-        require=tuple(data.get("require", DEFAULT_REQUIRE)), **budget)
+        require=tuple(data.get("require", DEFAULT_REQUIRE)), **kind.report_fields(data))
 
 
 def _fmt(x, spec: str = ".4f") -> str:

@@ -1,30 +1,23 @@
-"""What an audit returns: its verdicts with how they were reached, one type per kind of audit on
-a shared base.
-
-- ``StepAuditResult``: a step-level verifier through the worlds (``exactcheck audit``): trials,
-  a budget planned to detect a TV, early stopping.
-- ``GeneratorAuditResult``: an end-to-end generator through the model worlds (``exactcheck e2e``):
-  generations at a fixed budget.
-- ``GreedyAuditResult``: greedy identity and final caches on real models (``exactcheck greedy``):
-  deterministic checks only, no false-alarm budget.
-- ``GrammarAuditResult``: a generator under a grammar mask on SmolLM2 (``exactcheck grammar``):
-  greedy identity, validity and chain-rule tests under Holm.
+"""What an audit returns: its verdicts with how they were reached, on one shared base,
+``AuditResult``. Each kind's own type lives in its kind (``exactcheck.step.result``,
+``e2e.result``, ``tree.result``, ``recurrent.result``, ``serve.result``) and registers itself by its
+label; the kinds' registry (``exactcheck.audit_kinds``) imports them all.
 
 Renderers ask the result (``kind``, ``settings_text``, ``budget_text``) rather than inferring the
-kind from which fields are empty. ``result_type`` picks the type when a report is read back.
+kind from which fields are empty. ``result_type`` picks the registered type when a report is read
+back, and ``report_fields`` turns the report's fields (those of earlier versions included) into
+the type's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from exactcheck.options import DEFAULT_REQUIRE, AuditOptions, CheckKind, PseudoWorld, AuditKind
 from exactcheck.report.ranking import rank_failures
 from exactcheck.report.verdict import Outcome, Verdict
 
-__all__ = ["AuditResult", "StepAuditResult", "GeneratorAuditResult", "GreedyAuditResult", "TreeAuditResult",
-           "TreeLoopAuditResult", "GrammarAuditResult", "ServeAuditResult", "result_type", "GateSubject", "GateResult",
-           "SelftestResult"]
+__all__ = ["AuditResult", "result_type", "GateSubject", "GateResult", "SelftestResult"]
 
 
 _REGISTERED: dict[str, type] = {}  # label -> result type (``AuditResult.__init_subclass__``)
@@ -40,6 +33,8 @@ class AuditResult:
     label: ClassVar[str]  # the kind as a JSON report names it ("kind": the schema's word, kept stable)
     unit: ClassVar[str]  # what a sample is: trials, generations, runs, outputs
     command: ClassVar[str]  # the ``exactcheck`` command that runs this kind: what titles name
+    # the kind of a law verdict in a report written before verdicts carried ``check_kind``
+    law_check: ClassVar[CheckKind] = CheckKind.GENERATOR_LAW
 
     subject: str
     level: str | None
@@ -149,146 +144,33 @@ class AuditResult:
         return {"unit": self.unit, "samples_planned": self.samples_planned, "samples_drawn": self.samples_drawn,
                 "interrupted": self.interrupted}
 
-
-@dataclass(frozen=True)
-class StepAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.VERIFIER
-    label: ClassVar[str] = "step"
-    unit: ClassVar[str] = "trials"
-    command: ClassVar[str] = "audit"
-
-    detect_tv: float = 0.0  # the TV the budget was planned to detect (power 0.9)
-    stop_early: bool = False
-    stopped_early_at: str | None = None  # the check whose evidence stopped the audit
-    # target_probs elements per verify call (None in reports of earlier versions: 2^24)
-    call_elements: int | None = None
-    rule: str | None = None  # the rule the subject was judged by (None: any registered exact rule)
-    rule_note: str = ""  # one line on the rule (``exactcheck.step.verdicts.rule_note``)
-    max_seconds: float | None = None  # the time budget the trials were cut to fit (``--max-seconds``)
-    # trials per world that replaced the planned budget (cut to fit ``max_seconds``, or named)
-    trials: tuple[tuple[str, int], ...] | None = None
-
-    @property
-    def stopped_at(self) -> str | None:
-        return self.stopped_early_at
-
-    def alpha_text(self) -> str:
-        split = "half to the early-stopping e-processes, half to Holm" if self.stop_early else "Holm"
-        return f"false-alarm budget α = {self.alpha:g} for the whole audit ({split} over the statistical checks)"
-
-    def budget_text(self) -> str:
-        if self.trials:
-            why = (f"cut to fit --max-seconds {self.max_seconds:g}" if self.max_seconds is not None
-                   else "set by --trials")
-            head = (f"budget {why} ({', '.join(f'{w} {n:,}' for w, n in self.trials)} trials), in place of the one "
-                    f"planned to detect TV ≥ {self.detect_tv:g}: each law states the TV it could detect")
-        else:
-            head = f"budget planned to detect TV ≥ {self.detect_tv:g} on every law (power 0.9)"
-        return (f"{head}: {self.samples_drawn:,} of {self.samples_planned:,} planned trials drawn"
-                + (f"; stopped early on {self.stopped_at}" if self.stopped_at else ""))
-
-    def budget_fields(self) -> dict:
-        return {"detect_tv": self.detect_tv, "stop_early": self.stop_early, **super().budget_fields(),
-                "stopped_at": self.stopped_at, "call_elements": self.call_elements,
-                "max_seconds": self.max_seconds, "trials": None if self.trials is None else dict(self.trials)}
-
-    def rule_fields(self) -> dict | None:
-        return {"rule": self.rule, "note": self.rule_note}
-
-
-@dataclass(frozen=True)
-class GeneratorAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.GENERATOR
-    label: ClassVar[str] = "end-to-end"
-    unit: ClassVar[str] = "generations"
-    command: ClassVar[str] = "e2e"
-
-    def budget_text(self) -> str:
-        return f"end-to-end audit: {self.samples_drawn:,} generations driven ({self.samples_planned:,} planned), fixed budget"
-
-
-@dataclass(frozen=True)
-class GreedyAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind("greedy")
-    label: ClassVar[str] = "greedy"
-    unit: ClassVar[str] = "greedy runs"
-    command: ClassVar[str] = "greedy"
-
-    def budget_text(self) -> str:
-        return f"greedy identity: {self.samples_drawn:,} runs (prompt x draft length), each compared token for token"
-
-
-@dataclass(frozen=True)
-class GrammarAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind("grammar")
-    label: ClassVar[str] = "grammar"
-    unit: ClassVar[str] = "sampled outputs"
-    command: ClassVar[str] = "grammar"
-
-    def budget_text(self) -> str:
-        return (f"grammar audit: {self.samples_drawn:,} of {self.samples_planned:,} sampled outputs, "
-                "plus the greedy runs, fixed budget")
-
-
-@dataclass(frozen=True)
-class TreeAuditResult(AuditResult):
-    kind: ClassVar[AuditKind] = AuditKind.TREE
-    label: ClassVar[str] = "tree"
-    unit: ClassVar[str] = "trials"
-    command: ClassVar[str] = "tree"
-
-    def budget_text(self) -> str:
-        return (f"tree audit: {self.samples_drawn:,} trials through the speculative loop "
-                f"({self.samples_planned:,} planned), fixed budget")
-
-
-@dataclass(frozen=True)
-class TreeLoopAuditResult(AuditResult):
-    """A tree generator audited end to end through cached tree models (``exactcheck tree-loop``,
-    ``exactcheck.tree.generation_audit``)."""
-
-    kind: ClassVar[AuditKind] = AuditKind("tree-loop")
-    label: ClassVar[str] = "tree-loop"
-    unit: ClassVar[str] = "generations"
-    command: ClassVar[str] = "tree-loop"
-
-    def budget_text(self) -> str:
-        return (f"tree generation audit: {self.samples_drawn:,} generations through cached tree models "
-                f"({self.samples_planned:,} planned), fixed budget")
-
-
-@dataclass(frozen=True)
-class ServeAuditResult(AuditResult):
-    """A served system audited over HTTP against a reference (``exactcheck.serve``)."""
-
-    kind: ClassVar[AuditKind] = AuditKind("serve")
-    label: ClassVar[str] = "serve"
-    unit: ClassVar[str] = "requests"
-    command: ClassVar[str] = "serve"
-    reference: str = ""  # the reference endpoint the laws came from
-    traffic: str = ""  # the client's line: requests sent, taken from the journal, retried, tokens
-
-    def budget_text(self) -> str:
-        return (f"serve audit: {self.samples_drawn:,} sampled requests ({self.samples_planned:,} planned) against "
-                f"the reference {self.reference}; {self.traffic}")
-
-    def budget_fields(self) -> dict:
-        return {**super().budget_fields(), "reference": self.reference, "traffic": self.traffic}
+    # ---- how a JSON report reads back ----
+    @classmethod
+    def report_fields(cls, data: dict) -> dict:
+        """The fields of this type that the JSON report ``data`` holds besides the verdicts and the
+        shared head: its ``budget`` object's (``budget_fields`` in reverse), and the level and alpha.
+        Fields that earlier versions wrote for every kind and this type has not are dropped; earlier
+        versions wrote the kind's label in place of a level."""
+        own = {f.name for f in fields(cls)}  # (not the ClassVars: unit, label, ...)
+        budget = {k: v for k, v in data.get("budget", {}).items() if k in own}
+        level = None if data["level"] == cls.label else data["level"]
+        return {**budget, "level": level, "alpha": data["alpha"]}
 
 
 def result_type(data: dict) -> type[AuditResult]:
     """The result type of a JSON report, by the label its class registered (``AuditResult``
-    subclasses register themselves); reports written before ``kind`` existed are told apart by the
-    fields they had (level "greedy"/"grammar", a planned detectable TV)."""
+    subclasses register themselves when their kind is imported: ``exactcheck.audit_kinds`` imports
+    every kind); reports written before ``kind`` existed are told apart by the fields they had
+    (level "greedy"/"grammar", a planned detectable TV: a step audit's; else an end-to-end one's)."""
     label = data.get("kind")
-    if label is None and data.get("level") in ("greedy", "grammar"):
-        label = data["level"]
-    if label is not None:
-        if label not in _REGISTERED:
-            raise ValueError(f"a report of an audit kind this exactcheck does not know ({label!r}); known: "
-                             f"{', '.join(_REGISTERED)}")
-        return _REGISTERED[label]
-    return StepAuditResult if data.get("budget", {}).get("detect_tv") else GeneratorAuditResult
+    if label is None:
+        level = data.get("level")
+        label = level if level in ("greedy", "grammar") else (
+            "step" if data.get("budget", {}).get("detect_tv") else "end-to-end")
+    if label not in _REGISTERED:
+        raise ValueError(f"a report of an audit kind this exactcheck does not know ({label!r}); known: "
+                         f"{', '.join(_REGISTERED) or 'none (import exactcheck.audit_kinds to load the kinds)'}")
+    return _REGISTERED[label]
 
 
 # --- what a gate and a selftest return: several audits, each a result above

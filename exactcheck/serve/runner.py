@@ -21,8 +21,8 @@ from exactcheck.audit_run import AuditRun
 from exactcheck.core import not_run_verdict, run_environment, unreached_verdicts
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, Category, Check, CheckKind, derive_seed
-from exactcheck.reproduce import serve_audit_line
-from exactcheck.report.result import ServeAuditResult
+from exactcheck.serve.reproduce import serve_audit_line
+from exactcheck.serve.result import ServeAuditResult
 from exactcheck.report.verdict import Verdict
 from exactcheck.serve.chat import ChatPrompt, ChatRequests, reproduce_flags, template_tokens
 from exactcheck.endpoints.client import Client, EndpointError

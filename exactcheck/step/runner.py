@@ -21,9 +21,11 @@ from exactcheck.executors import Executor, LocalExecutor, shard_seed, split
 from exactcheck.memory import device_max_elements
 from exactcheck.options import AuditOptions, AuditPlan, CheckKind, PseudoWorld, derive_seed
 from exactcheck.progress import Progress
-from exactcheck.report.result import AuditResult, StepAuditResult
+from exactcheck.report.result import AuditResult
+from exactcheck.step.result import StepAuditResult
 from exactcheck.report.verdict import Verdict
-from exactcheck.reproduce import replay_line, step_audit_line
+from exactcheck.reproduce import replay_line
+from exactcheck.step.reproduce import step_audit_line
 from exactcheck.stats.sequential import EProcess, batch_schedule, first_look_schedule
 from exactcheck.rules import declared_rule
 from exactcheck.contracts.verifier import Verifier

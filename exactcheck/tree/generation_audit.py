@@ -33,7 +33,7 @@ from exactcheck.core import run_environment, sample_law_verdict
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, Check, CheckKind, derive_seed
 from exactcheck.reachability import observed_in
-from exactcheck.report.result import TreeLoopAuditResult
+from exactcheck.tree.result import TreeLoopAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
 from exactcheck.stats.laws import LawPlan
 from exactcheck.tree.cache_checks import TreeBreach, check_tree_calls

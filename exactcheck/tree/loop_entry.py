@@ -7,7 +7,7 @@ contract, ``exactcheck.contracts.tree_generator``). Light: the audit is imported
 (``exactcheck.tree.generation_audit.run_tree_generation_audit``)."""
 from __future__ import annotations
 
-from exactcheck import arguments, reproduce
+from exactcheck import arguments
 from exactcheck.errors import UsageError
 from exactcheck.options import AlphaBudget, AuditOptions, AuditPlan, chosen_worlds
 
@@ -78,13 +78,13 @@ def plan(subject, options: AuditOptions) -> AuditPlan:
 
 def run(subject, options: AuditOptions, *, subject_name: str | None = None, progress: bool = True, executor=None):
     from exactcheck.tree.generation_audit import run_tree_generation_audit
+    from exactcheck.tree.reproduce import tree_loop_line
     worlds = _world_names(options)
     name = subject_name or getattr(subject, "name", None)
     named = subject_name is not None and (subject_name in builtin_tree_generators() or ":" in subject_name)
 
     def line(world: str, trials: int) -> str:
-        return reproduce.tree_loop_line(options, subject_name if named else repr(name), world, trials,
-                                        by_command=named)
+        return tree_loop_line(options, subject_name if named else repr(name), world, trials, by_command=named)
 
     return run_tree_generation_audit(subject, worlds=worlds, trials=generations(options), seed=options.seed,
                                      alpha=options.alpha, name=name, reproduce=line, level=options.level.value,

@@ -27,8 +27,8 @@ from exactcheck.core import resolve_device, run_environment
 from exactcheck.errors import SubjectError, UsageError
 from exactcheck.subject_call import call_time_limit
 from exactcheck.options import AuditOptions, CheckKind, PseudoWorld, derive_seed
-from exactcheck.report.result import TreeAuditResult
-from exactcheck.reproduce import tree_audit_line
+from exactcheck.tree.result import TreeAuditResult
+from exactcheck.tree.reproduce import tree_audit_line
 from exactcheck.tree.drive import drive_tree
 from exactcheck.tree.plan import judged_tree_rule, plan_tree_audit
 from exactcheck.tree.properties import TREE_PROPERTIES

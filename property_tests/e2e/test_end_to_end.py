@@ -213,7 +213,7 @@ def test_the_greedy_audit_runs_its_plan_and_reads_back_as_its_own_kind():
     from exactcheck.e2e.real_models import run_greedy_audit
     from exactcheck.e2e.plan import plan_greedy_audit
     from exactcheck.report.json_md import audit_from_json, audit_to_json
-    from exactcheck.report.result import GreedyAuditResult
+    from exactcheck.e2e.result import GreedyAuditResult
     result = run_greedy_audit(AssistedGeneration(), "tiny-llama", prompts=2, new_tokens=6, draft_lengths=(1, 3),
                               progress=False)
     assert isinstance(result, GreedyAuditResult) and result.passed and result.alpha is None

@@ -398,8 +398,8 @@ def _toy_row(calls: list):
     """An audit kind no front end has heard of, as one registry row."""
     from exactcheck import arguments
     from exactcheck.options import AlphaBudget, AuditPlan, Check, CheckKind, AuditKind
-    from exactcheck.report.result import TreeAuditResult
-    from exactcheck.reproduce import tree_audit_line
+    from exactcheck.tree.result import TreeAuditResult
+    from exactcheck.tree.reproduce import tree_audit_line
     from exactcheck.audit_kinds import EntryPoint
 
     def add(parser):

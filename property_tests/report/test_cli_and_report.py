@@ -213,7 +213,7 @@ def test_a_policy_the_command_line_cannot_state_gets_the_python_call():
     line is then the Python call, and its policies evaluate back to the ones audited."""
     from exactcheck.contracts.generator import DecodingPolicy
     from exactcheck.options import AuditOptions
-    from exactcheck.reproduce import generator_audit_line
+    from exactcheck.e2e.reproduce import generator_audit_line
     stated = (DecodingPolicy(0.7), DecodingPolicy(top_k=2, top_p=0.8))
     unstated = (DecodingPolicy(0.7), DecodingPolicy(banned_tokens=(1,), logit_bias=((0, 2.0),)))
     options = AuditOptions.build(generations=50)
@@ -267,7 +267,7 @@ def test_the_grammar_and_cost_reproduce_lines_call_the_same_audit(argv, monkeypa
     import importlib
     import shlex
 
-    from exactcheck.reproduce import grammar_audit_line
+    from exactcheck.e2e.reproduce import grammar_audit_line
 
     calls = []
 

@@ -127,7 +127,7 @@ def test_a_subject_that_never_returns_is_stopped_at_the_call_timeout(hostile, ca
 
 def test_the_call_timeout_is_in_the_reproduce_line():
     from exactcheck.options import AuditOptions
-    from exactcheck.reproduce import step_audit_line
+    from exactcheck.step.reproduce import step_audit_line
     assert "--call-timeout 5" in step_audit_line(AuditOptions.build(call_timeout=5), "m:f", "three_token")
 
 

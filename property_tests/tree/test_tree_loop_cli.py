@@ -5,7 +5,8 @@ import json
 import pytest
 
 from exactcheck.cli import main
-from exactcheck.report.result import TreeLoopAuditResult, result_type
+from exactcheck.report.result import result_type
+from exactcheck.tree.result import TreeLoopAuditResult
 from exactcheck.audit_kinds import AUDIT_KINDS, audit_subject, entry_point, plan_subject
 
 DYNAMIC = "tree_topk_dynamic_v5_eagle2"
