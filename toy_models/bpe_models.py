@@ -27,6 +27,8 @@ import json
 import os
 from pathlib import Path
 
+from toy_models.cache_lock import cache_lock
+
 __all__ = ["CORPUS", "BPE_VOCAB", "train_bpe", "write_bpe_llama", "write_bpe_llama_draft", "write_bpe_gguf",
            "bpe_tokenizer_dir", "BOS", "EOS"]
 
@@ -72,8 +74,10 @@ def bpe_tokenizer_dir(vocab_size: int = BPE_VOCAB) -> Path:
     """A directory holding only the tokenizer (``tokenizer.json`` and its config), written once."""
     path = _cache_root() / f"tokenizer-v{vocab_size}-f{FORMAT}"
     if not (path / ".complete").exists():
-        _save_tokenizer(path, vocab_size)
-        (path / ".complete").write_text(json.dumps({"vocab_size": vocab_size}))
+        with cache_lock(path):  # one writer at a time (toy_models.cache_lock)
+            if not (path / ".complete").exists():
+                _save_tokenizer(path, vocab_size)
+                (path / ".complete").write_text(json.dumps({"vocab_size": vocab_size}))
     return path
 
 
@@ -98,18 +102,21 @@ def write_bpe_llama(seed: int = 0, *, layers: int = 2, hidden: int = 64, scale: 
     path = _cache_root() / f"llama-v{vocab_size}-l{layers}-h{hidden}-x{scale:g}-seed{seed}-f{FORMAT}"
     if (path / ".complete").exists():
         return path
-    size = _save_tokenizer(path, vocab_size)
-    config = LlamaConfig(vocab_size=size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32,
-                         max_position_embeddings=512, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False,
-                         torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-        model.lm_head.weight[EOS].mul_(0.25)  # </s> possible but not frequent: most answers run to their length
-    model.save_pretrained(path, safe_serialization=True)
-    (path / ".complete").write_text(json.dumps({"seed": seed, "layers": layers, "hidden": hidden, "scale": scale}))
+    with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+        if (path / ".complete").exists():
+            return path
+        size = _save_tokenizer(path, vocab_size)
+        config = LlamaConfig(vocab_size=size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32,
+                             max_position_embeddings=512, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False,
+                             torch_dtype="float32")
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+            model.lm_head.weight[EOS].mul_(0.25)  # </s> possible but not frequent: most answers run to their length
+        model.save_pretrained(path, safe_serialization=True)
+        (path / ".complete").write_text(json.dumps({"seed": seed, "layers": layers, "hidden": hidden, "scale": scale}))
     return path
 
 
@@ -125,17 +132,20 @@ def write_bpe_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: i
     path = target.with_name(f"{target.name}-draft-noise{noise:g}-seed{seed}")
     if (path / ".complete").exists():
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
-    model.save_pretrained(path, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (target / name).is_file():
-            shutil.copy(target / name, path / name)
-    (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
+    with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+        if (path / ".complete").exists():
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
+        model.save_pretrained(path, safe_serialization=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (target / name).is_file():
+                shutil.copy(target / name, path / name)
+        (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
     return path
 
 

