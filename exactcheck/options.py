@@ -13,7 +13,7 @@ import enum
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 from exactcheck.errors import UsageError
 
@@ -532,29 +532,73 @@ class AlphaBudget:
         return f"alpha {self.alpha:g}: Holm over {self.checks} statistical checks (first share {self.first_share:.3g})"
 
 
-class CheckKind(enum.Enum):
+class CheckKind:
     """How a check turns samples into a verdict. The plan gives every check its kind and the
-    verdict carries it: Holm, the renderers and the failure ranking read it, never a guess."""
+    verdict carries it: Holm, the renderers and the failure ranking read it, never a guess.
 
-    LAW = "law"  # a step or context world's law: e-process while driving, then fixed-budget chi-square
-    CHAIN_RULE = "chain-rule test"  # PIT / moment tests on a large-vocabulary world
-    GENERATOR_LAW = "generation law"  # fixed-budget chi-square over whole generations
-    PROPERTY = "deterministic property"  # forced random numbers, hypothesis search
-    INPUTS = "invalid-input probe"
-    VALIDITY = "output validity"  # every output of a grammar world must be valid
-    CACHE_INVARIANT = "cache invariant"
-    GREEDY_IDENTITY = "greedy identity"
-    CONTRACT = "subject contract"  # a world whose subject crashed or broke its contract: stands for its checks
-    LOGPROB_FIDELITY = "logprob fidelity"  # a server's reported probabilities against the reference's
-    SPECULATION = "speculation ran"  # a server's own speculation counters: drafting units compared (stats.rates)
-    DECLARED_SETTINGS = "declared settings"  # the speculation settings a server exposes
-    SEED_REPRODUCIBILITY = "seed reproducibility"  # the same seeded request twice
-    ANSWER_END = "answer end"  # what each served answer says of its end (finish reason, usage) against its tokens
+    An open set, one object per kind: the kinds several audit kinds share are declared here; an
+    audit kind declares its own in its package (``CheckKind.declare``; the served system's in
+    ``exactcheck.serve.check_kinds``). ``CheckKind("law")`` is ``CheckKind.LAW``: a JSON report's
+    ``check_kind`` reads back to the declared object once the kind that declares it is imported
+    (``exactcheck.audit_kinds.load_result_types``). ``statistical``: whether the check spends
+    alpha; ``met``: how a user meets a failure of it, where that is not what its kind of evidence
+    says (``exactcheck.report.ranking.how_reachable``)."""
 
-    @property
-    def statistical(self) -> bool:
-        """Whether the check spends alpha."""
-        return self in (CheckKind.LAW, CheckKind.CHAIN_RULE, CheckKind.GENERATOR_LAW, CheckKind.SPECULATION)
+    _declared: ClassVar[dict[str, "CheckKind"]] = {}
+    __slots__ = ("name", "value", "statistical", "met")
+
+    def __new__(cls, value: str) -> "CheckKind":
+        try:
+            return cls._declared[value]
+        except KeyError:
+            raise ValueError(f"{value!r} is not a declared check kind (declared: "
+                             f"{', '.join(map(repr, cls._declared))})") from None
+
+    @classmethod
+    def declare(cls, name: str, value: str, *, statistical: bool = False, met: str | None = None) -> "CheckKind":
+        """The check kind ``value`` (``name``: its constant's name), declared once; declaring it
+        again with the same name returns the same object (a module imported twice)."""
+        known = cls._declared.get(value)
+        if known is not None:
+            if (known.name, known.statistical, known.met) != (name, statistical, met):
+                raise ValueError(f"two check kinds are named {value!r}: {known.name} and {name}")
+            return known
+        kind = object.__new__(cls)
+        for attribute, given in (("name", name), ("value", value), ("statistical", statistical), ("met", met)):
+            object.__setattr__(kind, attribute, given)
+        cls._declared[value] = kind
+        return kind
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a check kind is immutable")
+
+    def __reduce__(self):  # one object per kind across processes too (--jobs workers, isolated audits)
+        return CheckKind, (self.value,)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __repr__(self) -> str:
+        return f"<CheckKind.{self.name}: {self.value!r}>"
+
+
+# the kinds several audit kinds share (an audit kind's own: in its package)
+CheckKind.LAW = CheckKind.declare(  # a step or context world's law: e-process while driving, then fixed-budget chi-square
+    "LAW", "law", statistical=True)
+CheckKind.CHAIN_RULE = CheckKind.declare(  # PIT / moment tests on a large-vocabulary world
+    "CHAIN_RULE", "chain-rule test", statistical=True)
+CheckKind.GENERATOR_LAW = CheckKind.declare(  # fixed-budget chi-square over whole generations
+    "GENERATOR_LAW", "generation law", statistical=True)
+CheckKind.PROPERTY = CheckKind.declare("PROPERTY", "deterministic property")  # forced random numbers, hypothesis search
+CheckKind.INPUTS = CheckKind.declare("INPUTS", "invalid-input probe")
+CheckKind.VALIDITY = CheckKind.declare("VALIDITY", "output validity")  # every output of a grammar world must be valid
+CheckKind.CACHE_INVARIANT = CheckKind.declare("CACHE_INVARIANT", "cache invariant")
+CheckKind.GREEDY_IDENTITY = CheckKind.declare("GREEDY_IDENTITY", "greedy identity")
+CheckKind.CONTRACT = CheckKind.declare(  # a world whose subject crashed or broke its contract: stands for its checks
+    "CONTRACT", "subject contract")
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ def rank_failures(verdicts: Iterable[Verdict]) -> list[Verdict]:
 def how_reachable(verdict: Verdict) -> str:
     """How a user meets a failure, in words: a law that is off is met on every call; a
     deterministic finding by its trigger's reachability (``exactcheck.reachability``)."""
-    if verdict.kind is CheckKind.SPECULATION:
-        return "on the requests the check names (speculation switched off for them): met on every such request"
+    if verdict.kind.met is not None:  # the kind says how (a served check met on the requests it names)
+        return verdict.kind.met
     if verdict.kind.statistical:
         return "a law that is off: met on every call, with ordinary random numbers"
     reach = verdict.reachability

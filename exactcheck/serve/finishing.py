@@ -26,8 +26,8 @@ from typing import Sequence
 from exactcheck.endpoints.continuation_law import NextTokenLaw
 from exactcheck.endpoints.endpoint import RAW, Completion, Endpoint, Sampling
 from exactcheck.endpoints.sampler_law import NotDeterminable, sampling_law_from_raw
-from exactcheck.options import CheckKind
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
+from exactcheck.serve.check_kinds import ANSWER_END
 
 __all__ = ["parse_ids", "reference_next_token", "as_ended", "finish_verdict"]
 
@@ -75,7 +75,7 @@ def finish_verdict(answers: Sequence[Completion], length: int, sampling: Samplin
     """Every answer's end against its tokens (see the module docstring). ``masks``: the dialect sends
     ``ignore_eos`` (an answer of a world that keeps it cannot end on an end of generation)."""
     check = dict(check=f"{base['world']}/finish", law="finish", condition=f"the end each answer says it has: "
-                 f"{condition}", kind=CheckKind.ANSWER_END, samples=len(answers), **base)
+                 f"{condition}", kind=ANSWER_END, samples=len(answers), **base)
     found: dict[str, list[str]] = {}
     stops = bool(sampling.stop)  # OpenAI's finish_reason "stop" names a stop string's end too: not read there
     for i, answer in enumerate(answers):

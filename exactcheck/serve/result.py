@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from exactcheck.options import AuditKind
 from exactcheck.report.result import AuditResult
+from exactcheck.serve import check_kinds  # noqa: F401  (declares the check kinds only a served audit's reports name)
 
 __all__ = ["ServeAuditResult"]
 

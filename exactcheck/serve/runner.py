@@ -44,6 +44,8 @@ from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, cell_indices, con
                                        independent_samples_verdict, logprob_verdict, seed_verdict,
                                        server_failed_verdict, settings_verdict, speculation_verdict)
 from exactcheck.stats.planning import trials_to_detect
+from exactcheck.serve.check_kinds import (ANSWER_END, DECLARED_SETTINGS, LOGPROB_FIDELITY, SEED_REPRODUCIBILITY,
+                                          SPECULATION)
 
 __all__ = ["ServeWorld", "ServeSettings", "run_serve_audit", "serve_worlds", "serve_checks", "serve_budget",
            "DEFAULT_PROMPTS", "DEFAULT_SAMPLINGS", "REQUEST_CAPS"]
@@ -124,12 +126,12 @@ def serve_checks(worlds) -> list[Check]:
     checks = [Check(f"{w.name}/{law}", kind, w.name, law) for w in worlds for law, kind in
               (("continuation", CheckKind.GENERATOR_LAW), ("streamed", CheckKind.GENERATOR_LAW),
                ("independent_samples", CheckKind.GENERATOR_LAW),
-               ("concurrent_requests", CheckKind.GENERATOR_LAW), ("finish", CheckKind.ANSWER_END),
-               ("logprob_fidelity", CheckKind.LOGPROB_FIDELITY),
-               ("same_seed", CheckKind.SEED_REPRODUCIBILITY), ("speculation_ran", CheckKind.SPECULATION))]
+               ("concurrent_requests", CheckKind.GENERATOR_LAW), ("finish", ANSWER_END),
+               ("logprob_fidelity", LOGPROB_FIDELITY),
+               ("same_seed", SEED_REPRODUCIBILITY), ("speculation_ran", SPECULATION))]
     checks += [Check(f"greedy/{law}", CheckKind.GREEDY_IDENTITY, "greedy", law)
                for law in ("greedy_identity", "greedy_under_load")]
-    checks.append(Check("server/declared_settings", CheckKind.DECLARED_SETTINGS, "server", "declared_settings"))
+    checks.append(Check("server/declared_settings", DECLARED_SETTINGS, "server", "declared_settings"))
     return checks
 
 def run_serve_audit(url: str, *, options: AuditOptions | None = None, settings: ServeSettings | None = None,
@@ -349,7 +351,7 @@ class _ServeRun:
                                self.eog if world.sampling.finishes else None, base, world.describe(),
                                masks=requests.takes_ignore_eos))
         if world.unseeded:
-            run.add(not_run_verdict(Check(f"{world.name}/same_seed", CheckKind.SEED_REPRODUCIBILITY, world.name,
+            run.add(not_run_verdict(Check(f"{world.name}/same_seed", SEED_REPRODUCIBILITY, world.name,
                                           "same_seed"), seed, base["reproduce"],
                                     "not judged: the world's requests carry no seed"))
         else:
@@ -499,7 +501,7 @@ class _ServeRun:
             _body(requests, world, _request_seed(seed, i, "probe"), f"probe/{i}", n_probs=1)
             for i in range(probe_count)], settings.concurrency)
         if world.sampling.constraint is not None:
-            check = Check(f"{world.name}/logprob_fidelity", CheckKind.LOGPROB_FIDELITY, world.name, "logprob_fidelity")
+            check = Check(f"{world.name}/logprob_fidelity", LOGPROB_FIDELITY, world.name, "logprob_fidelity")
             self.run.add(not_run_verdict(check, seed, base["reproduce"], "not judged: a constrained world's reported "
                                          "probabilities are not read (engines report them before or after the "
                                          "mask: llama.cpp the chain it sampled from, without the grammar unless it "

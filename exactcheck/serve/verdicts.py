@@ -18,6 +18,7 @@ from exactcheck.endpoints.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.pairs import same_cell_after, same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
+from exactcheck.serve.check_kinds import DECLARED_SETTINGS, LOGPROB_FIDELITY, SEED_REPRODUCIBILITY, SPECULATION
 
 __all__ = ["continuation_law_verdict", "independent_samples_verdict", "concurrent_requests_verdict", "greedy_verdict",
            "logprob_verdict",
@@ -193,7 +194,7 @@ def logprob_verdict(rows: list[tuple[int, int, float, float]], tolerance: float,
     measured = ("the reference's own decode-vs-prefill noise not measured (no separate reference)" if noise is None
                 else f"the reference's own decode-vs-prefill noise {noise:.1e}")
     common = dict(base, check=f"{base['world']}/logprob_fidelity", law="logprob_fidelity",
-                  kind=CheckKind.LOGPROB_FIDELITY, samples=requests,
+                  kind=LOGPROB_FIDELITY, samples=requests,
                   condition=f"{requests} requests with n_probs, |reported - reference| <= {tolerance:g} in probability "
                             f"({measured})")
     if not rows:
@@ -235,7 +236,7 @@ def speculation_verdict(law: DraftTally, probed: DraftTally, share: float, base:
     ``exactcheck.stats.rates`` at the audit's Holm share. A count is evidence only through that
     test: an n-gram drafter drafts only where the context repeats, so few drafts, or none on a few
     probes, is what an exact server gives on many workloads."""
-    common = dict(base, check=f"{base['world']}/speculation_ran", law="speculation_ran", kind=CheckKind.SPECULATION,
+    common = dict(base, check=f"{base['world']}/speculation_ran", law="speculation_ran", kind=SPECULATION,
                   samples=law.requests + probed.requests, category=Category.SPECULATION,
                   condition=f"{law.source.value}; a unit: {law.unit_words(1)}")
     ran = (f"{law.positive:,} of {law.unit_words()} drafted ({law.drafted:,} tokens drafted, {law.accepted:,} "
@@ -285,7 +286,7 @@ def settings_verdict(settings: dict, base: dict) -> Verdict:
     llama.cpp's ``/slots``): a setting of a registered lossy rule away from its exact value is a
     finding, with the rule's exact TV on the built-in step worlds (``exactcheck lossy``)."""
     shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "none"
-    common = dict(base, check="server/declared_settings", law="declared_settings", kind=CheckKind.DECLARED_SETTINGS,
+    common = dict(base, check="server/declared_settings", law="declared_settings", kind=DECLARED_SETTINGS,
                   samples=0, condition=f"the speculation settings the server exposes: {shown}"[:400])
     if not settings:
         return Verdict(outcome=Outcome.INCONCLUSIVE, summary=(
@@ -320,7 +321,7 @@ def seed_verdict(pairs: list[tuple[int, tuple[int, ...], tuple[int, ...]]], base
     an exact engine whose kernels are not batch-invariant can give other tokens when the two
     requests meet other batches, which is why the category does not gate unless asked)."""
     differ = [(seed, a, b) for seed, a, b in pairs if a != b]
-    common = dict(base, check=f"{base['world']}/same_seed", law="same_seed", kind=CheckKind.SEED_REPRODUCIBILITY,
+    common = dict(base, check=f"{base['world']}/same_seed", law="same_seed", kind=SEED_REPRODUCIBILITY,
                   samples=len(pairs), category=Category.REPRODUCIBILITY,
                   condition=f"{len(pairs)} seeded requests, each sent twice")
     if not differ:

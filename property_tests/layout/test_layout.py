@@ -464,3 +464,28 @@ def test_the_tests_live_in_one_folder_per_kind_or_layer():
     folders = {p.parent.name for p in tests.glob("*/test_*.py")}
     assert folders == TEST_FOLDERS, folders ^ TEST_FOLDERS
     assert not list(tests.glob("*/*/test_*.py")), "one level of folders"
+
+
+def test_a_kind_owns_its_result_type_reproduce_builder_and_check_kinds():
+    """Each audit kind's result type and reproduce builder live in its own package (its row names
+    them), the check kinds only the served audit has are declared in ``serve/check_kinds.py``, and
+    a check kind is one object across a JSON report and a pickle (the --jobs workers)."""
+    import pickle
+
+    from exactcheck.audit_kinds import AUDIT_KINDS
+    from exactcheck.options import CheckKind
+    from exactcheck.serve import check_kinds as serve_kinds
+    for entry in AUDIT_KINDS.values():
+        if entry.command == "selftest":  # many step audits, composed as the gate's are: report/result.py
+            continue
+        module = entry.result.partition(":")[0]
+        assert not module.startswith("exactcheck.report."), entry.result
+        assert entry.reproduce.__module__.split(".")[1] == module.split(".")[1], (entry.command, entry.reproduce)
+    options = (PACKAGE / "options.py").read_text()
+    for name in serve_kinds.__all__:
+        kind = getattr(serve_kinds, name)
+        assert CheckKind(kind.value) is kind and pickle.loads(pickle.dumps(kind)) is kind
+        assert f'"{kind.value}"' not in options, f"{name} is declared outside the served audit's package"
+    assert pickle.loads(pickle.dumps(CheckKind.LAW)) is CheckKind.LAW and CheckKind.LAW.statistical
+    with pytest.raises(ValueError, match="not a declared check kind"):
+        CheckKind("a kind nobody declared")
