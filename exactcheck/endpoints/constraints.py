@@ -20,9 +20,12 @@ its ``sampling_params`` (a choice as the regex of its alternatives).
 
 The local engine (``matcher``): ``viable(text)`` (the text can still be extended into an answer the
 constraint allows) and ``complete(text)`` (the text is such an answer: an end of generation may
-follow), for a choice by prefix tests and for a regex by the ``regex`` package's partial matching (a
-loose dependency: without it a regex world is not judged). JSON schemas and grammars have no local
-engine here: ``NotDeterminable``, and such a world is not judged, saying so.
+follow), by the ``regex`` package's partial matching (a loose dependency: without it a constrained
+world is not judged) of the choice's alternatives, the regex, or a GBNF grammar's rules inlined into
+one regex (``gbnf_pattern``: a grammar whose language is regular, no rule reaching itself; the
+language of a GBNF grammar is the same whichever engine reads it). A JSON schema (each engine writes
+its own grammar for one: whitespace, key order) and a recursive grammar have no local engine here:
+``NotDeterminable``, and such a world is not judged, saying so.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from typing import Iterable, Mapping
 from exactcheck.endpoints.sampler_law import NotDeterminable
 
 __all__ = ["Constraint", "KINDS", "Matcher", "matcher", "allowed_tokens", "choice_gbnf", "regex_gbnf",
-           "split_spec"]
+           "gbnf_pattern", "split_spec"]
 
 KINDS = ("choice", "regex", "json_schema", "grammar")
 _KEY = re.compile(r"(?:^|,)\s*(" + "|".join(KINDS) + r")=")
@@ -149,11 +152,131 @@ class Matcher:
 
 
 def matcher(constraint: Constraint) -> Matcher:
-    """The local engine for ``constraint``; ``NotDeterminable`` for a JSON schema or a grammar."""
+    """The local engine for ``constraint``: a choice, a regex, or a GBNF grammar without recursion (its
+    rules inlined into one regex, ``gbnf_pattern``); ``NotDeterminable`` for a JSON schema (each engine
+    writes its own grammar for one, whitespace included) and a recursive grammar (not a regular
+    language)."""
+    if constraint.kind == "grammar":
+        return Matcher(gbnf_pattern(str(constraint.value)))
     if constraint.kind not in ("choice", "regex"):
         raise NotDeterminable(f"the audit has no local engine for a {constraint.kind.replace('_', ' ')}: the mask "
-                              f"at each prefix cannot be computed here")
+                              f"at each prefix cannot be computed here (each engine writes its own grammar for "
+                              f"one)")
     return Matcher(constraint.regex())
+
+
+# --- a GBNF grammar (llama.cpp's grammars/README.md) as one regex, where its language is regular
+
+_GBNF = re.compile(r"""
+    (?P<space>\s+|\#[^\n]*)
+  | (?P<define>[A-Za-z0-9_-]+)\s*::=
+  | (?P<name>[A-Za-z0-9_-]+)
+  | "(?P<literal>(?:\\.|[^"\\])*)"
+  | \[(?P<klass>(?:\\.|[^\]\\])*)\]
+  | (?P<repeat>\{\s*\d+\s*(?:,\s*\d*\s*)?\})
+  | (?P<op>[()|*+?.])
+""", re.X)
+_GBNF_ESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
+_GBNF_LIMIT = 200_000  # characters of the inlined regex: beyond it, not judged
+
+
+def _gbnf_chars(text: str) -> list[str]:
+    """The characters of a GBNF literal or class body, escapes decoded (``\\n``, ``\\xHH``,
+    ``\\uHHHH``, ``\\UHHHHHHHH``; any other escaped character is itself); in a class an escaped
+    character is marked (a tuple), so that ``\\-`` is not a range."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            c = text[i + 1]
+            width = {"x": 2, "u": 4, "U": 8}.get(c)
+            if width is not None:
+                out.append((chr(int(text[i + 2:i + 2 + width], 16)),))
+                i += 2 + width
+            else:
+                out.append((_GBNF_ESCAPES.get(c, c),))
+                i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return out
+
+
+def _gbnf_class(body: str) -> str:
+    negated = body.startswith("^")
+    chars = _gbnf_chars(body[1:] if negated else body)
+    plain = [c[0] if isinstance(c, tuple) else c for c in chars]
+    items, i = [], 0
+    while i < len(chars):
+        if i + 2 < len(chars) and chars[i + 1] == "-":  # a range (an escaped dash is a tuple, not a range)
+            items.append(f"{_class_char(plain[i])}-{_class_char(plain[i + 2])}")
+            i += 3
+        else:
+            items.append(_class_char(plain[i]))
+            i += 1
+    return "[" + "^" * negated + "".join(items) + "]"
+
+
+def _class_char(c: str) -> str:
+    return "\\" + c if c in "\\]^-[" else c
+
+
+def gbnf_pattern(grammar: str) -> str:
+    """A GBNF grammar as one regex over the answer's text: every rule the root reaches inlined as a
+    group, literals escaped, classes rewritten, ``.`` any character. ``NotDeterminable`` where no
+    regex says the same: a rule that reaches itself (recursion: not a regular language, e.g. nested
+    JSON), an undefined rule, syntax this reader does not take."""
+    rules: dict[str, list[tuple[str, str]]] = {}
+    current, i = None, 0
+    while i < len(grammar):
+        m = _GBNF.match(grammar, i)
+        if m is None:
+            raise NotDeterminable(f"grammar: cannot read {grammar[i:i + 20]!r}")
+        i, kind = m.end(), m.lastgroup
+        if kind == "space":
+            continue
+        if kind == "define":
+            current = m.group("define")
+            if current in rules:
+                raise NotDeterminable(f"grammar: the rule {current!r} is defined twice")
+            rules[current] = []
+        elif current is None:
+            raise NotDeterminable("grammar: text before the first rule")
+        else:
+            rules[current].append((kind, m.group(kind)))
+    if "root" not in rules:
+        raise NotDeterminable("grammar: no root rule")
+    done: dict[str, str] = {}
+
+    def inline(name: str, path: tuple[str, ...]) -> str:
+        if name in path:
+            raise NotDeterminable(f"grammar: the rule {name!r} reaches itself ({' -> '.join(path + (name,))}): a "
+                                  f"recursive grammar has no local engine here")
+        if name not in rules:
+            raise NotDeterminable(f"grammar: the rule {name!r} is not defined")
+        if name not in done:
+            parts = []
+            for kind, value in rules[name]:
+                if kind == "name":
+                    parts.append("(?:" + inline(value, path + (name,)) + ")")
+                elif kind == "literal":
+                    parts.append(re.escape("".join(c[0] if isinstance(c, tuple) else c for c in _gbnf_chars(value))))
+                elif kind == "klass":
+                    parts.append(_gbnf_class(value))
+                elif kind == "repeat":
+                    parts.append(re.sub(r"\s", "", value))
+                else:
+                    parts.append({"(": "(?:", ".": "[\\s\\S]"}.get(value, value))
+            done[name] = "".join(parts)
+            if len(done[name]) > _GBNF_LIMIT:
+                raise NotDeterminable(f"grammar: its inlined regex is over {_GBNF_LIMIT:,} characters")
+        return done[name]
+
+    pattern = inline("root", ())
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise NotDeterminable(f"grammar: not read as a regex ({exc})") from None
+    return pattern
 
 
 def allowed_tokens(match: Matcher, text: str, pieces: Mapping[int, str], eog: Iterable[int]) -> frozenset[int]:

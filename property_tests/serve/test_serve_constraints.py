@@ -13,7 +13,8 @@ import pytest
 
 from exactcheck.cli import main
 from exactcheck.endpoints.client import Client
-from exactcheck.endpoints.constraints import Constraint, allowed_tokens, choice_gbnf, matcher, regex_gbnf
+from exactcheck.endpoints.constraints import (Constraint, allowed_tokens, choice_gbnf, gbnf_pattern, matcher,
+                                              regex_gbnf)
 from exactcheck.endpoints.continuation_law import NextTokenLaw
 from exactcheck.endpoints.endpoint import Completion, Sampling
 from exactcheck.endpoints.llama_cpp_api import LlamaCppEndpoint
@@ -31,6 +32,7 @@ QUICK = dict(level="quick", seed=0, progress=False, max_samples=1500, traffic="s
              samples_per_request=1)
 CHOICE = "choice=ab|ba|cab|bb"
 REGEX = "regex=[a-c]{2,5}"
+GRAMMAR = 'grammar=root ::= ("a" | "b")+ "c"? [a-b]'  # GBNF, one root rule: the toy's llama.cpp dialect reads it
 
 
 def _audit(model: ToyServedModel, spec: str, length: int, **kw):
@@ -163,6 +165,35 @@ def test_each_constraint_mutant_is_found_at_quick(mutant):
     result = _audit(ToyServedModel(eos=EOS, sharpness=1.0, constraint_mutant=mutant), spec, length)
     law = _law(result)
     assert law.outcome.value == "defect" and "outside the constraint" in law.summary, law.describe()
+
+
+def test_a_gbnf_grammar_without_recursion_is_read_as_the_regex_of_its_language():
+    """The audit's GBNF reader (rules inlined) against the toy's (one root rule, written apart) on the same
+    grammar written as several rules and as one, brute force over every string of a, b, c, " " up to 5
+    characters; a recursive grammar is not a regular language: no local engine, said so."""
+    strings = ["".join(s) for n in range(6) for s in itertools.product("abc ", repeat=n)]
+    pairs = [('root ::= item (" " item){0,2}\nitem ::= [ab] | "c" [^ ]', 'root ::= ([ab] | "c" [^ ]) (" " ([ab] | "c" [^ ])){0,2}'),
+             ('root ::= x y? # a comment\nx ::= "a"+\ny ::=\n  ( "b"\n  | "\\x63" )', 'root ::= "a"+ ("b" | "c")?'),
+             ('root ::= word\nword ::= [a-b\\-]* [^a]', 'root ::= [a-b\\-]* [^a]')]
+    for several, one in pairs:
+        mine, alone, toy = (re.compile(gbnf_pattern(several)), re.compile(gbnf_pattern(one)),
+                            re.compile(gbnf_regex(one), re.S))
+        for s in strings:
+            assert bool(mine.fullmatch(s)) == bool(alone.fullmatch(s)) == bool(toy.fullmatch(s)), (several, s)
+    engine = matcher(Constraint("grammar", pairs[0][0]))
+    assert engine.viable("a ") and not engine.complete("a ") and engine.complete("a cx") and not engine.viable("c ")
+    for recursive, words in (('root ::= "(" root? ")"', "reaches itself"), ('root ::= x\nx ::= "a" y\ny ::= x?', "reaches itself"),
+                             ('root ::= nowhere', "not defined")):
+        with pytest.raises(NotDeterminable, match=words):
+            matcher(Constraint("grammar", recursive))
+
+
+def test_a_grammar_world_is_judged_by_its_masked_law_and_a_constraint_mutant_is_found():
+    exact = _audit(ToyServedModel(eos=EOS, sharpness=1.0), GRAMMAR, 5)
+    assert exact.passed, [v.describe() for v in exact.failed]
+    assert _law(exact).outcome.value == "exact" and _law(exact).samples >= 1000, _law(exact).describe()
+    found = _law(_audit(ToyServedModel(eos=EOS, sharpness=1.0, constraint_mutant="no_rollback"), GRAMMAR, 5))
+    assert found.outcome.value == "defect" and "outside the constraint" in found.summary, found.describe()
 
 
 def test_a_constraint_without_a_local_engine_is_not_judged_and_says_why():
