@@ -51,7 +51,9 @@ statistical checks (streamed, concurrent_requests).
 flight): ``constrained-llama`` (GBNF written by the audit for a choice and a regex, the check-then-resample
 order) and ``constrained-vllm`` (``structured_outputs``), each world ``choice=ab|ba|cab|bb`` and
 ``temperature=0.7,top_k=5,regex=[a-c]{2,5}``, 4 tokens, answers ending at the end of generation (id 5),
-600 sampled requests a world. Writes reports/serve-false-alarms-constrained.json.
+600 sampled requests a world. Writes reports/serve-false-alarms-constrained.json. ``--paths grammar``:
+``grammar-llama``, two GBNF grammar worlds (one at temperature 0.7 / top-k 5) through llama.cpp's
+dialect, 5 tokens; reports/serve-false-alarms-grammar.json.
 
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
 "cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
@@ -142,12 +144,17 @@ CONSTRAINED_PATHS = {
     "constrained-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),), CONSTRAINED,
                          dict(concurrency=4, length=4, eos_ids="5", max_samples=600)),
 }
+# GBNF grammar worlds (read by the audit as the regex of their language, constraints.gbnf_pattern) through
+# llama.cpp's dialect: at temperature 1, and at temperature 0.7 / top-k 5 (the check-then-resample order)
+GRAMMARS = (Sampling.parse('grammar=root ::= ("a" | "b")+ "c"? [a-b]'),
+            Sampling.parse('temperature=0.7,top_k=5,grammar=root ::= [a-c] ("b" | "ca"){0,2}'))
+CONSTRAINED_PATHS["grammar-llama"] = (ENDS, "auto", ((1, 2),), GRAMMARS, dict(concurrency=4, length=5, max_samples=600))
 TRAFFIC_PATHS.update(CONSTRAINED_PATHS)  # run as the traffic paths are
 BPE_PATHS.update(TRAFFIC_PATHS)  # the same shape: (model fields, api, prompts, samplings, settings)
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
            "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json",
            "bpe": "reports/serve-false-alarms-bpe.json", "traffic": "reports/serve-false-alarms-traffic.json",
-           "constrained": "reports/serve-false-alarms-constrained.json"}
+           "constrained": "reports/serve-false-alarms-constrained.json", "grammar": "reports/serve-false-alarms-grammar.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -231,13 +238,15 @@ def main() -> None:
                                                        "chat-vllm), penalties (penalty-llama, penalty-vllm), stops "
                                                        "(stops-llama, stops-vllm), bpe (mlx-lm-bpe, "
                                                        "mlx-lm-bpe-penalties, llama-cpp-python-bpe), "
-                                                       "constrained (constrained-llama, constrained-vllm) or a "
+                                                       "constrained (constrained-llama, constrained-vllm), grammar "
+                                                       "(grammar-llama) or a "
                                                        "comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
-        STOP_PATHS if args.paths == "stops" else tuple(CONSTRAINED_PATHS) if args.paths == "constrained" else \
+        STOP_PATHS if args.paths == "stops" else ("constrained-llama", "constrained-vllm") if args.paths == "constrained" \
+        else ("grammar-llama",) if args.paths == "grammar" else \
         tuple(p for p in TRAFFIC_PATHS if p not in CONSTRAINED_PATHS) if args.paths == "traffic" else \
         tuple(p for p in BPE_PATHS if p not in TRAFFIC_PATHS) if args.paths == "bpe" else \
         tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
