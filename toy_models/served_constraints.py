@@ -3,8 +3,9 @@ each dialect's field, and the mask it puts on the toy's law, exactly.
 
 llama.cpp's ``grammar`` is GBNF; the toy reads one root rule of the regular subset (literals ``"..."``,
 classes ``[...]``, groups, ``|``, ``* + ? {m,n}``), as a regex. vLLM's ``structured_outputs`` carries
-``choice`` (a list) or ``regex``. A JSON schema, a grammar of several rules: 400, the toy has no engine
-for them. The toy's own matcher is the ``regex`` package's partial matching, written apart from the
+``choice`` (a list) or ``regex``. A JSON schema: an ``enum`` of strings, written bare (the toy's own
+convention, ``_enum_schema``), in llama.cpp's ``json_schema`` and vLLM's ``structured_outputs.json``; any
+other schema, a grammar of several rules: 400, the toy has no engine for them. The toy's own matcher is the ``regex`` package's partial matching, written apart from the
 audit's (``exactcheck.endpoints.constraints``).
 
 The mask meets the sampler chain in each engine's order: llama.cpp samples from the chain and resamples
@@ -60,6 +61,19 @@ class ToyConstraint:
         return eos is not None and bool(allowed[eos]) and int(allowed.sum()) == 1
 
 
+def _enum_schema(schema) -> ToyConstraint:
+    """The toy's JSON-schema engine: a schema ``{"enum": [strings]}`` allows its strings, written bare
+    (the toy's own convention, as every engine has its own way of writing a schema's JSON: which is why
+    the audit does not guess a schema's language and judges such a world by two samples)."""
+    if isinstance(schema, str):
+        import json
+        schema = json.loads(schema)
+    values = schema.get("enum") if isinstance(schema, dict) else None
+    if not values or not all(isinstance(v, str) and v for v in values):
+        raise ValueError("json_schema: the toy takes an enum of non-empty strings only")
+    return ToyConstraint("|".join(re.escape(v) for v in values))
+
+
 def from_body(body: dict, api: str) -> "ToyConstraint | None":
     """The constraint a request carries in the dialect's field; ``ValueError`` for one the toy has no
     engine for."""
@@ -69,11 +83,13 @@ def from_body(body: dict, api: str) -> "ToyConstraint | None":
             return ToyConstraint("|".join(re.escape(str(c)) for c in fields["choice"]))
         if "regex" in fields:
             return ToyConstraint(str(fields["regex"]))
+        if "json" in fields:
+            return _enum_schema(fields["json"])
         if fields:
-            raise ValueError(f"structured_outputs {sorted(fields)}: the toy takes choice or regex")
+            raise ValueError(f"structured_outputs {sorted(fields)}: the toy takes choice, regex or json (an enum)")
         return None
     if body.get("json_schema") is not None:
-        raise ValueError("json_schema: the toy has no JSON-schema engine")
+        return _enum_schema(body["json_schema"])
     if body.get("grammar"):
         return ToyConstraint(gbnf_regex(str(body["grammar"])))
     return None

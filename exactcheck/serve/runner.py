@@ -33,6 +33,7 @@ from exactcheck.endpoints.endpoint import GREEDY_SAMPLING, POST_SAMPLING, Comple
 from exactcheck.endpoints.sampler_law import NotDeterminable
 from exactcheck.endpoints.text_prompts import one_token_path
 from exactcheck.serve.settings import DEFAULT_PROMPTS, DEFAULT_SAMPLINGS, ServeSettings
+from exactcheck.endpoints.constraints import matcher
 from exactcheck.serve.constraint_law import ConstraintMask, confirmed_outside, constrained_law, outside
 from exactcheck.serve.stop_law import ends_disagreeing, returned_text, stop_depth, stopped_law
 from exactcheck.serve.finishing import as_ended, finish_verdict, parse_ids, reference_next_token
@@ -42,7 +43,8 @@ from exactcheck.serve.verdicts import (NEAR_TIE, NOISE_MARGIN, cell_indices, con
                                        continuation_law_verdict,
                                        greedy_verdict,
                                        independent_samples_verdict, logprob_verdict, seed_verdict,
-                                       server_failed_verdict, settings_verdict, speculation_verdict)
+                                       server_failed_verdict, settings_verdict, speculation_verdict,
+                                       two_sample_verdict)
 from exactcheck.stats.planning import trials_to_detect
 from exactcheck.serve.check_kinds import (ANSWER_END, DECLARED_SETTINGS, LOGPROB_FIDELITY, SEED_REPRODUCIBILITY,
                                           SPECULATION)
@@ -280,15 +282,19 @@ class _ServeRun:
         if requests is None or not self.carries(world, seed, base):
             return None
         law, texts, why = self.reference_law(world)
-        if world.sampling.constraint is not None and law is None:  # its answers would judge nothing
+        two_sample = law is None and self.two_sample(world)
+        if world.sampling.constraint is not None and law is None and not two_sample:  # its answers would judge nothing
             self.run.extend(_world_not_judged(world, why, seed, base["reproduce"]))
             return None
         n = (trials_to_detect(law.expected, self.options.target_tv, self.budget.first_share, self.cap) or self.cap) \
-            if law is not None else max(settings.probed, settings.seeds)
-        self.run.planned += n
-        self.bar.grow(n + settings.probed + 2 * settings.seeds)
+            if law is not None else self.cap if two_sample else max(settings.probed, settings.seeds)
+        self.run.planned += n * (1 + two_sample)
+        self.bar.grow(n * (1 + two_sample) + settings.probed + 2 * settings.seeds)
         seeds = [_request_seed(seed, i) for i in range(n)]
         bodies = [_body(requests, world, s, f"request/{i}") for i, s in enumerate(seeds)]
+        # a law not computed here (a JSON schema): the reference's answers to the same requests, other seeds
+        beside = [_body(self.reference, world, _request_seed(seed, i, "reference"), f"reference/{i}")
+                  for i in range(n)] if two_sample else []
         streamed, why_not_streamed = [], None  # each streamed request repeats the seed of a non-streamed one
         m = min(n, math.ceil(settings.stream_share * n)) if law is not None else 0
         try:
@@ -298,7 +304,25 @@ class _ServeRun:
         self.run.planned += len(streamed)
         self.bar.grow(len(streamed))
         return _WorldRequests(world, seed, base, requests, law, texts, why, seeds, bodies, streamed,
-                              why_not_streamed)
+                              why_not_streamed, reference_bodies=beside)
+
+    def two_sample(self, world: ServeWorld) -> bool:
+        """Whether a world is judged by the two-sample test (``serve.verdicts.two_sample_verdict``): a
+        constraint the audit has no local engine for (a JSON schema, a recursive grammar), with the
+        reference another server that takes the constraint too."""
+        constraint = world.sampling.constraint
+        if constraint is None or not self.separate or world.chat is not None:
+            return False
+        try:
+            matcher(constraint)
+            return False  # a local engine: the masked law (or why not) decides
+        except NotDeterminable:
+            pass
+        try:
+            self.reference.constraint_fields(constraint)
+        except NotDeterminable:
+            return False
+        return True
 
     def send(self, worlds: "list[_WorldRequests]") -> None:
         """The worlds' sampled requests in one stream (interleaved, seeded, when there are several),
@@ -320,6 +344,11 @@ class _ServeRun:
                 DraftTally(tally.source, tuple(a.draft_n or 0 for a in w.runs), 1, len(w.runs),
                            sum(a.draft_accepted or 0 for a in w.runs))
         self.run.drawn += len(answers)
+        for w in worlds:  # the reference's answers of a two-sample world (its speculation counters are not read)
+            if w.reference_bodies:
+                w.reference_runs, _ = send_counted_mixed([(self.reference, b) for b in w.reference_bodies],
+                                                         self.settings.concurrency)
+                self.run.drawn += len(w.reference_runs)
 
     def judge_world(self, planned: "_WorldRequests") -> None:
         """One world's verdicts from its answers: the continuation law, several samples of one
@@ -331,6 +360,11 @@ class _ServeRun:
         if law is not None:
             run.add(continuation_law_verdict(law, runs, world.describe(), self.budget.first_share, self.budget.alpha,
                                              base, cause))
+        elif planned.reference_runs:
+            why = f"the audit has no local engine for a {world.sampling.constraint.kind.replace('_', ' ')}"
+            run.add(two_sample_verdict(runs, planned.reference_runs, world.describe(), self.budget.first_share, base,
+                                       why))
+            why += ": the continuation check is a two-sample test against the reference server"
         else:
             run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                           "continuation"), seed, base["reproduce"], f"not judged: {why}"))
@@ -583,6 +617,9 @@ class _WorldRequests:
     runs: list = dataclasses.field(default_factory=list)
     streamed_runs: list = dataclasses.field(default_factory=list)
     tally: DraftTally | None = None
+    # a world judged by two samples: the reference server's requests and answers (same sampling, other seeds)
+    reference_bodies: list = dataclasses.field(default_factory=list)
+    reference_runs: list = dataclasses.field(default_factory=list)
 
 
 def _body(requests: Endpoint, world: ServeWorld, seed: int, tag: str, **keywords) -> dict:

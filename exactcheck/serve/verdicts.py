@@ -11,16 +11,17 @@ import numpy as np
 from exactcheck.core import sample_law_verdict
 from exactcheck.options import Category, CheckKind, PseudoWorld
 from exactcheck.reachability import observed_in
-from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, Verdict
+from exactcheck.report.verdict import Evidence, FindingEvidence, LawEvidence, Outcome, TotalVariation, Verdict
 from exactcheck.endpoints.continuation_law import ContinuationLaw
 from exactcheck.endpoints.draft_counts import DraftTally
 from exactcheck.endpoints.endpoint import Completion
 from exactcheck.stats.laws import LawPlan
 from exactcheck.stats.pairs import same_cell_after, same_cell_pairs
 from exactcheck.stats.rates import RateComparison, fewer_positives_pvalue
+from exactcheck.stats.two_sample import two_sample_test
 from exactcheck.serve.check_kinds import DECLARED_SETTINGS, LOGPROB_FIDELITY, SEED_REPRODUCIBILITY, SPECULATION
 
-__all__ = ["continuation_law_verdict", "independent_samples_verdict", "concurrent_requests_verdict", "greedy_verdict",
+__all__ = ["continuation_law_verdict", "two_sample_verdict", "independent_samples_verdict", "concurrent_requests_verdict", "greedy_verdict",
            "logprob_verdict",
            "speculation_verdict", "seed_verdict", "settings_verdict", "LOSSY_SETTINGS", "NEAR_TIE", "NOISE_MARGIN",
            "cell_indices"]
@@ -50,6 +51,32 @@ def continuation_law_verdict(law: ContinuationLaw, completions: list[Completion]
     verdict = sample_law_verdict(plan, counts, share, alpha, base, CheckKind.GENERATOR_LAW, "requests",
                                  cause or _cause(law, indices, completions))
     return replace(verdict, summary=f"{verdict.summary}; {law.note}") if law.note else verdict
+
+
+def two_sample_verdict(audited: list[Completion], reference: list[Completion], condition: str, share: float,
+                       base: dict, why: str) -> Verdict:
+    """A world whose law the audit cannot compute (``why``: a constraint with no local engine, a JSON
+    schema): the audited server's answers against the reference server's answers to the same
+    requests, speculation off there, each answer one outcome (its tokens, its end included): the
+    permutation test of ``exactcheck.stats.two_sample`` at ``share`` (through Holm like any law). Stated
+    as such: it says the two servers' laws differ, not which is the target's."""
+    test = two_sample_test([tuple(a.tokens) for a in audited], [tuple(r.tokens) for r in reference], share,
+                           seed=base["seed"])
+    m, n = test.samples
+    low, high = test.tv_interval
+    summary = (f"two-sample test against the reference server's answers to the same requests, speculation off "
+               f"there ({why}: the law is not computed here): {m:,} audited and {n:,} reference answers, TV "
+               f"{test.tv_estimate:.4f} (95% interval {low:.4f} to {high:.4f}), p = {test.pvalue:.3g} over "
+               f"{test.splits:,} random splits")
+    if test.only_first:
+        summary += (f"; {test.only_first:,} audited answers fell on outcomes the reference never gave (the commonest: "
+                    f"{list(test.example)})")
+    return Verdict(outcome=Outcome.EXACT, summary=summary, check=f"{base['world']}/continuation", law="continuation",
+                   condition=condition, samples=m, kind=CheckKind.GENERATOR_LAW, **base, evidence=LawEvidence(
+                       Evidence.FIXED_BUDGET, statistic=test.statistic,
+                       statistic_name=f"Pearson X^2 of the two samples (permutation p-value, {test.splits:,} splits)",
+                       df=test.df, pvalue=test.pvalue,
+                       tv=TotalVariation(test.tv_estimate, test.tv_interval, test.detectable_tv)))
 
 
 def independent_samples_verdict(law: ContinuationLaw, groups: list[list[Completion]], condition: str, share: float,

@@ -196,8 +196,24 @@ def test_a_grammar_world_is_judged_by_its_masked_law_and_a_constraint_mutant_is_
     assert found.outcome.value == "defect" and "outside the constraint" in found.summary, found.describe()
 
 
-def test_a_constraint_without_a_local_engine_is_not_judged_and_says_why():
-    result = _audit(ToyServedModel(eos=EOS, sharpness=1.0), 'json_schema={"type": "string"}', 3)
+SCHEMA = 'json_schema={"enum": ["ab", "ba", "cab", "bb"]}'  # the toy writes an enum's strings bare
+
+
+def test_a_json_schema_world_is_judged_by_two_samples_against_the_reference_server():
+    """No local engine for a JSON schema (each engine writes its own grammar for one): the audited
+    server's answers against the reference server's to the same requests, speculation off there, by the
+    permutation test; the exact toy passes, a gross constraint mutant is found, and the verdict says
+    what it is (and what it is not: the target's law)."""
+    exact = _law(_audit(ToyServedModel(eos=EOS, sharpness=1.0), SCHEMA, 4))
+    assert exact.outcome.value == "exact" and "two-sample test" in exact.summary, exact.describe()
+    assert exact.samples == 1500 and "1,500 reference answers" in exact.summary
+    found = _law(_audit(ToyServedModel(eos=EOS, sharpness=1.0, constraint_mutant="past_accept"), SCHEMA, 4))
+    assert found.outcome.value == "defect" and "the reference never gave" in found.summary, found.describe()
+
+
+def test_a_constraint_without_a_local_engine_or_a_reference_server_is_not_judged_and_says_why():
+    with served_model(ToyServedModel(eos=EOS, sharpness=1.0)) as audited:  # its own reference: no second server
+        result = run_serve_audit(audited.url, prompts=PROMPTS, samplings=[Sampling.parse(SCHEMA)], length=3, **QUICK)
     law = _law(result)
     assert law.outcome.value == "inconclusive" and "no local engine" in law.summary, law.describe()
     assert not any(v.world.startswith("p0") and v.outcome.value == "defect" for v in result.verdicts)
