@@ -53,7 +53,9 @@ order) and ``constrained-vllm`` (``structured_outputs``), each world ``choice=ab
 ``temperature=0.7,top_k=5,regex=[a-c]{2,5}``, 4 tokens, answers ending at the end of generation (id 5),
 600 sampled requests a world. Writes reports/serve-false-alarms-constrained.json. ``--paths grammar``:
 ``grammar-llama``, two GBNF grammar worlds (one at temperature 0.7 / top-k 5) through llama.cpp's
-dialect, 5 tokens; reports/serve-false-alarms-grammar.json.
+dialect, 5 tokens; reports/serve-false-alarms-grammar.json. ``--paths schema``: ``schema-llama`` and
+``schema-vllm``, two JSON-schema worlds (an enum, the toy writes it bare) judged by the two-sample test
+against a separate reference (the plain toy), 600 answers a side; reports/serve-false-alarms-schema.json.
 
 ``--paths stops``: stop-string worlds (``stops-llama``, ``stops-vllm``: prompt ``1 2``, stops "b" or
 "cd" at temperature 1, "a" at temperature 0.7 / top-k 5) through llama.cpp's and vLLM's dialects,
@@ -150,11 +152,22 @@ GRAMMARS = (Sampling.parse('grammar=root ::= ("a" | "b")+ "c"? [a-b]'),
             Sampling.parse('temperature=0.7,top_k=5,grammar=root ::= [a-c] ("b" | "ca"){0,2}'))
 CONSTRAINED_PATHS["grammar-llama"] = (ENDS, "auto", ((1, 2),), GRAMMARS, dict(concurrency=4, length=5, max_samples=600))
 TRAFFIC_PATHS.update(CONSTRAINED_PATHS)  # run as the traffic paths are
+# JSON-schema worlds (no local engine: the two-sample test against a reference server, speculation off there;
+# the toy writes an enum schema bare), llama.cpp's and vLLM's dialects, 600 answers a side
+SCHEMAS = (Sampling.parse('json_schema={"enum": ["ab", "ba", "cab", "bb"]}'),
+           Sampling.parse('temperature=0.7,top_k=5,json_schema={"enum": ["a", "bc", "cab", "ca", "bbb"]}'))
+SCHEMA_PATHS = {
+    "schema-llama": (ENDS, "auto", ((1, 2),), SCHEMAS, dict(concurrency=4, length=4, max_samples=600)),
+    "schema-vllm": (dict(ENDS, api="vllm"), "openai", ((1, 2),), SCHEMAS,
+                    dict(concurrency=4, length=4, eos_ids="5", max_samples=600)),
+}
+REFERENCE_URL = "local://toy-reference"
 BPE_PATHS.update(TRAFFIC_PATHS)  # the same shape: (model fields, api, prompts, samplings, settings)
 REPORTS = {"old": "reports/serve-false-alarms.json", "new": "reports/serve-false-alarms-new-worlds.json",
            "penalties": "reports/serve-false-alarms-penalties.json", "stops": "reports/serve-false-alarms-stops.json",
            "bpe": "reports/serve-false-alarms-bpe.json", "traffic": "reports/serve-false-alarms-traffic.json",
-           "constrained": "reports/serve-false-alarms-constrained.json", "grammar": "reports/serve-false-alarms-grammar.json"}
+           "constrained": "reports/serve-false-alarms-constrained.json", "grammar": "reports/serve-false-alarms-grammar.json",
+           "schema": "reports/serve-false-alarms-schema.json"}
 
 
 def http_like(model: ToyServedModel):
@@ -184,7 +197,15 @@ def bpe_dir() -> str:
 def one(seed: int, paths: tuple[str, ...] = tuple(PATHS)) -> dict:
     path = paths[seed % len(paths)]
     extra = {}
-    if path in TRAFFIC_PATHS:
+    if path in SCHEMA_PATHS:  # a separate reference server (the plain toy): the two-sample test needs one
+        fields, api, prompts, samplings, extra = SCHEMA_PATHS[path]
+        model = ToyServedModel(**fields)
+        audited, reference = http_like(model), http_like(model.as_plain())
+
+        def transport(base, route, body):
+            return (reference if base.rstrip("/") == REFERENCE_URL else audited)(base, route, body)
+        extra = dict(extra, reference=REFERENCE_URL)
+    elif path in TRAFFIC_PATHS:
         fields, api, prompts, samplings, extra = TRAFFIC_PATHS[path]
         model = ToyServedModel(**fields)
         transport = http_like(model)
@@ -239,19 +260,19 @@ def main() -> None:
                                                        "(stops-llama, stops-vllm), bpe (mlx-lm-bpe, "
                                                        "mlx-lm-bpe-penalties, llama-cpp-python-bpe), "
                                                        "constrained (constrained-llama, constrained-vllm), grammar "
-                                                       "(grammar-llama) or a "
+                                                       "(grammar-llama), schema (schema-llama, schema-vllm) or a "
                                                        "comma-separated list of paths")
     parser.add_argument("--out", default=None, help="default: reports/serve-false-alarms.json (old), "
                                                     "reports/serve-false-alarms-new-worlds.json (new)")
     args = parser.parse_args()
     paths = tuple(PATHS) if args.paths == "old" else PENALTY_PATHS if args.paths == "penalties" else \
         STOP_PATHS if args.paths == "stops" else ("constrained-llama", "constrained-vllm") if args.paths == "constrained" \
-        else ("grammar-llama",) if args.paths == "grammar" else \
+        else ("grammar-llama",) if args.paths == "grammar" else tuple(SCHEMA_PATHS) if args.paths == "schema" else \
         tuple(p for p in TRAFFIC_PATHS if p not in CONSTRAINED_PATHS) if args.paths == "traffic" else \
         tuple(p for p in BPE_PATHS if p not in TRAFFIC_PATHS) if args.paths == "bpe" else \
         tuple(p for p in NEW_PATHS if p not in PENALTY_PATHS + STOP_PATHS) if args.paths == "new" else \
         tuple(args.paths.split(","))
-    unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS and p not in BPE_PATHS]
+    unknown = [p for p in paths if p not in PATHS and p not in NEW_PATHS and p not in BPE_PATHS and p not in SCHEMA_PATHS]
     if unknown:
         parser.error(f"unknown paths {unknown}: expected some of {', '.join([*PATHS, *NEW_PATHS, *BPE_PATHS])}")
     out = args.out or REPORTS.get(args.paths, "reports/serve-false-alarms-" + "-".join(paths) + ".json")
