@@ -37,7 +37,7 @@ from typing import Iterable, Mapping
 
 from exactcheck.endpoints.sampler_law import NotDeterminable
 
-__all__ = ["Constraint", "KINDS", "Matcher", "matcher", "allowed_tokens", "choice_gbnf", "regex_gbnf",
+__all__ = ["Constraint", "KINDS", "INCOMPLETE", "Matcher", "matcher", "allowed_tokens", "choice_gbnf", "regex_gbnf",
            "gbnf_pattern", "split_spec"]
 
 KINDS = ("choice", "regex", "json_schema", "grammar")
@@ -132,17 +132,27 @@ def split_spec(spec: str) -> tuple[str, Constraint | None]:
     return spec[:found.start()], Constraint.parse(found.group(1), spec[found.end():])
 
 
+INCOMPLETE = "\ufffd"  # a piece that ends inside a UTF-8 character is read with this in place of its bytes
+# what in a regex may match a character outside ASCII (Python's \d \w \s are Unicode-aware), as text
+_UNICODE_MATCHING = (".", "[^", "\\W", "\\S", "\\D", "\\s", "\\w", "\\d", "\\p", "\\P", "\\X", "\\N")
+
+
 class Matcher:
     """Which texts a constraint allows: ``viable`` (a prefix of an allowed answer) and ``complete``
-    (an allowed answer). Texts are the answer's own, the prompt not included."""
+    (an allowed answer). Texts are the answer's own, the prompt not included. ``ascii_only``: every
+    text the constraint allows is ASCII (the pattern has no character outside ASCII and nothing that
+    can match one; decided on the pattern's text, so a ``.`` escaped or in a class counts too: False
+    where unsure)."""
 
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, ascii_only: bool | None = None):
         try:
             import regex
         except ImportError:  # a loose dependency
             raise NotDeterminable("the 'regex' package (partial matching) is not installed: pip install regex") \
                 from None
         self._compiled = regex.compile(pattern)
+        self.ascii_only = ascii_only if ascii_only is not None else (
+            pattern.isascii() and not any(s in pattern for s in _UNICODE_MATCHING))
 
     def viable(self, text: str) -> bool:
         return self._compiled.fullmatch(text, partial=True) is not None
@@ -162,6 +172,8 @@ def matcher(constraint: Constraint) -> Matcher:
         raise NotDeterminable(f"the audit has no local engine for a {constraint.kind.replace('_', ' ')}: the mask "
                               f"at each prefix cannot be computed here (each engine writes its own grammar for "
                               f"one)")
+    if constraint.kind == "choice":
+        return Matcher(constraint.regex(), ascii_only=all(o.isascii() for o in constraint.value))
     return Matcher(constraint.regex())
 
 
@@ -282,9 +294,27 @@ def gbnf_pattern(grammar: str) -> str:
 def allowed_tokens(match: Matcher, text: str, pieces: Mapping[int, str], eog: Iterable[int]) -> frozenset[int]:
     """The tokens the constraint allows after ``text``: an end-of-generation token where ``text`` is
     complete; any other token whose piece extends ``text`` to a viable text (an empty piece, a special
-    token, never: llama.cpp's grammar sampler and xgrammar reject them)."""
+    token, never: llama.cpp's grammar sampler and xgrammar reject them).
+
+    A piece that ends inside a UTF-8 character (read with ``INCOMPLETE`` for its bytes: a byte-level
+    token such as ``a\\xc3``) is allowed by an engine exactly where some character its bytes begin keeps
+    the text viable (xgrammar matches bytes). Where the constraint allows ASCII only, none does: never
+    allowed. Otherwise the audit, which does not read the bytes, cannot say: ``NotDeterminable`` where
+    the piece's whole characters keep the text viable (else the text is dead already: not allowed)."""
     eog = frozenset(eog)
-    out = {t for t, piece in pieces.items() if t not in eog and piece and match.viable(text + piece)}
+    out = set()
+    for t, piece in pieces.items():
+        if t in eog or not piece:
+            continue
+        if INCOMPLETE in piece:
+            whole = piece.split(INCOMPLETE, 1)[0]
+            if not match.ascii_only and match.viable(text + whole):
+                raise NotDeterminable(f"token {t}'s piece ends inside a character ({piece!r}) after a text the "
+                                      f"constraint allows, which can go on with characters outside ASCII: "
+                                      f"whether an engine allows it depends on bytes the audit does not read")
+            continue
+        if match.viable(text + piece):
+            out.add(t)
     if match.complete(text):
         out |= eog
     return frozenset(out)

@@ -316,6 +316,13 @@ class Endpoint:
         audit cannot know it."""
         raise NotDeterminable(f"{self.api}: the text its stop strings are searched in is not read by the audit")
 
+    def constraint_pieces(self, prompt: Sequence[int], tokens: list[int]) -> list[str]:
+        """Each token's text right after ``prompt`` as a constraint's mask reads it
+        (``serve.constraint_law``): like ``continuation_texts``, except that a piece ending inside a
+        UTF-8 character keeps ``constraints.INCOMPLETE`` for its bytes, where the stop-string search's
+        text drops it (a dialect that drops it overrides this)."""
+        return self.continuation_texts(prompt, [(t,) for t in tokens])
+
     def penalised(self, law: NextTokenLaw, sampling: Sampling, prefix: tuple[int, ...]) -> NextTokenLaw:
         """The law a one-token request listed (``self.kind``), turned into the one the audited request
         has after the continuation ``prefix`` under ``sampling``'s penalties: a one-token request reads

@@ -234,6 +234,18 @@ class OpenAICompletionsEndpoint(Endpoint):
         cannot is then not judged, ``serve.stop_law.ends_disagreeing``.)"""
         if self.llama_cpp:
             return llama_cpp_texts(self.client, self.base, continuations)
+        return [text.rstrip("\ufffd") for text in self._detokenized(prompt, continuations)]
+
+    def constraint_pieces(self, prompt: Sequence[int], tokens: list[int]) -> list[str]:
+        """The pieces a constraint's mask reads: ``/detokenize``'s, a trailing U+FFFD kept (a byte-level
+        token ending inside a character: ``constraints.allowed_tokens`` decides on it)."""
+        if self.llama_cpp:
+            return llama_cpp_texts(self.client, self.base, [(t,) for t in tokens])
+        return self._detokenized(prompt, [(t,) for t in tokens])
+
+    def _detokenized(self, prompt: Sequence[int], continuations: list[tuple[int, ...]]) -> list[str]:
+        """``/detokenize`` of prompt + each continuation, past the decoded prompt (``NotDeterminable``
+        where the decoded prompt is not a prefix of it)."""
         bodies = [{"model": self.model, "tokens": list(prompt) + list(c)} for c in [(), *continuations]]
         texts = []
         for exchange in self.client.post_many(self.base, "/detokenize", bodies):
@@ -246,7 +258,7 @@ class OpenAICompletionsEndpoint(Endpoint):
             if not text.startswith(head):
                 raise NotDeterminable(f"the decoded prompt is not a prefix of the decoded prompt + {list(c)[:4]}: "
                                       f"the text vLLM's incremental detokenizer emits is not determined here")
-            out.append(text[len(head):].rstrip("\ufffd"))
+            out.append(text[len(head):])
         return out
 
     @property

