@@ -167,7 +167,7 @@ def matcher(constraint: Constraint) -> Matcher:
     writes its own grammar for one, whitespace included) and a recursive grammar (not a regular
     language)."""
     if constraint.kind == "grammar":
-        return Matcher(gbnf_pattern(str(constraint.value)))
+        return Matcher(gbnf_pattern(str(constraint.value)), ascii_only=gbnf_ascii_only(str(constraint.value)))
     if constraint.kind not in ("choice", "regex"):
         raise NotDeterminable(f"the audit has no local engine for a {constraint.kind.replace('_', ' ')}: the mask "
                               f"at each prefix cannot be computed here (each engine writes its own grammar for "
@@ -230,6 +230,25 @@ def _gbnf_class(body: str) -> str:
 
 def _class_char(c: str) -> str:
     return "\\" + c if c in "\\]^-[" else c
+
+
+def gbnf_ascii_only(grammar: str) -> bool:
+    """Whether every text a GBNF grammar allows is ASCII: no ``.``, no negated class, and every literal
+    and class character ASCII (a grammar this reader cannot read: False)."""
+    i = 0
+    while i < len(grammar):
+        m = _GBNF.match(grammar, i)
+        if m is None:
+            return False
+        i, kind = m.end(), m.lastgroup
+        if kind == "op" and m.group("op") == ".":
+            return False
+        if kind == "klass" and m.group("klass").startswith("^"):
+            return False
+        if kind in ("literal", "klass") and not all(
+                (c[0] if isinstance(c, tuple) else c).isascii() for c in _gbnf_chars(m.group(kind))):
+            return False
+    return True
 
 
 def gbnf_pattern(grammar: str) -> str:

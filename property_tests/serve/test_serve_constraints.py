@@ -124,6 +124,8 @@ def test_a_piece_ending_inside_a_character_is_never_allowed_by_an_ascii_constrai
     assert matcher(Constraint("choice", (" in", " the"))).ascii_only
     assert not matcher(Constraint("choice", ("é", "a"))).ascii_only
     assert not matcher(Constraint("grammar", 'root ::= [^a]+')).ascii_only  # a negated class can match "é"
+    assert not matcher(Constraint("grammar", 'root ::= "a" .')).ascii_only
+    assert matcher(Constraint("grammar", 'root ::= " " ("in" | "o" [a-z]) [,.]?')).ascii_only  # "." in a class
 
 
 class _Pieces:
