@@ -368,6 +368,13 @@ class _ServeRun:
         else:
             run.add(not_run_verdict(Check(f"{world.name}/continuation", CheckKind.GENERATOR_LAW, world.name,
                                           "continuation"), seed, base["reproduce"], f"not judged: {why}"))
+        if law is not None and world.sampling.finishes and planned.streamed_runs:
+            # a streamed answer read as the non-streamed ones are: an end the server names, on the one
+            # end-of-generation id, that its ids do not carry (vLLM's stream drops it where a speculative
+            # step's last token is the end) is added (``finishing.as_ended``)
+            ended = [as_ended(r, self.eog) for r in planned.streamed_runs]
+            if all(e is not None for e in ended):
+                planned.streamed_runs[:] = ended
         run.add(self.judge_streamed(planned, law, why))
         run.add(_independent_samples(requests, self.reference, world, law, planned.texts, why if law is None else None,
                                      len(runs), settings, seed, self.budget, base, run, self.bar))
