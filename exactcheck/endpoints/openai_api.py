@@ -188,6 +188,12 @@ class OpenAICompletionsEndpoint(Endpoint):
         order (text, token ids, the logprobs' lists), the last finish reason and timings; with the
         token ids each chunk carried and the usage's completion tokens."""
         events = [e for e in exchange.answer.get("events") or () if isinstance(e, dict)]
+        failed = next((e["error"] for e in events if e.get("error")), None)
+        if failed is not None:  # the server failed the request mid-answer (vLLM: an error chunk, then the end)
+            message = failed.get("message") if isinstance(failed, dict) else failed
+            raise EndpointError(f"{exchange.base.rstrip('/')}{exchange.path}: the stream ended with the server's error "
+                                f"after {sum(1 for e in events if _choice(e) is not None)} chunks: {str(message)[:200]}",
+                                server_fault=True, requests=((exchange.base.rstrip("/") + exchange.path, exchange.body),))
         text, ids, carried, finish, timings, usage = "", [], [], None, None, None
         logprobs: dict = {}
         any_ids = False

