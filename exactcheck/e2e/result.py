@@ -25,8 +25,7 @@ class GeneratorAuditResult(AuditResult):
     unit: ClassVar[str] = "generations"
     command: ClassVar[str] = "e2e"
 
-    def budget_text(self) -> str:
-        return f"end-to-end audit: {self.samples_drawn:,} generations driven ({self.samples_planned:,} planned), fixed budget"
+    budget_words: ClassVar[str] = "end-to-end audit: {drawn:,} generations driven ({planned:,} planned), fixed budget"
 
 
 @dataclass(frozen=True)
@@ -36,8 +35,8 @@ class GreedyAuditResult(AuditResult):
     unit: ClassVar[str] = "greedy runs"
     command: ClassVar[str] = "greedy"
 
-    def budget_text(self) -> str:
-        return f"greedy identity: {self.samples_drawn:,} runs (prompt x draft length), each compared token for token"
+    budget_words: ClassVar[str] = ("greedy identity: {drawn:,} runs (prompt x draft length), each compared token for "
+                                   "token")
 
     @classmethod
     def report_fields(cls, data: dict) -> dict:
@@ -52,6 +51,5 @@ class GrammarAuditResult(AuditResult):
     unit: ClassVar[str] = "sampled outputs"
     command: ClassVar[str] = "grammar"
 
-    def budget_text(self) -> str:
-        return (f"grammar audit: {self.samples_drawn:,} of {self.samples_planned:,} sampled outputs, "
-                "plus the greedy runs, fixed budget")
+    budget_words: ClassVar[str] = ("grammar audit: {drawn:,} of {planned:,} sampled outputs, plus the greedy runs, "
+                                   "fixed budget")

@@ -17,6 +17,5 @@ class RecurrentAuditResult(AuditResult):
     unit: ClassVar[str] = "generations"
     command: ClassVar[str] = "recurrent"
 
-    def budget_text(self) -> str:
-        return (f"recurrent-state audit: {self.samples_drawn:,} generations driven ({self.samples_planned:,} "
-                "planned), fixed budget")
+    budget_words: ClassVar[str] = ("recurrent-state audit: {drawn:,} generations driven ({planned:,} planned), fixed "
+                                   "budget")

@@ -33,6 +33,8 @@ class AuditResult:
     label: ClassVar[str]  # the kind as a JSON report names it ("kind": the schema's word, kept stable)
     unit: ClassVar[str]  # what a sample is: trials, generations, runs, outputs
     command: ClassVar[str]  # the ``exactcheck`` command that runs this kind: what titles name
+    # the kind's budget line (``budget_text``): samples drawn and planned as {drawn} and {planned}
+    budget_words: ClassVar[str] = "{drawn:,} {result.unit} of {planned:,} planned, fixed budget"
     # the kind of a law verdict in a report written before verdicts carried ``check_kind``
     law_check: ClassVar[CheckKind] = CheckKind.GENERATOR_LAW
 
@@ -133,7 +135,9 @@ class AuditResult:
         return ", ".join(parts)
 
     def budget_text(self) -> str:
-        return f"{self.samples_drawn:,} {self.unit} of {self.samples_planned:,} planned, fixed budget"
+        """The budget line: the kind's ``budget_words`` with the samples drawn and planned (``{drawn}``,
+        ``{planned}``) and the result's fields (``{result.reference}``) filled in."""
+        return self.budget_words.format(drawn=self.samples_drawn, planned=self.samples_planned, result=self)
 
     def rule_fields(self) -> dict | None:
         """The JSON report's ``rule`` object (step audits: the rule judged by, and its note)."""

@@ -22,9 +22,8 @@ class ServeAuditResult(AuditResult):
     reference: str = ""  # the reference endpoint the laws came from
     traffic: str = ""  # the client's line: requests sent, taken from the journal, retried, tokens
 
-    def budget_text(self) -> str:
-        return (f"serve audit: {self.samples_drawn:,} sampled requests ({self.samples_planned:,} planned) against "
-                f"the reference {self.reference}; {self.traffic}")
+    budget_words: ClassVar[str] = ("serve audit: {drawn:,} sampled requests ({planned:,} planned) against the "
+                                   "reference {result.reference}; {result.traffic}")
 
     def budget_fields(self) -> dict:
         return {**super().budget_fields(), "reference": self.reference, "traffic": self.traffic}

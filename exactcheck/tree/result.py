@@ -18,9 +18,8 @@ class TreeAuditResult(AuditResult):
     unit: ClassVar[str] = "trials"
     command: ClassVar[str] = "tree"
 
-    def budget_text(self) -> str:
-        return (f"tree audit: {self.samples_drawn:,} trials through the speculative loop "
-                f"({self.samples_planned:,} planned), fixed budget")
+    budget_words: ClassVar[str] = ("tree audit: {drawn:,} trials through the speculative loop ({planned:,} planned), "
+                                   "fixed budget")
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,5 @@ class TreeLoopAuditResult(AuditResult):
     unit: ClassVar[str] = "generations"
     command: ClassVar[str] = "tree-loop"
 
-    def budget_text(self) -> str:
-        return (f"tree generation audit: {self.samples_drawn:,} generations through cached tree models "
-                f"({self.samples_planned:,} planned), fixed budget")
+    budget_words: ClassVar[str] = ("tree generation audit: {drawn:,} generations through cached tree models "
+                                   "({planned:,} planned), fixed budget")
