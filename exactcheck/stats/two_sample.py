@@ -29,7 +29,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from exactcheck.stats.goodness_of_fit import INTERVAL_CONFIDENCE, detectable_tv
+from exactcheck.stats.goodness_of_fit import INTERVAL_CONFIDENCE, _bhc_radius, detectable_tv
 
 __all__ = ["TwoSample", "two_sample_test", "MIN_POOLED"]
 
@@ -78,10 +78,6 @@ def _pearson(first: np.ndarray, total: np.ndarray, m: int, n: int) -> np.ndarray
     return ((first - e1) ** 2 / e1).sum(axis=-1) + ((second - e2) ** 2 / e2).sum(axis=-1)
 
 
-def _bhc(cells: int, n: int, error: float) -> float:
-    return math.sqrt((cells * math.log(2) + math.log(1 / error)) / (2 * n)) if n else 1.0
-
-
 def two_sample_test(first: Sequence[Hashable], second: Sequence[Hashable], level: float,
                     seed: int = 0) -> TwoSample:
     """The test of ``first`` (the audited server's outcomes) against ``second`` (the reference's),
@@ -113,8 +109,8 @@ def two_sample_test(first: Sequence[Hashable], second: Sequence[Hashable], level
         pvalue = 1.0
     error = (1 - INTERVAL_CONFIDENCE) / 4
     pooled_tv = 0.5 * float(np.abs(pa / m - pb / n).sum())
-    low = max(0.0, pooled_tv - _bhc(k, m, error) - _bhc(k, n, error))
-    high = min(1.0, tv + _bhc(len(names), m, error) + _bhc(len(names), n, error))
+    low = max(0.0, pooled_tv - _bhc_radius(k, m, error) - _bhc_radius(k, n, error))
+    high = min(1.0, tv + _bhc_radius(len(names), m, error) + _bhc_radius(len(names), n, error))
     only = np.flatnonzero((a > 0) & (b == 0))
     example = names[int(only[np.argmax(a[only])])] if only.size else None
     return TwoSample(statistic, k - 1, float(pvalue), splits if k > 1 else 0, (m, n), len(names), k, tv,
