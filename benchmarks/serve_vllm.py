@@ -60,18 +60,9 @@ def main() -> int:
 
     def audit(name: str, url: str, reference: str | None) -> None:
         report = reports / _slug(name)
-        a = run_audit(name, audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl",
-                                          args.max_samples, prompts=PROMPTS, samplings=SAMPLINGS,
-                                          python=sys.executable), report, args.audit_timeout)
-        a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), "/tmp/serve-vllm")
-        for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
-            if u:
-                a["command"] = a["command"].replace(u, label)
-        audits.append(a)
-        print(f"{name}: {'passed' if a['passed'] else 'FAILED'} (exit {a['exit_status']}) in {a['seconds']} s",
-              flush=True)
-        for v in a["verdicts"]:
-            print(f"  {v['check']}: {v['outcome']}: {v['summary'][:200]}", flush=True)
+        cmd = audit_command(url, reference, report.relative_to(ROOT), work / f"{_slug(name)}.jsonl", args.max_samples,
+                            prompts=PROMPTS, samplings=SAMPLINGS, python=sys.executable)
+        audits.append(recorded_audit(name, cmd, url, reference, report, work, "/tmp/serve-vllm", args.audit_timeout))
 
     begun = time.monotonic()
     with vllm_server(python, target) as plain:
@@ -110,6 +101,21 @@ def main() -> int:
                         "speculation, quick")
     print(f"written {ROOT / 'reports' / 'serve-vllm.md'}")
     return 0 if audits and audits[0]["passed"] else 1
+
+
+def recorded_audit(name: str, cmd: list[str], url: str, reference: str | None, report: Path, work: Path,
+                   work_label: str, timeout: float, shown: int = 200) -> dict:
+    """One audit run and recorded: its command with this machine's python, work directory and URLs
+    replaced by stand-ins, its verdicts printed (each summary cut to ``shown`` characters)."""
+    a = run_audit(name, cmd, report, timeout)
+    a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), work_label)
+    for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
+        if u:
+            a["command"] = a["command"].replace(u, label)
+    print(f"{name}: {'passed' if a['passed'] else 'FAILED'} (exit {a['exit_status']}) in {a['seconds']} s", flush=True)
+    for v in a["verdicts"]:
+        print(f"  {v['check']}: {v['outcome']}: {v['summary'][:shown]}", flush=True)
+    return a
 
 
 def _python() -> str:

@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "property_tests")]
 
-from benchmarks.serve_vllm import _python, _slug  # noqa: E402
-from benchmarks.serve_vllm_hybrid import SITECUSTOMIZE, audit_command, run_audit, write_reports  # noqa: E402
+from benchmarks.serve_vllm import _python, _slug, recorded_audit  # noqa: E402
+from benchmarks.serve_vllm_hybrid import SITECUSTOMIZE, audit_command, write_reports  # noqa: E402
 import serve_fixtures  # noqa: E402
 from serve_fixtures import VLLM_NGRAM, vllm_draft_config, vllm_server, vllm_server_args  # noqa: E402
 from toy_models.bpe_models import BOS, EOS, write_bpe_llama, write_bpe_llama_draft  # noqa: E402
@@ -75,19 +75,11 @@ def main() -> int:
                             prompts=prompts, samplings=SAMPLINGS, python=sys.executable)
         cmd[cmd.index("--n-probs") + 1] = "320"
         cmd[cmd.index("--quiet"):cmd.index("--quiet")] = ["--eos-ids", str(EOS), "--length", "5"]
-        a = run_audit(name, cmd, report, args.audit_timeout)
+        audits.append(recorded_audit(name, cmd, url, reference, report, work, "/tmp/serve-vllm-constrained",
+                                     args.audit_timeout, shown=240))
         for f in report.glob("*"):  # the Markdown is what a reader opens (issue 66): no HTML or JSON per audit
             if f.suffix != ".md":
                 f.unlink()
-        a["command"] = a["command"].replace(sys.executable, "python").replace(str(work), "/tmp/serve-vllm-constrained")
-        for u, label in ((url, "AUDITED_URL"), (reference, "REFERENCE_URL")):
-            if u:
-                a["command"] = a["command"].replace(u, label)
-        audits.append(a)
-        print(f"{name}: {'passed' if a['passed'] else 'FAILED'} (exit {a['exit_status']}) in {a['seconds']} s",
-              flush=True)
-        for v in a["verdicts"]:
-            print(f"  {v['check']}: {v['outcome']}: {v['summary'][:240]}", flush=True)
 
     begun = time.monotonic()
     with vllm_server(python, target) as plain:
