@@ -125,8 +125,7 @@ def write_bpe_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: i
     moved by relative Gaussian noise ``noise``. Written beside the target, once per settings."""
     import shutil
 
-    import torch
-    from transformers import AutoModelForCausalLM
+    from toy_models.hf_served_models import save_noised
 
     target = Path(target)
     path = target.with_name(f"{target.name}-draft-noise{noise:g}-seed{seed}")
@@ -135,13 +134,7 @@ def write_bpe_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: i
     with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
         if (path / ".complete").exists():
             return path
-        path.mkdir(parents=True, exist_ok=True)
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
-        model.save_pretrained(path, safe_serialization=True)
+        save_noised(target, path, noise, seed)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (target / name).is_file():
                 shutil.copy(target / name, path / name)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from toy_models.cache_lock import cache_lock
 
-__all__ = ["write_llama", "write_llama_draft", "write_nemotron_h", "VOCAB"]
+__all__ = ["write_llama", "write_llama_draft", "save_noised", "write_nemotron_h", "VOCAB"]
 
 VOCAB = 64  # ids 0-2 special (<unk>, <s>, </s>), then w3 ... w63
 
@@ -62,14 +62,26 @@ def write_llama(directory: str | os.PathLike | None = None, seed: int = 0, *, la
     return path
 
 
+def save_noised(target: Path, path: Path, noise: float, seed: int) -> None:
+    """The model directory ``target``'s weights with every weight moved by relative Gaussian noise
+    ``noise`` (seeded by ``seed``), saved to ``path``: a draft accepted often but not always."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
+    model.save_pretrained(path, safe_serialization=True)
+
+
 def write_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: int = 1) -> Path:
     """A draft for the model directory ``target`` (``write_llama``): the same architecture and
     tokenizer, every weight moved by relative Gaussian noise ``noise`` (as ``toy_models.real_models``
     makes its drafts), so drafts are accepted often but not always. Written beside ``target``
     once per settings."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     target = Path(target)
     path = target.with_name(f"{target.name}-draft-noise{noise:g}-seed{seed}")
     if (path / ".complete").exists():
@@ -77,13 +89,7 @@ def write_llama_draft(target: str | os.PathLike, noise: float = 0.5, seed: int =
     with cache_lock(path):  # one writer at a time (toy_models.cache_lock); a waiter finds it written
         if (path / ".complete").exists():
             return path
-        path.mkdir(parents=True, exist_ok=True)
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * noise * p.detach().std().clamp_min(1e-6))
-        model.save_pretrained(path, safe_serialization=True)
+        save_noised(target, path, noise, seed)
         _write_word_tokenizer(path)
         (path / ".complete").write_text(json.dumps({"target": target.name, "noise": noise, "seed": seed}))
     return path
