@@ -48,6 +48,8 @@ def given(args) -> dict:
         dest = name if spec.switch else spec.flag[2:].replace("-", "_")
         if hasattr(args, dest):
             out[name] = getattr(args, dest)
+    if out.get("jobs") == "auto" and (getattr(args, "shards", 1) > 1 or getattr(args, "executor", "local") != "local"):
+        out["jobs"] = 1  # shards on an executor are the other way to spread the draws
     return out
 
 
@@ -106,7 +108,21 @@ def sharding(parser: argparse.ArgumentParser) -> None:
 
 
 def jobs(parser: argparse.ArgumentParser) -> None:
-    option(parser, "jobs")
+    """``--jobs N|auto``; the command line's default is ``auto``, which ``audit_kinds.audit_subject``
+    resolves (``exactcheck.executors.auto_jobs``). A Python caller's default stays 1 (``AuditOptions.jobs``)."""
+    option(parser, "jobs", default="auto", type=_jobs_value, metavar="N|auto",
+           help="run the independent draws (laws' batches, property searches, generations) in N worker processes "
+                "(default auto: one per core for exactcheck's own subjects on the CPU, else 1); the verdicts are "
+                "the serial run's with the same seed")
+
+
+def _jobs_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: a positive integer or 'auto'") from None
 
 
 def call_size(parser: argparse.ArgumentParser) -> None:

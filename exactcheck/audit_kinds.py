@@ -306,11 +306,16 @@ def audit_subject(kind: AuditKind, subject, *, options: AuditOptions | None = No
     load (MODULE:CALLABLE or a built-in), and shards run in the worker."""
     entry = entry_point(kind)
     if isolate:
+        if settings.get("jobs") == "auto":
+            settings["jobs"] = 1  # the audit's own worker process is the point
         return _audit_isolated(entry, subject, options, subject_name, progress, executor, settings)
     if isinstance(subject, str) and entry.load is not None:
         subject_name = subject_name or subject
         subject = entry.load(subject)
     entry.check_subject(subject, subject_name)
+    if settings.get("jobs") == "auto":  # the command line's default (``exactcheck.arguments.jobs``)
+        from exactcheck.executors import auto_jobs
+        settings["jobs"] = auto_jobs(subject, settings.get("device"))
     options, own = _options(entry, options, settings)
     return entry.run(subject, options, subject_name=subject_name, progress=progress, executor=executor, **own)
 

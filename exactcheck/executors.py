@@ -18,7 +18,33 @@ from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
 __all__ = ["Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
-           "worker_pool", "quiet_worker"]
+           "worker_pool", "quiet_worker", "auto_jobs", "AUTO_JOBS_CAP"]
+
+AUTO_JOBS_CAP = 8  # ``--jobs auto`` starts at most this many workers (each its own interpreter and torch)
+
+
+def auto_jobs(subject=None, device: str | None = None) -> int:
+    """``--jobs auto`` (the command line's default): one worker process per core this process may
+    run on, at most ``AUTO_JOBS_CAP``, for exactcheck's own subjects (its references and mutants,
+    ``subject`` None for the selftest's) on the CPU; else 1. A user's subject stays in this process
+    unless ``--jobs N`` asks: each worker would import its module again (an engine's import can
+    take longer than the audit) and it must pickle; a GPU is not shared out by processes."""
+    import os
+    if device not in (None, "cpu") or not _own(subject):
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, AUTO_JOBS_CAP))
+
+
+def _own(subject) -> bool:
+    """Whether ``subject`` is exactcheck's own (defined in ``exactcheck`` or ``toy_models``)."""
+    if subject is None:
+        return True
+    module = getattr(subject, "__module__", None) or type(subject).__module__ or ""
+    return module.split(".")[0] in ("exactcheck", "toy_models")
 
 
 def split(n: int, shards: int) -> list[int]:
