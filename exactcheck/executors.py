@@ -28,10 +28,17 @@ def auto_jobs(subject=None, device: str | None = None) -> int:
     run on, at most ``AUTO_JOBS_CAP``, for exactcheck's own subjects (its references and mutants,
     ``subject`` None for the selftest's) on the CPU; else 1. A user's subject stays in this process
     unless ``--jobs N`` asks: each worker would import its module again (an engine's import can
-    take longer than the audit) and it must pickle; a GPU is not shared out by processes."""
+    take longer than the audit) and it must pickle; a GPU is not shared out by processes.
+    ``EXACTCHECK_JOBS`` (a number), where set, is the count instead: a CI job that already runs
+    one audit per core sets 1."""
     import os
     if device not in (None, "cpu") or not _own(subject):
         return 1
+    chosen = os.environ.get("EXACTCHECK_JOBS", "").strip()
+    if chosen:
+        if not chosen.isdigit() or int(chosen) < 1:
+            raise UsageError(f"EXACTCHECK_JOBS ({chosen!r}) must be a positive integer")
+        return int(chosen)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -1,3 +1,4 @@
+import os
 import signal
 
 import pytest
@@ -13,6 +14,11 @@ load_result_types()  # the tests read committed reports of every kind back (exac
 # KeyboardInterrupt at all (nor do the subprocesses it starts): restore the default handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# the suite already runs a test per core (pytest-xdist): the commands it runs (in this process or as
+# subprocesses) keep their draws in their own process (``--jobs auto`` reads this; test_jobs_auto.py
+# checks auto itself)
+os.environ["EXACTCHECK_JOBS"] = "1"
 
 
 def _selftest(level: str):

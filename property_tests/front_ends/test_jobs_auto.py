@@ -6,6 +6,7 @@ import pytest
 
 from exactcheck import arguments
 from exactcheck.cli import _parser
+from exactcheck.errors import UsageError
 from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.executors import AUTO_JOBS_CAP, auto_jobs
 
@@ -28,13 +29,19 @@ def test_the_command_line_default_is_auto_and_shards_keep_one_process():
     assert exit_.value.code == 2
 
 
-def test_auto_gives_workers_to_exactchecks_own_subjects_on_the_cpu_only():
+def test_auto_gives_workers_to_exactchecks_own_subjects_on_the_cpu_only(monkeypatch):
+    monkeypatch.delenv("EXACTCHECK_JOBS", raising=False)  # the suite sets 1 (conftest.py)
     cores = auto_jobs(None)
     assert 1 <= cores <= AUTO_JOBS_CAP
     assert auto_jobs(reference_verifier) == cores
     assert auto_jobs(reference_verifier, "cpu") == cores
     assert auto_jobs(reference_verifier, "cuda") == 1  # a GPU is not shared out by processes
     assert auto_jobs(users_verifier) == 1  # a user's module would be imported again in every worker
+    monkeypatch.setenv("EXACTCHECK_JOBS", "3")
+    assert auto_jobs(None) == 3 and auto_jobs(users_verifier) == 1
+    monkeypatch.setenv("EXACTCHECK_JOBS", "0")
+    with pytest.raises(UsageError, match="EXACTCHECK_JOBS"):
+        auto_jobs(None)
 
 
 def _verdicts(result):
