@@ -23,6 +23,7 @@ from ``prompt_seed``. Not vectorised: one generation at a time (about 3-7 ms eac
 from __future__ import annotations
 
 from dataclasses import dataclass
+import contextlib
 from typing import Callable
 
 import numpy as np
@@ -70,10 +71,27 @@ def generation_tree_worlds() -> list[TreeWorld]:
     return list(tree_worlds())
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """One torch thread: toy tensors gain nothing from intra-op threads and lose much to their
+    start-up (most on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def drive_tree_generator(subject, tree: TreeWorld, trials: int, seed: int,
                          prompt_seed: int = 0) -> TreeGenerationSamples:
-    """``trials`` generations of ``tree.length`` tokens; raises ``SubjectError`` at the first call
-    that crashes or breaks the contract."""
+    """``trials`` generations of ``tree.length`` tokens (on one torch thread); raises
+    ``SubjectError`` at the first call that crashes or breaks the contract."""
+    with _one_thread():
+        return _drive(subject, tree, trials, seed, prompt_seed)
+
+
+def _drive(subject, tree: TreeWorld, trials: int, seed: int, prompt_seed: int) -> TreeGenerationSamples:
     prompt, initial_state = tree_prompt(tree, seed=prompt_seed)
     target, draft = tree_model_pair(tree, initial_state)
     generator = torch.Generator().manual_seed(seed)
