@@ -122,28 +122,26 @@ class TreeCacheLM:
         """Logits [1, n, V] float64 of the n inputs (module docstring); the inputs join the cache."""
         tokens, positions, mask = self._inputs(input_ids, position_ids, tree_mask)
         cached_tokens, cached_positions = self.cached_tokens, self.cached_positions
-        all_tokens = np.array(cached_tokens + tuple(tokens), dtype=np.int64)
-        all_positions = np.array(cached_positions + tuple(positions), dtype=np.int64)
-        states = [self._state(all_tokens, all_positions, row) for row in mask]
-        logits = self._log_rows[states]
+        all_tokens, all_positions = self._tokens + tokens, self._positions + positions
+        logits = self._log_rows[[self._state(all_tokens, all_positions, row) for row in mask]]
         if self.calls is not None:
             self.calls.append(TreeForwardCall(self.role, cached_tokens, cached_positions, tuple(tokens),
-                                              tuple(positions), tuple(map(tuple, mask.tolist())), logits.copy()))
+                                              tuple(positions), tuple(map(tuple, mask)), logits.copy()))
         self._tokens += tokens
         self._positions += positions
         return torch.from_numpy(logits)[None]
 
     __call__ = forward
 
-    def _state(self, tokens: np.ndarray, positions: np.ndarray, seen: np.ndarray) -> int:
-        visible = np.flatnonzero(seen)
-        order = visible[np.argsort(positions[visible], kind="stable")]
+    def _state(self, tokens: list[int], positions: list[int], seen: list[bool]) -> int:
+        """The rolling-hash state of the ``seen`` entries' tokens in order of their positions."""
+        order = sorted((j for j, visible in enumerate(seen) if visible), key=positions.__getitem__)  # stable
         s, vocab, states = self.initial_state, self.vocab_size, self.num_states
-        for x in tokens[order].tolist():
-            s = (s * vocab + x + 1) % states
+        for j in order:
+            s = (s * vocab + tokens[j] + 1) % states
         return s
 
-    def _inputs(self, input_ids, position_ids, tree_mask) -> tuple[list[int], list[int], np.ndarray]:
+    def _inputs(self, input_ids, position_ids, tree_mask) -> tuple[list[int], list[int], list[list[bool]]]:
         input_ids, position_ids, tree_mask = (torch.as_tensor(input_ids), torch.as_tensor(position_ids),
                                               torch.as_tensor(tree_mask))
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -157,7 +155,7 @@ class TreeCacheLM:
         tokens = input_ids[0].tolist()
         if any(x < 0 or x >= self.vocab_size for x in tokens):
             raise ValueError(f"input_ids {tokens} outside [0, {self.vocab_size})")
-        return tokens, position_ids[0].tolist(), tree_mask.cpu().numpy()
+        return tokens, position_ids[0].tolist(), tree_mask.tolist()
 
 
 def tree_prompt(tree: TreeWorld, length: int = 3, seed: int = 0) -> tuple[tuple[int, ...], int]:
