@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from exactcheck.contracts.tree_reference import deterministic, multi_round, without_replacement
@@ -68,9 +69,13 @@ def attention_mask(cache_labels: list, input_labels: list, sees) -> torch.Tensor
     committed input."""
     labels = list(cache_labels) + list(input_labels)
     start = len(cache_labels)
-    rows = [[(b <= start + a) if theirs is None else (mine is not None and bool(sees(mine, theirs)))
-             for b, theirs in enumerate(labels)] for a, mine in enumerate(input_labels)]
-    return torch.tensor(rows, dtype=torch.bool).reshape(len(input_labels), len(labels))
+    mask = np.tri(len(input_labels), len(labels), start, dtype=bool)  # entry b <= start + a
+    nodes = [b for b, theirs in enumerate(labels) if theirs is not None]
+    mask[:, nodes] = False
+    for a, mine in enumerate(input_labels):
+        if mine is not None:
+            mask[a, nodes] = [bool(sees(mine, labels[b])) for b in nodes]
+    return torch.from_numpy(mask)
 
 
 def path_nodes(emitted: list[int], tokens: list[int], parents: tuple[int, ...]) -> list[int]:
@@ -201,11 +206,14 @@ class ReferenceTreeLoop:
         q = torch.full((tree.nodes, tree.vocab_size), 1.0 / tree.vocab_size, dtype=torch.float64)
         q[0] = q0
         index = {0: len(labels) - 1}
+        children = [[] for _ in parents]
+        for i in range(1, tree.nodes):
+            children[parents[i]].append(i)
         level = [0]
         for d in range(tree.depth):
             nxt = []
             for node in level:  # children of this level's nodes, breadth-first like tree.topology
-                kids = [i for i in range(1, tree.nodes) if parents[i] == node]
+                kids = children[node]
                 for kid, token in zip(kids, self.draft_children(q[node], len(kids), tree.siblings, generator)):
                     tokens[kid] = int(token)
                 nxt += kids
