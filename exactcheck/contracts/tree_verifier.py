@@ -50,6 +50,12 @@ def children_table(parents: torch.Tensor) -> torch.Tensor:
     """[B, N+1, K] node ids of each node's children in index order, -1 padded (K: the most
     children any node has)."""
     b, m = parents.shape
+    if b == 1:  # one tree (a loop's verify): read in Python, not with tensor ops
+        kids = [[] for _ in range(m)]
+        for node, parent in enumerate(parents[0, 1:].tolist(), 1):
+            kids[parent].append(node)
+        width = max(map(len, kids)) if m > 1 else 1
+        return torch.tensor([[k + [-1] * (width - len(k)) for k in kids]], dtype=torch.int64, device=parents.device)
     par = parents[:, 1:]
     same = par[:, :, None] == par[:, None, :]
     earlier = torch.ones(m - 1, m - 1, dtype=torch.bool, device=parents.device).tril(-1)
@@ -64,6 +70,11 @@ def children_table(parents: torch.Tensor) -> torch.Tensor:
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
     """[B, N+1] depth of every node (root 0)."""
+    if parents.shape[0] == 1:  # one tree: in Python
+        depth = [0] * parents.shape[1]
+        for node, parent in enumerate(parents[0, 1:].tolist(), 1):
+            depth[node] = depth[max(parent, 0)] + 1
+        return torch.tensor([depth], dtype=parents.dtype, device=parents.device)
     depth = torch.zeros_like(parents)
     for i in range(1, parents.shape[1]):
         depth[:, i] = depth.gather(1, parents[:, i:i + 1].clamp(min=0))[:, 0] + 1
