@@ -95,15 +95,18 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
         self.calls = [] if enabled else None
 
     def state_after(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[B, T] tokens -> [B, T] rolling-hash states after each prefix."""
+        """[B, T] tokens -> [B, T] rolling-hash states after each prefix (int64; computed with
+        Python integers, which give the same values as int64 tensors at a fraction of the cost
+        of one tensor operation per position)."""
         vocab, states = self.config.vocab_size, self.config.num_states
-        s = torch.full((tokens.shape[0],), self.config.initial_state, dtype=torch.int64,
-                       device=tokens.device)
-        out = []
-        for t in range(tokens.shape[1]):
-            s = (s * vocab + tokens[:, t] + 1) % states
-            out.append(s)
-        return torch.stack(out, 1) if out else tokens.new_zeros((tokens.shape[0], 0))
+        rows = []
+        for row in tokens.tolist():
+            s, after = self.config.initial_state, []
+            for x in row:
+                s = (s * vocab + x + 1) % states
+                after.append(s)
+            rows.append(after)
+        return torch.tensor(rows, dtype=torch.int64, device=tokens.device).reshape(tokens.shape)
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask=None,
                 position_ids: torch.LongTensor | None = None, cache=None, use_cache: bool | None = None,
