@@ -12,13 +12,16 @@ single-process reference.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
 __all__ = ["Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
-           "worker_pool", "quiet_worker", "auto_jobs", "AUTO_JOBS_CAP"]
+           "worker_pool", "quiet_worker", "auto_jobs", "AUTO_JOBS_CAP", "one_torch_thread", "SMALL_MODEL_PARAMETERS"]
+
+SMALL_MODEL_PARAMETERS = 10_000_000  # below this a model's forward is too small to share across threads
 
 AUTO_JOBS_CAP = 8  # ``--jobs auto`` starts at most this many workers (each its own interpreter and torch)
 
@@ -44,6 +47,23 @@ def auto_jobs(subject=None, device: str | None = None) -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, min(cores, AUTO_JOBS_CAP))
+
+
+@contextlib.contextmanager
+def one_torch_thread(enabled: bool = True):
+    """Run the block on one torch intra-op thread (``enabled``), the count restored after: the toy
+    worlds' tensors and a tiny model's are too small to share across threads, and each op pays the
+    threads' start-up and spinning, which on a busy machine costs most of the time (greedy identity
+    on tiny-llama under a load of 4: 231 s on two threads, 24 s on one). Every computation
+    the audit compares is made under the same setting."""
+    import torch
+    before = torch.get_num_threads()
+    if enabled:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _own(subject) -> bool:

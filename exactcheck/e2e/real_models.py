@@ -23,6 +23,7 @@ from exactcheck.e2e.plan import plan_greedy_audit
 from exactcheck.e2e.recurrent_cache import TOLERANCE, final_state_breaches, is_hybrid_cache
 from exactcheck.e2e.real_runner import RealModelRun
 from exactcheck.errors import UsageError
+from exactcheck.executors import SMALL_MODEL_PARAMETERS, one_torch_thread
 from exactcheck.options import REAL_MODELS, CheckKind
 from exactcheck.e2e.result import GreedyAuditResult
 from exactcheck.report.verdict import FindingEvidence, Outcome, Verdict
@@ -81,6 +82,13 @@ def run_greedy_audit(generator, model: str, *, prompts: int = 20, new_tokens: in
     ``exactcheck greedy`` command names the generator; given, the reproduce line is a command."""
     target, draft, all_prompts = loaded or load_models(model, seed)
     target, draft = target.to(device), draft.to(device)
+    with one_torch_thread(sum(p.numel() for p in target.parameters()) < SMALL_MODEL_PARAMETERS):
+        return _greedy_audit(generator, model, target, draft, all_prompts, prompts, new_tokens, draft_lengths,
+                             per_prompt, seed, progress, device, subject_name)
+
+
+def _greedy_audit(generator, model, target, draft, all_prompts, prompts, new_tokens, draft_lengths, per_prompt,
+                  seed, progress, device, subject_name) -> GreedyAuditResult:
     if prompts > len(all_prompts):
         raise UsageError(f"{model} has {len(all_prompts)} prompts; asked for {prompts}")
     chosen = all_prompts[:prompts]

@@ -43,7 +43,7 @@ from exactcheck.generation.verdicts import policy_suffix
 from exactcheck.generation.verdicts import (draft_q_verdict, generation_law_verdicts, greedy_verdict, name_causes,
                                     rollback_verdict, validity_verdict)
 from exactcheck.errors import SubjectError, UsageError
-from exactcheck.executors import Executor, LocalExecutor
+from exactcheck.executors import Executor, LocalExecutor, one_torch_thread
 from exactcheck.options import AuditOptions, CheckKind, derive_seed
 from exactcheck.subject_call import call_time_limit
 from exactcheck.e2e.result import GeneratorAuditResult
@@ -66,7 +66,8 @@ def run_generator_audit(generator, *, subject_name: str | None = None, options: 
     ``executor`` (this process by default, or Ray tasks, each building its own copy of the world's
     models); every generation keeps its seed, so the verdicts are the unsharded audit's."""
     options = AuditOptions.of(options, settings)
-    with call_time_limit(options.call_timeout):  # this audit's calls; a hang trips it once
+    # this audit's calls (a hang trips it once), on one torch thread: the worlds are toy models
+    with call_time_limit(options.call_timeout), one_torch_thread():
         return _run_generator_audit(generator, options, subject_name, policies, greedy, progress, executor)
 
 
