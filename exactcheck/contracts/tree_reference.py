@@ -42,7 +42,8 @@ def inverse_cdf(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def normalised(rows: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     total = rows.sum(1, keepdim=True)
-    return torch.where(total > 0, rows / torch.where(total > 0, total, 1.0), fallback)
+    positive = total > 0
+    return torch.where(positive, rows / torch.where(positive, total, 1.0), fallback)
 
 
 def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_children, correction_row=None) -> torch.Tensor:
@@ -70,19 +71,19 @@ def walk_tree(target_probs, draft_probs, tokens, parents, generator, try_childre
         q = q_all[rows, node] if q_all is not None else None
         slot, residual = try_children(p, q, kid_tokens, valid & live[:, None], generator)
         accepted = live & (slot >= 0)
-        chosen = kids.gather(1, slot.clamp(min=0)[:, None])[:, 0].clamp(min=0)
-        out[:, level] = torch.where(accepted, tokens.gather(1, chosen[:, None])[:, 0], out[:, level])
         ending = live & ~accepted
         u = torch.rand(b, dtype=torch.float64, generator=generator, device=device)
-        if correction_row is not None:
-            residual = correction_row(residual, parent_row)
-        correction = inverse_cdf(residual, u)
-        out[:, level] = torch.where(ending, correction, out[:, level])
+        if ending.any():  # rows that end here take a correction drawn with u
+            if correction_row is not None:
+                residual = correction_row(residual, parent_row)
+            out[:, level] = torch.where(ending, inverse_cdf(residual, u), out[:, level])
+        if not accepted.any():
+            break
+        chosen = kids.gather(1, slot.clamp(min=0)[:, None])[:, 0].clamp(min=0)
+        out[:, level] = torch.where(accepted, tokens.gather(1, chosen[:, None])[:, 0], out[:, level])
         parent_row = torch.where(accepted[:, None], p, parent_row)
         node = torch.where(accepted, chosen, node)
         live = accepted
-        if not live.any():
-            break
     return out
 
 
@@ -100,7 +101,10 @@ def multi_round_deciding(decide):
         for j in range(kid_tokens.shape[1]):
             trying = valid[:, j] & (slot < 0)
             x = kid_tokens[:, j]
-            accept = trying & decide(gather(r, x), gather(q, x), generator)
+            decided = decide(gather(r, x), gather(q, x), generator)  # draws its coin, tried or not
+            if not trying.any():
+                continue  # nothing changes
+            accept = trying & decided
             slot = torch.where(accept, torch.full_like(slot, j), slot)
             reject = trying & ~accept
             r = torch.where(reject[:, None], normalised((r - q).clamp(min=0), r), r)
@@ -125,10 +129,11 @@ def _without_replacement_children(p, q, kid_tokens, valid, generator):
         qj = normalised(qj, qj)
         rx, qx = gather(r, x), gather(qj, x)
         u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
-        accept = trying & (u * qx < rx)
-        slot = torch.where(accept, torch.full_like(slot, j), slot)
-        reject = trying & ~accept
-        r = torch.where(reject[:, None], normalised((r - qj).clamp(min=0), r), r)
+        if trying.any():  # else slot and r stay as they are
+            accept = trying & (u * qx < rx)
+            slot = torch.where(accept, torch.full_like(slot, j), slot)
+            reject = trying & ~accept
+            r = torch.where(reject[:, None], normalised((r - qj).clamp(min=0), r), r)
         qj = torch.where(valid[:, j:j + 1], qj.scatter(1, x[:, None], 0.0), qj)  # sibling j+1 excludes x
     return slot, r
 
@@ -140,8 +145,10 @@ def deterministic_children(p, q, kid_tokens, valid, generator, tried_slots: int 
     slot = torch.full((p.shape[0],), -1, dtype=torch.int64, device=p.device)
     for j in range(kid_tokens.shape[1]):
         trying = valid[:, j] & (slot < 0)
-        x = kid_tokens[:, j]
         u = torch.rand(p.shape[0], dtype=torch.float64, generator=generator, device=p.device)
+        if not trying.any():
+            continue  # nothing changes
+        x = kid_tokens[:, j]
         accept = trying & (u < gather(r, x))
         slot = torch.where(accept, torch.full_like(slot, j), slot)
         reject = trying & ~accept
