@@ -73,6 +73,17 @@ class Mixer:
             code = code * (vocab + 1) + value
         return code
 
+    def feed(self, window: list[int], h: int, tokens: list[int], vocab: int) -> tuple[list[int], list[int]]:
+        """The window code and the recurrent state after each of ``tokens``, from ``window``
+        (stored values, oldest first) and state ``h``."""
+        codes, states = [], []
+        window = tuple(window)
+        for x in tokens:
+            window, h = window[1:] + (x + 1,), self.step(h, x)
+            codes.append(self.window_code(window, vocab))
+            states.append(h)
+        return codes, states
+
 
 @dataclass(frozen=True)
 class MixerState:
@@ -372,22 +383,14 @@ class RecurrentLMForCausalLM(ToyLMForCausalLM):
         logits = self.attention[hashes]  # [B, n, V] float32
         vocab = self.config.vocab_size
         updates = []
+        tokens = input_ids.tolist()
         for (m, layer, window, h, _), conv, rec in zip(read, self.conv_tables, self.recurrent_tables):
-            gate = torch.tensor(m.gate, device=device)
-            shift = torch.tensor(m.shift, device=device)
-            windows, hs = [], []
-            for t in range(n):
-                x = input_ids[:, t]
-                window = torch.cat([window[:, 1:], (x + 1)[:, None]], 1)
-                h = (gate[x] * h + shift[x]) % m.size
-                windows.append(window)
-                hs.append(h)
-            codes = torch.zeros((batch, n), dtype=torch.int64, device=device)
-            for j in range(m.width):
-                codes = codes * (vocab + 1) + torch.stack([w[:, j] for w in windows], 1)
+            fed = [m.feed(w, s, row, vocab) for w, s, row in zip(window.tolist(), h.tolist(), tokens)]
+            codes = torch.tensor([c for c, _ in fed], dtype=torch.int64, device=device).reshape(batch, n)
+            hs = torch.tensor([s for _, s in fed], dtype=torch.int64, device=device).reshape(batch, n)
             logits = logits + conv[codes]
-            logits = logits + rec[torch.stack(hs, 1)]
-            updates.append((m, layer, input_ids, hs))
+            logits = logits + rec[hs]
+            updates.append((m, layer, input_ids, hs.unbind(1)))
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]
         if use_cache:
