@@ -94,10 +94,10 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
     def record(self, enabled: bool = True) -> None:
         self.calls = [] if enabled else None
 
-    def state_after(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[B, T] tokens -> [B, T] rolling-hash states after each prefix (int64; computed with
-        Python integers, which give the same values as int64 tensors at a fraction of the cost
-        of one tensor operation per position)."""
+    def state_after(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """[B, T] tokens -> [B, T - start] rolling-hash states after each prefix longer than
+        ``start`` tokens (int64; computed with Python integers, which give the same values as
+        int64 tensors at a fraction of the cost of one tensor operation per position)."""
         vocab, states = self.config.vocab_size, self.config.num_states
         rows = []
         for row in tokens.tolist():
@@ -105,8 +105,9 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
             for x in row:
                 s = (s * vocab + x + 1) % states
                 after.append(s)
-            rows.append(after)
-        return torch.tensor(rows, dtype=torch.int64, device=tokens.device).reshape(tokens.shape)
+            rows.append(after[start:])
+        return torch.tensor(rows, dtype=torch.int64, device=tokens.device).reshape(tokens.shape[0],
+                                                                                   tokens.shape[1] - start)
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask=None,
                 position_ids: torch.LongTensor | None = None, cache=None, use_cache: bool | None = None,
@@ -122,9 +123,8 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
         input_ids = self.token_ids(input_ids)
         batch, n = input_ids.shape
         if past:
-            held = cache.layers[0].keys[:, 0]  # [B, past, 2]
-            cached_tokens = held[..., 0].round().long()
-            cached_positions = held[..., 1].round().long()
+            held = cache.layers[0].keys[:, 0].round().long()  # [B, past, 2]: (token, position)
+            cached_tokens, cached_positions = held[..., 0], held[..., 1]
         else:
             cached_tokens = input_ids.new_zeros((batch, 0))
             cached_positions = input_ids.new_zeros((batch, 0))
@@ -136,7 +136,7 @@ class ToyLMForCausalLM(PreTrainedModel, GenerationMixin):
                 self.role, tuple(cached_tokens[0].tolist()), tuple(cached_positions[0].tolist()),
                 tuple(input_ids[0].tolist()), None if given is None else tuple(given[0].tolist())))
         prefix = torch.cat([cached_tokens, input_ids], 1)
-        states = self.state_after(prefix)[:, past:]
+        states = self.state_after(prefix, past)
         logits = self.logits_at(states)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = logits[:, -logits_to_keep:]

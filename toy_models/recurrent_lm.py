@@ -360,8 +360,8 @@ class RecurrentLMForCausalLM(ToyLMForCausalLM):
         batch, n = input_ids.shape
         device = input_ids.device
         if past:
-            held = cache.layers[0].keys[:, 0]
-            cached_tokens, cached_positions = held[..., 0].round().long(), held[..., 1].round().long()
+            held = cache.layers[0].keys[:, 0].round().long()
+            cached_tokens, cached_positions = held[..., 0], held[..., 1]
         else:
             cached_tokens = cached_positions = input_ids.new_zeros((batch, 0))
         given = position_ids
@@ -379,7 +379,7 @@ class RecurrentLMForCausalLM(ToyLMForCausalLM):
                 tuple(input_ids[0].tolist()), None if given is None else tuple(given[0].tolist()),
                 row_tokens=tuple(tuple(r.tolist()) for r in cached_tokens), states=states))
         prefix = torch.cat([cached_tokens, input_ids], 1)
-        hashes = self.state_after(prefix)[:, past:]
+        hashes = self.state_after(prefix, past)
         logits = self.attention[hashes]  # [B, n, V] float32
         vocab = self.config.vocab_size
         updates = []
