@@ -56,7 +56,11 @@ from exactcheck.contracts.tree_reference import deterministic, multi_round, with
 from toy_models.tree_worlds import TreeWorld
 
 __all__ = ["DraftedTree", "ReferenceTreeLoop", "RejectedBranchKept", "AcceptedPositionsOffByDepth", "SiblingVisible",
-           "TREE_CACHE_MUTANTS", "TREE_LOOP_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes"]
+           "TREE_CACHE_MUTANTS", "TREE_LOOP_MUTANTS", "VERIFIER_FOR_SIBLINGS", "attention_mask", "path_nodes",
+           "tree_attention_mask"]
+
+# ReferenceTreeLoop.visibility's cache: (class, parents) -> which node sees which
+_VISIBILITY: dict[tuple, np.ndarray] = {}
 
 # the reference verifier that is exact for each way siblings are drawn
 VERIFIER_FOR_SIBLINGS = {"iid": multi_round, "without_replacement": without_replacement, "top_k": deterministic}
@@ -67,14 +71,20 @@ def attention_mask(cache_labels: list, input_labels: list, sees) -> torch.Tensor
     id of the tree node the entry holds. A committed entry is seen by every input after it (and
     by itself); a node entry is seen by node input a when ``sees(a, node)``, never by a
     committed input."""
+    size = 1 + max((x for x in list(cache_labels) + list(input_labels) if x is not None), default=-1)
+    visible = np.array([[bool(sees(a, b)) for b in range(size)] for a in range(size)], dtype=bool).reshape(size, size)
+    return tree_attention_mask(cache_labels, input_labels, visible)
+
+
+def tree_attention_mask(cache_labels: list, input_labels: list, visible: np.ndarray) -> torch.Tensor:
+    """``attention_mask`` with ``sees`` given as a table: ``visible[a, b]`` for nodes a, b."""
     labels = list(cache_labels) + list(input_labels)
-    start = len(cache_labels)
-    mask = np.tri(len(input_labels), len(labels), start, dtype=bool)  # entry b <= start + a
+    mask = np.tri(len(input_labels), len(labels), len(cache_labels), dtype=bool)  # entry b <= start + a
     nodes = [b for b, theirs in enumerate(labels) if theirs is not None]
     mask[:, nodes] = False
-    for a, mine in enumerate(input_labels):
-        if mine is not None:
-            mask[a, nodes] = [bool(sees(mine, labels[b])) for b in nodes]
+    fed = [a for a, mine in enumerate(input_labels) if mine is not None]
+    if fed and nodes:
+        mask[np.ix_(fed, nodes)] = visible[np.ix_([input_labels[a] for a in fed], [labels[b] for b in nodes])]
     return torch.from_numpy(mask)
 
 
@@ -162,12 +172,25 @@ class ReferenceTreeLoop:
 
     # -- steps -------------------------------------------------------------------------------
     def sees(self, node: int, other: int, parents: tuple[int, ...]) -> bool:
-        """Whether tree node ``node`` attends to node ``other``: its ancestors and itself."""
+        """Whether tree node ``node`` attends to node ``other``: its ancestors and itself. A
+        function of its arguments alone: ``visibility`` asks it once per class and tree."""
         while node >= 0:
             if node == other:
                 return True
             node = parents[node]
         return False
+
+    def visibility(self, parents) -> np.ndarray:
+        """[N+1, N+1] bool: ``sees(a, b, parents)`` for every two nodes of the tree, cached per class
+        and tree (a dynamic round's drafted tree grows, so its parents are a key at each size)."""
+        key = (type(self), tuple(parents))
+        if key not in _VISIBILITY:
+            if len(_VISIBILITY) >= 4096:
+                _VISIBILITY.clear()
+            nodes = range(len(parents))
+            _VISIBILITY[key] = np.array([[bool(self.sees(a, b, key[1])) for b in nodes] for a in nodes],
+                                        dtype=bool).reshape(len(parents), len(parents))
+        return _VISIBILITY[key]
 
     def node_position(self, root_position: int, node: int, depths: tuple[int, ...]) -> int:
         """The position id of tree node ``node``: the root's plus its depth."""
@@ -176,7 +199,7 @@ class ReferenceTreeLoop:
     def rows(self, model, tokens: list[int], positions: list[int], cache_labels: list, input_labels: list,
              parents: tuple[int, ...]) -> torch.Tensor:
         """One forward; the float64 rows [n, V] (softmax of the logits)."""
-        mask = attention_mask(cache_labels, input_labels, lambda a, b: self.sees(a, b, parents))
+        mask = tree_attention_mask(cache_labels, input_labels, self.visibility(parents))
         logits = model.forward(torch.tensor([tokens], dtype=torch.int64), torch.tensor([positions], dtype=torch.int64),
                                mask)
         return torch.softmax(logits[0].double(), -1)
