@@ -81,10 +81,11 @@ def tree_attention_mask(cache_labels: list, input_labels: list, visible: np.ndar
     labels = list(cache_labels) + list(input_labels)
     mask = np.tri(len(input_labels), len(labels), len(cache_labels), dtype=bool)  # entry b <= start + a
     nodes = [b for b, theirs in enumerate(labels) if theirs is not None]
-    mask[:, nodes] = False
-    fed = [a for a, mine in enumerate(input_labels) if mine is not None]
-    if fed and nodes:
-        mask[np.ix_(fed, nodes)] = visible[np.ix_([input_labels[a] for a in fed], [labels[b] for b in nodes])]
+    if nodes:
+        mask[:, nodes] = False
+        fed = [a for a, mine in enumerate(input_labels) if mine is not None]
+        mask[np.array(fed, dtype=np.int64)[:, None], nodes] = visible[
+            np.array([input_labels[a] for a in fed], dtype=np.int64)[:, None], [labels[b] for b in nodes]]
     return torch.from_numpy(mask)
 
 
