@@ -254,7 +254,7 @@ class DecodingPolicy:
     def scores(self, logits: torch.Tensor, prefixes: Sequence[tuple[int, ...]] | None = None) -> torch.Tensor:
         """Steps 0 and 1: the float64 logits penalised, the bias added and banned or masked tokens
         at -inf (what greedy decoding takes the argmax of)."""
-        x = logits.to(torch.float64).clone()
+        x = logits.to(torch.float64, copy=True)
         if self.penalized:
             x = self.penalize(x.reshape(-1, x.shape[-1]), prefixes).reshape(x.shape)
         for token, bias in self.logit_bias:
