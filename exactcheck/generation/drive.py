@@ -8,7 +8,6 @@ are checked after each generation, as is any final cache the generator hands bac
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -118,30 +117,10 @@ def drive_generator(generator, world: ModelWorld, n: int, seed: int, policy: Dec
     it hands back still are.
 
     ``first``: the index of the first generation (a shard of a run drives generations ``first``
-    to ``first + n - 1``, with the seeds they have in the whole run).
-
-    It runs on one torch thread (the caller's count is restored after)."""
-    with _one_thread():
-        if is_batched(generator):
-            return _drive_batched(generator, world, n, seed, policy, probe, progress, device,
-                                  batch or getattr(generator, "max_batch", None) or 256, first)
-        return _drive(generator, world, n, seed, policy, probe, progress, device, first)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """One torch thread: the worlds' toy tensors gain nothing from intra-op threads and lose much
-    to their start-up (most on a busy machine, where each multi-row softmax waits for a core)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _drive(generator, world: ModelWorld, n: int, seed: int, policy: DecodingPolicy, probe: bool, progress, device,
-           first: int) -> GeneratorSamples:
+    to ``first + n - 1``, with the seeds they have in the whole run)."""
+    if is_batched(generator):
+        return _drive_batched(generator, world, n, seed, policy, probe, progress, device,
+                              batch or getattr(generator, "max_batch", None) or 256, first)
     target, draft = (m.to(device) for m in world.models())
     keywords = world.generator_keywords()
     prompt = world.prompt_ids().to(device)
