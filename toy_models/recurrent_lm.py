@@ -371,21 +371,23 @@ class RecurrentLMForCausalLM(ToyLMForCausalLM):
             cache.layers.extend(self.new_cache().layers)
         reads = [(m, self._mixer_layer(cache, m)) for m in self.mixers]
         read = [(m, layer, *self._read(layer, m, batch, device)) for m, layer in reads]
+        now = [(window.tolist(), h.tolist()) for _, _, window, h, _ in read]  # each mixer's, as integers
         if self.calls is not None:
-            states = tuple(tuple(MixerState(tuple(w[b].tolist()), int(h[b])) if started else None
-                                 for _, _, w, h, started in read) for b in range(batch))
+            rows = cached_tokens.tolist()
+            states = tuple(tuple(MixerState(tuple(windows[b]), hs[b]) if started else None
+                                 for (windows, hs), (*_, started) in zip(now, read)) for b in range(batch))
             self.calls.append(RecurrentForwardCall(
-                self.role, tuple(cached_tokens[0].tolist()), tuple(cached_positions[0].tolist()),
+                self.role, tuple(rows[0]), tuple(cached_positions[0].tolist()),
                 tuple(input_ids[0].tolist()), None if given is None else tuple(given[0].tolist()),
-                row_tokens=tuple(tuple(r.tolist()) for r in cached_tokens), states=states))
+                row_tokens=tuple(map(tuple, rows)), states=states))
         prefix = torch.cat([cached_tokens, input_ids], 1)
         hashes = self.state_after(prefix, past)
         logits = self.attention[hashes]  # [B, n, V] float32
         vocab = self.config.vocab_size
         updates = []
         tokens = input_ids.tolist()
-        for (m, layer, window, h, _), conv, rec in zip(read, self.conv_tables, self.recurrent_tables):
-            fed = [m.feed(w, s, row, vocab) for w, s, row in zip(window.tolist(), h.tolist(), tokens)]
+        for (m, layer, *_), (windows, starts), conv, rec in zip(read, now, self.conv_tables, self.recurrent_tables):
+            fed = [m.feed(w, s, row, vocab) for w, s, row in zip(windows, starts, tokens)]
             codes = torch.tensor([c for c, _ in fed], dtype=torch.int64, device=device).reshape(batch, n)
             hs = torch.tensor([s for _, s in fed], dtype=torch.int64, device=device).reshape(batch, n)
             logits = logits + conv[codes]
