@@ -11,10 +11,7 @@ world's generations in N worker processes, every generation with its seed: the s
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-
-import torch
 
 from exactcheck.audit_run import AuditRun
 from exactcheck.core import resolve_device, run_environment
@@ -22,7 +19,7 @@ from exactcheck.generation.drive import GeneratorSamples
 from exactcheck.contracts.generator import SAMPLING, draft_length_support, generator_name, with_draft_length
 from exactcheck.generation.verdicts import generation_law_verdicts, greedy_verdict, rollback_verdict
 from exactcheck.errors import SubjectError, UsageError
-from exactcheck.executors import split
+from exactcheck.executors import one_torch_thread, split
 from exactcheck.options import AuditOptions, derive_seed
 from exactcheck.recurrent.drive import RecurrentSamples, drive_shard
 from exactcheck.recurrent.plan import plan_recurrent_audit
@@ -33,17 +30,6 @@ from exactcheck.subject_call import call_time_limit
 __all__ = ["run_recurrent_audit"]
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Toy tensors gain nothing from intra-op threads and lose much to their start-up."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run_recurrent_audit(generator, *, subject_name: str | None = None, options: AuditOptions | None = None,
                         greedy: bool = True, progress: bool = True, reproduce=None, **settings) -> RecurrentAuditResult:
     """Audit ``generator`` on the recurrent worlds; ``options`` or its fields as keywords (``level``,
@@ -52,7 +38,7 @@ def run_recurrent_audit(generator, *, subject_name: str | None = None, options: 
     options = AuditOptions.of(options, settings)
     if not callable(generator):
         raise UsageError(f"generator ({generator!r}) is not callable")
-    with call_time_limit(options.call_timeout), _one_thread():
+    with call_time_limit(options.call_timeout), one_torch_thread():
         return _run(generator, options, subject_name, greedy, progress, reproduce)
 
 

@@ -23,7 +23,6 @@ from ``prompt_seed``. Not vectorised: one generation at a time (about 3-7 ms eac
 from __future__ import annotations
 
 from dataclasses import dataclass
-import contextlib
 from typing import Callable
 
 import numpy as np
@@ -32,6 +31,7 @@ import torch
 from exactcheck.audit_run import AuditRun
 from exactcheck.core import run_environment, sample_law_verdict
 from exactcheck.errors import SubjectError, UsageError
+from exactcheck.executors import one_torch_thread
 from exactcheck.options import DEFAULT_ALPHA, AlphaBudget, Check, CheckKind, derive_seed
 from exactcheck.reachability import observed_in
 from exactcheck.tree.result import TreeLoopAuditResult
@@ -71,23 +71,11 @@ def generation_tree_worlds() -> list[TreeWorld]:
     return list(tree_worlds())
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """One torch thread: toy tensors gain nothing from intra-op threads and lose much to their
-    start-up (most on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def drive_tree_generator(subject, tree: TreeWorld, trials: int, seed: int,
                          prompt_seed: int = 0) -> TreeGenerationSamples:
     """``trials`` generations of ``tree.length`` tokens (on one torch thread); raises
     ``SubjectError`` at the first call that crashes or breaks the contract."""
-    with _one_thread():
+    with one_torch_thread():
         return _drive(subject, tree, trials, seed, prompt_seed)
 
 
