@@ -110,10 +110,7 @@ def sharding(parser: argparse.ArgumentParser) -> None:
 def jobs(parser: argparse.ArgumentParser) -> None:
     """``--jobs N|auto``; the command line's default is ``auto``, which ``audit_kinds.audit_subject``
     resolves (``exactcheck.executors.auto_jobs``). A Python caller's default stays 1 (``AuditOptions.jobs``)."""
-    option(parser, "jobs", default="auto", type=_jobs_value, metavar="N|auto",
-           help="run the independent draws (laws' batches, property searches, generations) in N worker processes "
-                "(default auto: one per core for exactcheck's own subjects on the CPU, else 1); the verdicts are "
-                "the serial run's with the same seed")
+    option(parser, "jobs", default="auto", type=_jobs_value, metavar="N|auto")
 
 
 def _jobs_value(text: str):

@@ -358,7 +358,9 @@ class AuditOptions:
     # step audits: worker processes the laws' batches and the property searches run in
     # (``exactcheck.step.workers``); the seeds are the serial run's, so are the verdicts
     jobs: int = option(1, "--jobs", "run the independent draws (laws' batches, property searches, generations) in "
-                       "N worker processes (default 1); the verdicts are the serial run's with the same seed",
+                       "N worker processes; the verdicts are the serial run's with the same seed (the command "
+                       "line's default, auto: one per core for e2e, recurrent and tree-loop audits of exactcheck's "
+                       "own subjects on the CPU, else 1; a Python caller's: 1)",
                        lambda v: _whole(v) and v >= 1, "a positive integer", type=int, metavar="N")
 
     @classmethod

@@ -2,10 +2,13 @@
 the CPU, and the same verdicts as the serial run for every kind that takes ``--jobs``."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from exactcheck import arguments
-from exactcheck.cli import _parser
+from exactcheck.audit_kinds import entry_point
+from exactcheck.cli import main
 from exactcheck.errors import UsageError
 from exactcheck.contracts.reference_verifier import reference_verifier
 from exactcheck.executors import AUTO_JOBS_CAP, auto_jobs
@@ -15,8 +18,10 @@ def users_verifier(target_probs, draft_probs, draft_token_ids, generator):  # a 
     return reference_verifier(target_probs, draft_probs, draft_token_ids, generator)
 
 
-def _jobs(*argv: str):
-    return arguments.given(_parser().parse_args(list(argv)))["jobs"]
+def _jobs(command: str, *argv: str):
+    parser = argparse.ArgumentParser()
+    entry_point(command).arguments(parser)
+    return arguments.given(parser.parse_args(list(argv)))["jobs"]
 
 
 def test_the_command_line_default_is_auto_and_shards_keep_one_process():
@@ -25,8 +30,11 @@ def test_the_command_line_default_is_auto_and_shards_keep_one_process():
     assert _jobs("audit", "reference", "--jobs", "3") == 3
     assert _jobs("e2e", "reference-loop", "--shards", "2") == 1  # shards are the other way to spread draws
     with pytest.raises(SystemExit) as exit_:
-        _parser().parse_args(["e2e", "reference-loop", "--jobs", "many"])
+        main(["e2e", "reference-loop", "--jobs", "many"])
     assert exit_.value.code == 2
+    # workers where they pay: the kinds whose draws are generations through toy models
+    assert {k for k in ("audit", "selftest", "tree", "tree-loop", "e2e", "recurrent", "serve")
+            if entry_point(k).auto_jobs} == {"tree-loop", "e2e", "recurrent"}
 
 
 def test_auto_gives_workers_to_exactchecks_own_subjects_on_the_cpu_only(monkeypatch):
