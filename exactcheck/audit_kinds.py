@@ -74,10 +74,11 @@ class EntryPoint:
       ``[[tool.exactcheck.subject]]`` takes it (needs a plan); ``sharded``: whether it takes
       ``--shards``/``--executor`` (the CLI then makes the executor); ``names_any_subject``: whether a
       caller's name for the subject may stand in its reproduce lines even when it is not
-      MODULE:CALLABLE (the step audit's builder writes the Python call then); ``auto_jobs``: whether
-      ``--jobs auto`` starts worker processes for it (its draws are generations through toy models,
-      each slow enough for workers to pay: ``benchmarks/quick_audits.py``; a step audit's batches are
-      not, and it runs faster in one process on two threads).
+      MODULE:CALLABLE (the step audit's builder writes the Python call then); ``auto_workers``: the
+      module its ``--jobs`` workers run, for a kind where ``--jobs auto`` starts them (its draws are
+      generations through toy models, each slow enough for workers to pay: ``benchmarks/
+      quick_audits.py``; None: auto keeps one process, as for a step audit, whose batches run faster
+      here on two threads); the command line starts them early (``start_workers_early``).
     - ``catalogue()``: its part of ``exactcheck list`` (its worlds, built-in subjects, mutants), in
       the kind's ``entry`` module; ``exactcheck.catalogue`` joins the rows' parts in their order.
     - ``shape``: how the kind calls its subject (``CallShape``), checked before anything is drawn,
@@ -105,7 +106,7 @@ class EntryPoint:
     gate: bool = False
     sharded: bool = False
     names_any_subject: bool = False
-    auto_jobs: bool = False
+    auto_workers: str | None = None
     catalogue: Callable[[], list[str]] | None = None
     shape: CallShape | None = None
 
@@ -200,7 +201,7 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
                                                "invariants, EAGLE-2 dynamic trees included",
         tree_loop.loop_arguments, tree_loop.loop_settings, tree_loop.load, tree_loop.plan, tree_loop.run,
         "exactcheck.tree.result:TreeLoopAuditResult", tree_loop_line, "tree-loop-", options=tree_loop.OPTIONS,
-        auto_jobs=True, catalogue=tree_loop.catalogue, shape=TREE_GENERATOR_CALL),
+        auto_workers="exactcheck.tree.generation_audit", catalogue=tree_loop.catalogue, shape=TREE_GENERATOR_CALL),
     EntryPoint(
         AuditKind.GENERATOR, "e2e", "audit an end-to-end generator (transformers generate, a loop) on the "
                                       "toy model worlds: sequence laws, cache rollback, greedy identity",
@@ -208,8 +209,8 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
         "exactcheck.e2e.result:GeneratorAuditResult", generator_audit_line, "e2e-", show=e2e.show_generator_audit,
         options=("level", "seed", "alpha", "device", "worlds", "require", "generations", "shards", "call_timeout",
                  "jobs"),
-        settings=("policies", "greedy"), gate=True, sharded=True, auto_jobs=True, catalogue=e2e.catalogue,
-        shape=GENERATOR_CALL),
+        settings=("policies", "greedy"), gate=True, sharded=True, auto_workers="exactcheck.generation.drive",
+        catalogue=e2e.catalogue, shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("greedy"), "greedy", "greedy identity of a generator on real transformer models",
         e2e.greedy_arguments, e2e.greedy_settings, e2e.load, e2e.plan_greedy, e2e.run_greedy,
@@ -230,8 +231,8 @@ AUDIT_KINDS: dict[AuditKind, EntryPoint] = _registry(
                                              "forward call, greedy identity",
         recurrent.recurrent_arguments, recurrent.recurrent_settings, _recurrent_or_generator, recurrent.plan, recurrent.run,
         "exactcheck.recurrent.result:RecurrentAuditResult", recurrent.reproduce_line, "recurrent-",
-        options=recurrent.OPTIONS, settings=("greedy",), gate=True, auto_jobs=True, catalogue=recurrent.catalogue,
-        shape=GENERATOR_CALL),
+        options=recurrent.OPTIONS, settings=("greedy",), gate=True, auto_workers="exactcheck.recurrent.drive",
+        catalogue=recurrent.catalogue, shape=GENERATOR_CALL),
     EntryPoint(
         AuditKind("serve"), "serve", "audit a running server (llama.cpp's llama-server) against a reference "
                                        "with speculation off: continuation laws, greedy identity, logprobs",
@@ -319,7 +320,7 @@ def audit_subject(kind: AuditKind, subject, *, options: AuditOptions | None = No
     entry.check_subject(subject, subject_name)
     if settings.get("jobs") == "auto":  # the command line's default (``exactcheck.arguments.jobs``)
         from exactcheck.executors import auto_jobs
-        settings["jobs"] = auto_jobs(subject, settings.get("device")) if entry.auto_jobs else 1
+        settings["jobs"] = auto_jobs(subject, settings.get("device")) if entry.auto_workers else 1
     options, own = _options(entry, options, settings)
     return entry.run(subject, options, subject_name=subject_name, progress=progress, executor=executor, **own)
 

@@ -111,6 +111,7 @@ def _audit_kind(args) -> int:
     stem = entry.report_stem(args, _stem_settings(args))
     if entry.main is not None:  # a kind that runs its whole command (selftest)
         return entry.main(args, stem, functools.partial(audit_subject, entry.kind))
+    _start_workers(entry, args)
     settings = entry.from_args(args)
     executor = _executor(args) if entry.sharded else None
     try:  # in this process the runners make their own local executor
@@ -120,6 +121,22 @@ def _audit_kind(args) -> int:
         if executor is not None:
             executor.close()
     return entry.show(result, args, stem)
+
+
+def _start_workers(entry, args) -> None:
+    """Under ``--jobs auto`` for a kind whose workers pay, and a subject named as exactcheck names its
+    own (a built-in name or ``*-mutant:NAME``; MODULE:CALLABLE stays in one process), on the CPU:
+    the workers ``audit_subject`` will ask for, started now so that their imports overlap this
+    process's (``exactcheck.executors.start_workers_early``)."""
+    from exactcheck.executors import auto_jobs, start_workers_early
+    subject = getattr(args, "subject", None) or ""
+    own = ":" not in subject or subject.split(":")[0].endswith("-mutant")
+    if (entry.auto_workers is None or getattr(args, "jobs", None) != "auto" or getattr(args, "isolate", False)
+            or getattr(args, "shards", 1) > 1 or getattr(args, "executor", "local") != "local" or not own):
+        return
+    jobs = auto_jobs(None, getattr(args, "device", None))
+    if jobs > 1:
+        start_workers_early(jobs, entry.auto_workers)
 
 
 def _gate(args) -> int:

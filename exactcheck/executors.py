@@ -19,7 +19,8 @@ from exactcheck.errors import UsageError
 from exactcheck.options import derive_seed
 
 __all__ = ["Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "make_executor", "split", "shard_seed",
-           "worker_pool", "quiet_worker", "auto_jobs", "AUTO_JOBS_CAP", "one_torch_thread", "SMALL_MODEL_PARAMETERS"]
+           "worker_pool", "quiet_worker", "auto_jobs", "AUTO_JOBS_CAP", "one_torch_thread", "SMALL_MODEL_PARAMETERS",
+           "start_workers_early"]
 
 SMALL_MODEL_PARAMETERS = 10_000_000  # below this a model's forward is too small to share across threads
 
@@ -128,16 +129,40 @@ def worker_pool(jobs: int, initializer: Callable | None = None, initargs: tuple 
                                                   initializer=initializer or quiet_worker, initargs=initargs)
 
 
+_EARLY: list = []  # (jobs, pool) started by ``start_workers_early``, for the first ``ProcessExecutor`` of that size
+
+
+def _warm(module: str) -> None:
+    """A worker's first task from ``start_workers_early``: import what its draws will need."""
+    import importlib
+    importlib.import_module(module)
+
+
+def start_workers_early(jobs: int, module: str) -> None:
+    """Start ``jobs`` workers now, each importing ``module`` (what the kind's draws run), while this
+    process goes on loading the subject and the worlds: their imports (torch, transformers: seconds)
+    overlap this process's instead of following them. The first ``ProcessExecutor`` of ``jobs``
+    takes the pool; one nobody takes is shut down when this process exits."""
+    import atexit
+    pool = worker_pool(jobs)
+    for _ in range(jobs):  # a task each: the pool starts its workers as tasks wait
+        pool.submit(_warm, module)
+    _EARLY.append((jobs, pool))
+    atexit.register(pool.shutdown, wait=False, cancel_futures=True)
+
+
 class ProcessExecutor(Executor):
-    """Every call in one of ``jobs`` worker processes of this machine (``worker_pool``): what
-    ``--jobs N`` gives an audit kind whose draws split into independent calls (each call keeps its
-    seed, so the verdicts are the serial run's). The function and its arguments must pickle."""
+    """Every call in one of ``jobs`` worker processes of this machine (``worker_pool``, or the pool
+    ``start_workers_early`` started): what ``--jobs N`` gives an audit kind whose draws split into
+    independent calls (each call keeps its seed, so the verdicts are the serial run's). The
+    function and its arguments must pickle."""
 
     name = "processes"
 
     def __init__(self, jobs: int):
         self.jobs = jobs
-        self.pool = worker_pool(jobs)
+        early = next((i for i, (n, _) in enumerate(_EARLY) if n == jobs), None)
+        self.pool = _EARLY.pop(early)[1] if early is not None else worker_pool(jobs)
 
     def submit(self, fn, calls):
         futures = [self.pool.submit(fn, *args) for args in calls]

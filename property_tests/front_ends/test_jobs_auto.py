@@ -34,7 +34,7 @@ def test_the_command_line_default_is_auto_and_shards_keep_one_process():
     assert exit_.value.code == 2
     # workers where they pay: the kinds whose draws are generations through toy models
     assert {k for k in ("audit", "selftest", "tree", "tree-loop", "e2e", "recurrent", "serve")
-            if entry_point(k).auto_jobs} == {"tree-loop", "e2e", "recurrent"}
+            if entry_point(k).auto_workers} == {"tree-loop", "e2e", "recurrent"}
 
 
 def test_auto_gives_workers_to_exactchecks_own_subjects_on_the_cpu_only(monkeypatch):
@@ -87,3 +87,27 @@ def test_two_workers_give_the_serial_verdicts(kind):
     serial, parallel = audit(1), audit(2)
     assert _verdicts(parallel) == _verdicts(serial)
     assert serial.samples_drawn == parallel.samples_drawn > 0
+
+
+def test_the_command_line_starts_its_workers_early_and_gives_the_serial_report(monkeypatch, tmp_path):
+    """``exactcheck tree-loop`` under ``--jobs auto`` on two or more cores: the workers start before
+    the subject is loaded (``start_workers_early``), the audit takes them, and its report's verdicts
+    are those of ``--jobs 1``."""
+    import json
+
+    from exactcheck import executors
+    monkeypatch.delenv("EXACTCHECK_JOBS", raising=False)
+    if auto_jobs(None) < 2:
+        pytest.skip("one core: auto keeps one process")
+    started, original = [], executors.start_workers_early
+    monkeypatch.setattr(executors, "start_workers_early",
+                        lambda jobs, module: (started.append(module), original(jobs, module)))
+    argv = ["tree-loop", "tree-loop-reference", "--world", "tree_iid_v3_3x1", "--generations", "150", "--quiet"]
+    assert main(argv + ["--report", str(tmp_path / "auto")]) == 0
+    assert main(argv + ["--jobs", "1", "--report", str(tmp_path / "one")]) == 0
+    assert started == ["exactcheck.tree.generation_audit"] and not executors._EARLY  # started, and taken
+
+    def verdicts(folder):
+        report = json.loads(next((tmp_path / folder).glob("*.json")).read_text())
+        return [(v["check"], v["outcome"], v.get("pvalue"), v.get("samples")) for v in report["verdicts"]]
+    assert verdicts("auto") == verdicts("one")
