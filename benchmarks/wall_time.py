@@ -5,9 +5,10 @@ Commands (each a fresh process, as a user or CI runs it; the short ones repeated
 - ``python -c pass`` (the floor: an interpreter starting);
 - ``exactcheck --help``;
 - ``exactcheck audit exactcheck.contracts.reference_verifier:reference_verifier --level quick``;
-- ``exactcheck e2e reference-loop --level quick`` (and ``--jobs 2``), ``exactcheck tree-loop
-  tree-loop-reference --level quick`` (and ``--jobs 2``), ``exactcheck recurrent recurrent-snapshot``;
-- ``exactcheck selftest --level standard`` (the README's main job), and with ``--jobs 2``.
+- ``exactcheck e2e reference-loop --level quick`` (the default ``--jobs auto``: two workers on two
+  cores; and ``--jobs 1``), ``exactcheck tree-loop tree-loop-reference --level quick`` (the same
+  two), ``exactcheck recurrent recurrent-snapshot``;
+- ``exactcheck selftest --level standard`` (the README's main job; one process), and with ``--jobs 2``.
 
 The breakdown runs the selftest once more in this process with the runner's phases timed (the
 worlds' trials, the chain-rule tests, the property searches, the invalid-input probe), per audit:
@@ -34,12 +35,12 @@ COMMANDS = {
     "audit reference, quick": [sys.executable, "-m", "exactcheck", "audit", "exactcheck.contracts.reference_verifier:reference_verifier",
                                "--level", "quick"],
     "e2e reference-loop, quick": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level", "quick"],
-    "e2e reference-loop, quick, --jobs 2": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level",
-                                            "quick", "--jobs", "2"],
+    "e2e reference-loop, quick, --jobs 1": [sys.executable, "-m", "exactcheck", "e2e", "reference-loop", "--level",
+                                            "quick", "--jobs", "1"],
     "tree-loop reference, quick": [sys.executable, "-m", "exactcheck", "tree-loop", "tree-loop-reference", "--level",
                                    "quick"],
-    "tree-loop reference, quick, --jobs 2": [sys.executable, "-m", "exactcheck", "tree-loop", "tree-loop-reference",
-                                             "--level", "quick", "--jobs", "2"],
+    "tree-loop reference, quick, --jobs 1": [sys.executable, "-m", "exactcheck", "tree-loop", "tree-loop-reference",
+                                             "--level", "quick", "--jobs", "1"],
     "recurrent snapshot loop, quick": [sys.executable, "-m", "exactcheck", "recurrent", "recurrent-snapshot", "--level",
                                        "quick"],
     "selftest, standard (README main job)": [sys.executable, "-m", "exactcheck", "selftest", "--level", "standard"],
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reports", help="keep the commands' reports in this folder (default: a temporary one)")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.pop("EXACTCHECK_JOBS", None)  # the commands' own default (--jobs auto)
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         directory = args.reports or scratch
