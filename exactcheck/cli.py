@@ -131,8 +131,9 @@ def _start_workers(entry, args) -> None:
     from exactcheck.executors import auto_jobs, start_workers_early
     subject = getattr(args, "subject", None) or ""
     own = ":" not in subject or subject.split(":")[0].endswith("-mutant")
-    if (entry.auto_workers is None or getattr(args, "jobs", None) != "auto" or getattr(args, "isolate", False)
-            or getattr(args, "shards", 1) > 1 or getattr(args, "executor", "local") != "local" or not own):
+    # ``given`` turns auto into 1 where shards spread the draws; an isolated audit keeps its own process
+    if entry.auto_workers is None or arguments.given(args).get("jobs") != "auto" or getattr(args, "isolate", False) \
+            or not own:
         return
     jobs = auto_jobs(None, getattr(args, "device", None))
     if jobs > 1:

@@ -1,7 +1,8 @@
 """Where an audit's shards run: in this process (``LocalExecutor``) or as Ray tasks across a
 cluster (``RayExecutor``, ``pip install 'exactcheck[distributed]'``); ``worker_pool``: the worker
-processes of ``exactcheck selftest --jobs N`` and ``exactcheck audit --jobs N``
-(``exactcheck.step.workers``).
+processes of ``--jobs N`` (``ProcessExecutor``; the step audit's ``exactcheck.step.workers``), with
+``auto_jobs`` the count ``--jobs auto`` resolves to and ``start_workers_early`` the command line's
+head start on them; ``one_torch_thread``: the intra-op threads a toy world's draws run on.
 
 A sharded step audit (``AuditOptions.shards`` = N > 1) splits each world's batch of trials into N
 shards, each driven with its own seed derived from the batch seed (``shard_seed``), and merges the
